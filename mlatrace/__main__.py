@@ -1,0 +1,3 @@
+from mlatrace.cli import main
+
+main()

@@ -1,0 +1,68 @@
+"""Analysis stage: the graph model of a trace and the findings MLT001-MLT006.
+
+    result = analyze(open_trace(path), config)
+    result.findings            # list[Finding], sorted by severity then id
+    result.suppressed          # findings matched by the config's allow-list
+    result.model               # TraceModel: processes, graphs, replays
+
+Imports only the standard library (no torch): a CI box analyses traces without a GPU stack.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlatrace.analysis.config import Config, ConfigError, load_config
+from mlatrace.analysis.findings import RULES, SEVERITY_ORDER, Evidence, Finding, at_or_above
+from mlatrace.analysis.model import GraphModel, TraceModel, build_model
+from mlatrace.analysis.rules import RULE_FUNCTIONS
+
+__all__ = [
+    "RULES", "Analysis", "Config", "ConfigError", "Evidence", "Finding", "GraphModel",
+    "TraceModel", "analyze", "analyze_model", "at_or_above", "build_model", "load_config",
+]
+
+
+@dataclass
+class Analysis:
+    model: TraceModel
+    findings: list[Finding] = field(default_factory=list)
+    suppressed: list[Finding] = field(default_factory=list)
+    config: Config = field(default_factory=Config)
+
+    @property
+    def problems(self) -> list:
+        return self.model.problems
+
+    def counts(self) -> dict[str, int]:
+        out = {"error": 0, "warning": 0}
+        for f in self.findings:
+            out[f.severity] = out.get(f.severity, 0) + 1
+        return out
+
+
+def analyze_model(model: TraceModel, config: Config | None = None,
+                  rules: list[str] | None = None) -> Analysis:
+    """Run the enabled rules (or only `rules`) over a built model, applying the allow-list."""
+    config = config or Config()
+    wanted = {r.upper() for r in rules} if rules else None
+    findings, suppressed = [], []
+    for rule_id, rule in RULE_FUNCTIONS.items():
+        if not config.enabled(rule_id) or (wanted is not None and rule_id not in wanted):
+            continue
+        for finding in rule(model, config):
+            if not finding.evidence:
+                continue  # no finding without evidence
+            if config.allow and config.allowed(finding, finding.details.get("key")):
+                suppressed.append(finding)
+            else:
+                findings.append(finding)
+    findings.sort(key=lambda f: (-SEVERITY_ORDER.get(f.severity, 0), f.id,
+                                 f.rank if f.rank is not None else -1, f.pid or 0, f.gid or 0))
+    return Analysis(model=model, findings=findings, suppressed=suppressed, config=config)
+
+
+def analyze(trace: Any, config: Config | None = None, rules: list[str] | None = None) -> Analysis:
+    """Build the model of an opened trace (mlatrace.trace.open_trace) and run the rules."""
+    return analyze_model(build_model(trace), config, rules)

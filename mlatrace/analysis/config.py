@@ -1,0 +1,131 @@
+"""Rule thresholds and allow-lists, read from `mlatrace.toml` or `[tool.mlatrace]` in pyproject.toml.
+
+Keys (all optional):
+
+    long_len_factor = 8        # MLT001: a replay is long when seq_len_max >= factor x BLOCK_N
+    default_block_n = 64       # BLOCK_N assumed when the trace does not say
+    far_factor = 8             # MLT006: captured value and replay value differ by this ratio
+    far_min_len = 256          # MLT006: ... and the replay value is at least this long
+    fail_on = "error"          # check's default threshold
+    disable = ["MLT004"]       # rule ids never reported
+    allow = [{rule = "MLT006", key = "*decode*"}]   # suppress matching findings
+                               # (match on rule, key (glob), rank, pid, op)
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    try:
+        import tomli as tomllib  # type: ignore[no-redef]
+    except ModuleNotFoundError:
+        tomllib = None  # type: ignore[assignment]
+
+RULE_IDS = ("MLT001", "MLT002", "MLT003", "MLT004", "MLT005", "MLT006")
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be read or holds wrong values (check exits 2)."""
+
+
+@dataclass
+class Config:
+    long_len_factor: int = 8
+    default_block_n: int = 64
+    far_factor: int = 8
+    far_min_len: int = 256
+    fail_on: str = "error"
+    disable: set[str] = field(default_factory=set)
+    allow: list[dict] = field(default_factory=list)
+    source: str | None = None
+
+    def enabled(self, rule_id: str) -> bool:
+        return rule_id not in self.disable
+
+    def allowed(self, finding: Any, key: Any = None) -> bool:
+        """True when an allow entry matches the finding (its rule and every field it names)."""
+        for entry in self.allow:
+            if entry.get("rule") not in (None, finding.id):
+                continue
+            if "key" in entry and not fnmatch.fnmatchcase(str(key), str(entry["key"])):
+                continue
+            if "rank" in entry and entry["rank"] != finding.rank:
+                continue
+            if "pid" in entry and entry["pid"] != finding.pid:
+                continue
+            if "op" in entry and not fnmatch.fnmatchcase(str(finding.details.get("op")), str(entry["op"])):
+                continue
+            return True
+        return False
+
+
+_INT_KEYS = ("long_len_factor", "default_block_n", "far_factor", "far_min_len")
+
+
+def config_from_dict(table: dict, source: str | None = None) -> Config:
+    """Validate one `[tool.mlatrace]` table into a Config (ConfigError on wrong values)."""
+    cfg = Config(source=source)
+    for key, value in table.items():
+        if key in _INT_KEYS:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{source}: {key} must be a positive integer, got {value!r}")
+            setattr(cfg, key, value)
+        elif key == "fail_on":
+            if value not in ("error", "warning"):
+                raise ConfigError(f"{source}: fail_on must be 'error' or 'warning', got {value!r}")
+            cfg.fail_on = value
+        elif key == "disable":
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ConfigError(f"{source}: disable must be a list of rule ids")
+            unknown = [v for v in value if v.upper() not in RULE_IDS]
+            if unknown:
+                raise ConfigError(f"{source}: unknown rule id(s) in disable: {', '.join(unknown)}")
+            cfg.disable = {v.upper() for v in value}
+        elif key == "allow":
+            if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+                raise ConfigError(f"{source}: allow must be a list of tables, e.g. "
+                                  "[{rule = \"MLT006\", key = \"...\"}]")
+            cfg.allow = [dict(v) for v in value]
+        # unknown keys are ignored: newer configs stay readable
+    return cfg
+
+
+def _read_toml(path: Path) -> dict:
+    if tomllib is None:
+        raise ConfigError(f"{path}: reading TOML needs Python 3.11+ or the tomli package")
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"{path}: {exc.strerror or exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+
+
+def load_config(path: str | Path | None = None, search_dir: str | Path | None = None) -> Config:
+    """Config from PATH, else from mlatrace.toml / pyproject.toml in search_dir (default cwd)."""
+    if path is not None:
+        path = Path(path)
+        data = _read_toml(path)
+        if path.name == "pyproject.toml" or "tool" in data:
+            table = data.get("tool", {}).get("mlatrace", {})
+        else:
+            table = data.get("tool", {}).get("mlatrace", data)
+        return config_from_dict(table, source=str(path))
+    base = Path(search_dir) if search_dir is not None else Path.cwd()
+    candidate = base / "mlatrace.toml"
+    if candidate.is_file():
+        return load_config(candidate)
+    candidate = base / "pyproject.toml"
+    if candidate.is_file():
+        data = _read_toml(candidate)
+        table = data.get("tool", {}).get("mlatrace")
+        if isinstance(table, dict):
+            return config_from_dict(table, source=str(candidate))
+    return Config()

@@ -1,0 +1,344 @@
+"""Rules MLT001-MLT006: pure functions from the graph model to findings with evidence.
+
+Every rule reads only the TraceModel and the Config; none emits a finding without at
+least one record (file, seq) to show for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from mlatrace.analysis.config import Config
+from mlatrace.analysis.findings import Evidence, Finding, make_finding
+from mlatrace.analysis.model import GraphModel, Ref, TraceModel, classify_op
+from mlatrace.analysis.policies import bucketed_splits, legacy_splits
+
+
+def _ev(ref: Ref | None, what: str) -> list[Evidence]:
+    if ref is None:
+        return []
+    return [Evidence(ref.file, ref.seq, ref.kind, what)]
+
+
+def _key_text(model: TraceModel, graph: GraphModel) -> str:
+    key = model.effective_key(graph)
+    return f"{key}" if key is not None else f"gid {graph.gid}"
+
+
+def _chain_hint(model: TraceModel, graph: GraphModel, name: str) -> tuple[Any, Ref | None]:
+    """A host hint passed to an attention call captured in this graph or an ancestor."""
+    for g in model.ancestors(graph):
+        for call in g.calls:
+            if name in call.hints:
+                return call.hints[name], call.ref
+    return None, None
+
+
+def _replay_evidence(rg: GraphModel) -> list[Evidence]:
+    stats = rg.replays
+    out = _ev(stats.first, f"first replay of gid {rg.gid}")
+    out += _ev(stats.seq_len_max_ref, f"metadata before a replay: seq_len_max={stats.seq_len_max}")
+    return out
+
+
+def _split_op_rerun_at_runtime(model: TraceModel, pid: int | None, ops: set) -> bool:
+    """The split decision is re-made eagerly between replays (a breakable capture's eager call)."""
+    for (p, op), (count, max_splits, _ref) in model.runtime_splits.items():
+        if p == pid and count and (not ops or op in ops):
+            return True
+    return False
+
+
+# -- MLT001 frozen-one-split ---------------------------------------------------------
+def frozen_one_split(model: TraceModel, config: Config) -> list[Finding]:
+    """One KV split captured inside graph G, and G replayed at long KV lengths."""
+    findings = []
+    for graph in model.graphs.values():
+        one_split_refs: list[Evidence] = []
+        decision = None
+        for d in graph.splits:
+            if d.num_kv_splits == 1 and d.policy != "device":
+                decision = decision or d
+                one_split_refs += _ev(d.ref, f"{d.op}: num_kv_splits=1 (min_kv_seq_len="
+                                             f"{d.min_kv_seq_len}, block_n={d.block_n}, policy={d.policy})")
+        launch = next((la for la in graph.launches if la.num_kv_splits == 1), None)
+        if launch is not None:
+            one_split_refs += _ev(launch.ref, f"{launch.name}: NUM_KV_SPLITS=1 grid={list(launch.grid or ())}")
+        for ref, name, reason in graph.skips[:1]:
+            one_split_refs += _ev(ref, f"{name} skipped while capturing ({reason})")
+        if not one_split_refs:
+            continue
+        rg = model.replay_graph(graph)
+        if rg is None or rg.replays.seq_len_max is None:
+            continue
+        block_n = (decision.block_n if decision and decision.block_n else None)
+        if block_n is None and launch is not None and isinstance(launch.const.get("BLOCK_N"), int):
+            block_n = launch.const["BLOCK_N"]
+        block_n = block_n or config.default_block_n
+        longest = rg.replays.seq_len_max
+        if longest < config.long_len_factor * block_n:
+            continue
+        ops = {d.op for d in graph.splits if d.num_kv_splits == 1}
+        if _split_op_rerun_at_runtime(model, graph.pid, ops):
+            continue
+        hint = decision.min_kv_seq_len if decision else None
+        hint_ref = None
+        if hint is None:
+            hint, hint_ref = _chain_hint(model, graph, "min_kv_seq_len")
+        batch = (decision.batch if decision and decision.batch else None) or \
+            ((graph.capture_metadata or {}).get("num_reqs") if isinstance(
+                (graph.capture_metadata or {}).get("num_reqs"), int) else None) or 1
+        nhead = (decision.nhead if decision and decision.nhead else 16)
+        qlen = (decision.qlen if decision and decision.qlen else 1)
+        legacy = legacy_splits(longest, batch=batch, qlen=qlen, nhead=nhead, block_n=block_n)
+        bucketed = bucketed_splits(longest)
+        op = decision.op if decision else (launch.name if launch else None)
+        key = _key_text(model, graph)
+        count = rg.replays.count
+        message = (f"graph {key} (gid {rg.gid}, {model.effective_mode(graph) or '?'}) froze "
+                   f"{op or 'the split-KV decode'} at 1 KV split (host hint min_kv_seq_len={hint}) "
+                   f"and was replayed {count} times up to seq_len {longest} "
+                   f"(>= {config.long_len_factor} x BLOCK_N={block_n}); at that length the legacy "
+                   f"policy would pick {legacy} splits, bucketed {bucketed}")
+        fix = ("pass a representative capture hint (e.g. min_kv_seq_len=16384), pick the split on "
+               "device from the runtime length, or run the split-deciding call eagerly between "
+               "graph segments / capture one graph per length bucket")
+        evidence = one_split_refs[:3] + _ev(hint_ref, f"host hint min_kv_seq_len={hint}")
+        evidence += _ev(graph.begin, f"capture of gid {graph.gid} begins")
+        evidence += _replay_evidence(rg)
+        findings.append(make_finding(
+            "MLT001", message, fix, evidence, pid=graph.pid, rank=model.rank_of(graph.pid),
+            gid=rg.gid, details={
+                "key": model.effective_key(graph), "captured_gid": graph.gid, "op": op,
+                "num_kv_splits": 1, "block_n": block_n, "hint_min_kv_seq_len": hint,
+                "replays": count, "replay_seq_len_max": longest,
+                "threshold": config.long_len_factor * block_n,
+                "policies_at_replay_len": {"legacy": legacy, "bucketed": bucketed}}))
+    return findings
+
+
+# -- MLT002 replay-beyond-capture ----------------------------------------------------
+def replay_beyond_capture(model: TraceModel, config: Config) -> list[Finding]:
+    """A capture-at-max kernel (hint max_seq_len) replayed past the length it was captured at."""
+    findings = []
+    for graph in model.graphs.values():
+        rg = None
+        reported = set()
+        for call in graph.calls:
+            cap = call.hints.get("max_seq_len")
+            if not isinstance(cap, int) or isinstance(cap, bool) or call.op in reported:
+                continue
+            rg = rg or model.replay_graph(graph)
+            if rg is None or rg.replays.seq_len_max is None or rg.replays.seq_len_max <= cap:
+                continue
+            reported.add(call.op)
+            longest = rg.replays.seq_len_max
+            key = _key_text(model, graph)
+            message = (f"{call.op} was captured in graph {key} with max_seq_len={cap} and "
+                       f"replayed {rg.replays.count} times up to seq_len {longest}")
+            fix = ("capture at the maximum sequence length (max_model_len), or keep this kernel "
+                   "out of the graph / fall back to eager beyond the captured length")
+            evidence = _ev(call.ref, f"{call.op} hints max_seq_len={cap} while capturing")
+            evidence += _replay_evidence(rg)
+            findings.append(make_finding(
+                "MLT002", message, fix, evidence, pid=graph.pid, rank=model.rank_of(graph.pid),
+                gid=rg.gid, details={"key": model.effective_key(graph), "captured_gid": graph.gid,
+                                     "op": call.op, "captured_max_seq_len": cap,
+                                     "replay_seq_len_max": longest, "replays": rg.replays.count}))
+    return findings
+
+
+# -- MLT003 static-buffer-drift ------------------------------------------------------
+def static_buffer_drift(model: TraceModel, config: Config) -> list[Finding]:
+    """A pointer baked in at capture differs from the one the metadata filled before a replay."""
+    findings = []
+    done = set()
+    for graph in model.graphs.values():
+        if not graph.capture_ptrs:
+            continue
+        rg = model.replay_graph(graph)
+        if rg is None:
+            continue
+        for name, (ptr, ref) in graph.capture_ptrs.items():
+            seen = rg.replays.ptrs.get(name)
+            if not seen or (graph.pid, rg.gid, name) in done:
+                continue
+            other = [(p, c, r) for p, (c, r) in seen.items() if p != ptr]
+            if not other:
+                continue
+            done.add((graph.pid, rg.gid, name))
+            drifted = sum(c for _, c, _ in other)
+            first_ptr, _, first_ref = min(other, key=lambda o: o[2].seq)
+            key = _key_text(model, graph)
+            message = (f"buffer '{name}' was {_hex(ptr)} when graph {key} was captured, but "
+                       f"{drifted} of {rg.replays.with_metadata} replays followed metadata with "
+                       f"another pointer (first {_hex(first_ptr)}): the graph reads stale memory")
+            fix = ("fill the captured static buffer in place (copy_ into it) instead of building "
+                   "a new tensor per step, or re-capture when the buffer moves")
+            evidence = _ev(ref, f"'{name}'={_hex(ptr)} at capture")
+            evidence += _ev(first_ref, f"'{name}'={_hex(first_ptr)} before a replay")
+            findings.append(make_finding(
+                "MLT003", message, fix, evidence, pid=graph.pid, rank=model.rank_of(graph.pid),
+                gid=rg.gid, details={"key": model.effective_key(graph), "buffer": name,
+                                     "captured_ptr": ptr, "replay_ptrs": sorted(p for p, _, _ in other),
+                                     "drifted_replays": drifted}))
+    return findings
+
+
+def _hex(value: Any) -> str:
+    return hex(value) if isinstance(value, int) else str(value)
+
+
+# -- MLT004 host-sync-in-decode ------------------------------------------------------
+def host_sync_in_decode(model: TraceModel, config: Config) -> list[Finding]:
+    """A device-to-host sync inside a capture or between replays on the decode step path."""
+    findings = []
+    fix = ("use the host copies the engine already has (e.g. seq_lens_cpu) or decide on device; "
+           "a sync in the decode step stalls every step, and inside capture it fails or freezes")
+    for graph in model.graphs.values():
+        if not graph.syncs:
+            continue
+        site = graph.syncs[0]
+        count = sum(s.count for s in graph.syncs)
+        key = _key_text(model, graph)
+        message = (f"{count} host sync(s) while capturing graph {key}: {site.op}"
+                   + (f" at {_where(site.where)}" if site.where else ""))
+        evidence = [e for s in graph.syncs[:3] for e in _ev(s.ref, f"{s.op} while capturing")]
+        findings.append(make_finding(
+            "MLT004", message, fix, evidence, pid=graph.pid, rank=model.rank_of(graph.pid),
+            gid=graph.gid, details={"key": model.effective_key(graph), "op": site.op,
+                                    "count": count, "capturing": True}))
+    for (pid, op, _where_key), site in model.step_syncs.items():
+        message = (f"{site.count} host sync(s) {op} between graph replays (decode step path)"
+                   + (f" at {_where(site.where)}" if site.where else ""))
+        findings.append(make_finding(
+            "MLT004", message, fix, _ev(site.ref, f"{op} after replays began"), pid=pid,
+            rank=model.rank_of(pid), gid=None,
+            details={"key": None, "op": op, "count": site.count, "capturing": False}))
+    return findings
+
+
+def _where(where: Any) -> str:
+    if isinstance(where, list):
+        return " <- ".join(str(w) for w in where[:3])
+    return str(where)
+
+
+# -- MLT005 mixed-kernels-in-graph ---------------------------------------------------
+def mixed_kernels_in_graph(model: TraceModel, config: Config) -> list[Finding]:
+    """One FULL capture where an attention layer launches both a prefill and a decode kernel."""
+    findings = []
+    for graph in model.graphs.values():
+        mode = model.effective_mode(graph) or ""
+        if "FULL" not in mode.upper() or "PIECEWISE" in mode.upper():
+            continue
+        by_layer: dict[Any, dict[str, Any]] = {}
+        for call in graph.calls:
+            kind = classify_op(call.op)
+            if kind:
+                by_layer.setdefault(call.layer, {}).setdefault(kind, call)
+        if not by_layer:
+            for launch in graph.launches:
+                kind = classify_op(launch.name)
+                if kind:
+                    by_layer.setdefault(None, {}).setdefault(kind, launch)
+        mixed = {layer: ops for layer, ops in by_layer.items() if len(ops) == 2}
+        if not mixed:
+            continue
+        layer, ops = next(iter(mixed.items()))
+        prefill, decode = ops["prefill"], ops["decode"]
+        p_name = getattr(prefill, "op", None) or getattr(prefill, "name", "?")
+        d_name = getattr(decode, "op", None) or getattr(decode, "name", "?")
+        key = _key_text(model, graph)
+        message = (f"FULL graph {key} captured attention layer {layer} launching both prefill "
+                   f"({p_name}) and decode ({d_name}) kernels ({len(mixed)} layer(s))")
+        fix = ("declare the backend decode-only for full graphs (UNIFORM_SINGLE_TOKEN_DECODE / "
+               "PURE_DECODE_ONLY) and use FULL_AND_PIECEWISE so mixed batches run piecewise; "
+               "make the prefill and decode paths exclusive")
+        evidence = _ev(prefill.ref, f"prefill {p_name} (layer {layer}) while capturing")
+        evidence += _ev(decode.ref, f"decode {d_name} (layer {layer}) while capturing")
+        evidence += _ev(graph.begin, f"capture of gid {graph.gid} mode {mode}")
+        findings.append(make_finding(
+            "MLT005", message, fix, evidence, pid=graph.pid, rank=model.rank_of(graph.pid),
+            gid=graph.gid, details={"key": model.effective_key(graph), "mode": mode,
+                                    "op": f"{p_name}+{d_name}", "layers": len(mixed)}))
+    return findings
+
+
+# -- MLT006 frozen-host-decision -----------------------------------------------------
+def frozen_host_decision(model: TraceModel, config: Config) -> list[Finding]:
+    """Another captured host value (split count, length hint) far from what replays saw."""
+    findings = []
+    for graph in model.graphs.values():
+        rg = model.replay_graph(graph)
+        if rg is None or rg.replays.seq_len_max is None:
+            continue
+        longest = rg.replays.seq_len_max
+        if longest < config.far_min_len:
+            continue
+        key = _key_text(model, graph)
+        chain = model.ancestors(graph)
+        split_known = any(g.splits or any(la.num_kv_splits for la in g.launches) for g in chain)
+        # (a) a captured split count > 1 far below what its own policy picks at the replay length
+        for d in graph.splits:
+            if d.num_kv_splits is None or d.num_kv_splits <= 1 or d.policy == "device":
+                continue
+            block_n = d.block_n or config.default_block_n
+            wanted = (bucketed_splits(longest) if d.policy == "bucketed" else
+                      legacy_splits(longest, batch=d.batch or 1, qlen=d.qlen or 1,
+                                    nhead=d.nhead or 16, block_n=block_n))
+            if wanted < config.far_factor * d.num_kv_splits:
+                continue
+            message = (f"graph {key} froze {d.op} at {d.num_kv_splits} KV splits (policy "
+                       f"{d.policy}, min_kv_seq_len={d.min_kv_seq_len}) but replays reached "
+                       f"seq_len {longest}, where the same policy picks {wanted}")
+            findings.append(make_finding(
+                "MLT006", message, _FIX_006,
+                _ev(d.ref, f"{d.op}: num_kv_splits={d.num_kv_splits} while capturing") +
+                _replay_evidence(rg),
+                pid=graph.pid, rank=model.rank_of(graph.pid), gid=rg.gid,
+                details={"key": model.effective_key(graph), "op": d.op, "value": "num_kv_splits",
+                         "captured": d.num_kv_splits, "at_replay": wanted,
+                         "replay_seq_len_max": longest}))
+        if split_known:
+            continue  # the hint's effect is visible in the split decision (MLT001 / (a) above)
+        # (b) a captured length hint far below the replayed lengths (not max_seq_len: MLT002)
+        for call in graph.calls:
+            for name, value in call.hints.items():
+                if name == "max_seq_len" or "seq_len" not in name:
+                    continue
+                if not isinstance(value, int) or isinstance(value, bool):
+                    continue
+                replay_value = rg.replays.seq_len_min_max if name.startswith("min") else longest
+                if replay_value is None or replay_value < config.far_min_len:
+                    continue
+                if replay_value < config.far_factor * max(1, value):
+                    continue
+                message = (f"{call.op} in graph {key} was captured with host hint {name}={value} "
+                           f"but replays ran at seq_len up to {replay_value}: any host decision "
+                           "derived from it is frozen at the capture value")
+                findings.append(make_finding(
+                    "MLT006", message, _FIX_006,
+                    _ev(call.ref, f"{call.op} hints {name}={value} while capturing") +
+                    _replay_evidence(rg),
+                    pid=graph.pid, rank=model.rank_of(graph.pid), gid=rg.gid,
+                    details={"key": model.effective_key(graph), "op": call.op, "value": name,
+                             "captured": value, "at_replay": replay_value,
+                             "replay_seq_len_max": longest}))
+                break
+    return findings
+
+
+_FIX_006 = ("capture with a representative value (the longest length you serve), or make the "
+            "decision on device / in an eager break so replays see the runtime value")
+
+
+RULE_FUNCTIONS: dict[str, Callable[[TraceModel, Config], list[Finding]]] = {
+    "MLT001": frozen_one_split,
+    "MLT002": replay_beyond_capture,
+    "MLT003": static_buffer_drift,
+    "MLT004": host_sync_in_decode,
+    "MLT005": mixed_kernels_in_graph,
+    "MLT006": frozen_host_decision,
+}

@@ -1,0 +1,1 @@
+"""Benchmarks behind `mlatrace bench ...`; each module has `main(...) -> int`."""

@@ -1,0 +1,376 @@
+"""Applies probe packs to live modules: lazy, undoable, failure-isolated patches.
+
+Each probe target ``module:Qualified.name`` is patched when its module is first
+imported (a wrapt post-import hook; the engine never imports a target itself) or
+at once when the module is already loaded. The patch is a wrapt FunctionWrapper
+around the original attribute (functions, methods, classmethods, staticmethods),
+recorded so that ``uninstall()`` puts the original back.
+
+Isolation: a probe whose extraction or handler raises is disabled for good, one
+``probe.error`` is recorded, and the call goes on untouched. A target whose
+parameters do not start with the probe's declared ``params`` has drifted: it is
+reported once (``probe.error``) and left alone.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import wrapt
+
+from mlatrace import record
+from mlatrace.probe.packs import Pack, ProbeSpec
+from mlatrace.probe.paths import CallView
+
+MARK = "_self_mlatrace_probes"   # attribute on our wrappers: the probe names they carry
+
+
+class Drift(Exception):
+    """The installed target does not have the declared parameters."""
+
+
+@dataclass
+class Patch:
+    """One applied patch, enough to undo it."""
+
+    owner: Any
+    attr: str
+    original: Any
+    replacement: Any
+    target: str
+
+
+@dataclass
+class TargetInfo:
+    """A resolved target: where it lives and how to read its arguments."""
+
+    target: str
+    owner: Any
+    attr: str
+    raw: Any                       # the attribute as stored (descriptor included)
+    func: Any                      # the plain function behind it
+    names: list[str]               # its parameter names ('*args', '**kw' for var kinds)
+    positions: dict[str, int]      # name -> index into the wrapper's args
+    defaults: dict[str, Any]
+
+
+class _State:
+    """Engine-wide switch: wrappers left behind after uninstall() pass straight through."""
+
+    active = False
+    generation = 0
+
+
+STATE = _State()
+
+
+class ProbeRuntime:
+    """A probe at run time: its spec, its handler, and whether it is still enabled."""
+
+    def __init__(self, spec: ProbeSpec, handler: Any = None) -> None:
+        self.spec = spec
+        self.handler = handler
+        self.disabled = False
+        self.reported: set[str] = set()
+        self.patched: list[str] = []
+        self.skipped: dict[str, str] = {}
+
+    def fail(self, target: str, exc: BaseException) -> None:
+        """Disable this probe after its first failure and say so once."""
+        if self.disabled:
+            return
+        self.disabled = True
+        self.report(target, f"{type(exc).__name__}: {exc}")
+
+    def report(self, target: str, error: str) -> None:
+        """Record one probe.error per (probe, target)."""
+        if target in self.reported:
+            return
+        self.reported.add(target)
+        try:
+            record.emit("probe.error", probe=self.spec.qualname, target=target, error=error[:500])
+            record.note_probe_error()
+        except Exception:
+            pass
+
+    def view(self, info: TargetInfo, instance: Any, args: tuple, kwargs: dict,
+             result: Any = None) -> CallView:
+        return CallView(instance, args, kwargs, info.positions, info.defaults, result)
+
+
+def split_target(target: str) -> tuple[str, list[str]]:
+    module, _, qual = target.partition(":")
+    return module, qual.split(".")
+
+
+def _param_names(func: Any) -> list[str]:
+    names = []
+    for param in inspect.signature(func).parameters.values():
+        if param.kind is inspect.Parameter.VAR_POSITIONAL:
+            names.append("*" + param.name)
+        elif param.kind is inspect.Parameter.VAR_KEYWORD:
+            names.append("**" + param.name)
+        else:
+            names.append(param.name)
+    return names
+
+
+def resolve(target: str, module: Any, declared: list[str]) -> TargetInfo:
+    """Find target in an imported module and check its parameters.
+
+    Raises LookupError when the attribute is missing, ``Drift`` when the parameters
+    differ, and ``InheritedError`` when a class does not override the method itself
+    (the base class's own probe sees those calls).
+    """
+    _, parts = split_target(target)
+    owner = module
+    for part in parts[:-1]:
+        owner = getattr(owner, part, None)
+        if owner is None:
+            raise LookupError(f"{target}: {part} not found")
+    attr = parts[-1]
+    if isinstance(owner, type):
+        if attr not in owner.__dict__:
+            if hasattr(owner, attr):
+                raise InheritedError(f"{target}: not overridden in {owner.__name__}")
+            raise LookupError(f"{target}: {attr} not found")
+        raw = owner.__dict__[attr]
+    else:
+        raw = getattr(owner, attr, None)
+        if raw is None:
+            raise LookupError(f"{target}: {attr} not found")
+    func = raw.__func__ if isinstance(raw, (classmethod, staticmethod)) else raw
+    func = getattr(func, "__wrapped__", func) if isinstance(func, wrapt.ObjectProxy) else func
+    try:
+        names = _param_names(func)
+    except (TypeError, ValueError) as exc:
+        raise Drift(f"{target}: no signature ({exc})") from None
+    if declared and names[: len(declared)] != declared:
+        raise Drift(f"{target}: parameters ({', '.join(names)}) do not start with "
+                    f"the declared ({', '.join(declared)})")
+    bound = isinstance(owner, type) and not isinstance(raw, staticmethod)
+    if attr == "__new__":
+        bound = False   # __new__ is a staticmethod called with cls explicitly
+    offset = 1 if bound else 0
+    positions = {}
+    for index, name in enumerate(names):
+        if name.startswith("*"):
+            break
+        if index >= offset:
+            positions[name] = index - offset
+    try:
+        defaults = {name: p.default for name, p in inspect.signature(func).parameters.items()
+                    if p.default is not inspect.Parameter.empty}
+    except (TypeError, ValueError):
+        defaults = {}
+    return TargetInfo(target, owner, attr, raw, func, names, positions, defaults)
+
+
+class InheritedError(LookupError):
+    """A class that inherits the method: nothing to patch at this level."""
+
+
+def _make_wrapper(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
+    """The generic wrapt wrapper: fields by path expressions, or a handler's before/after."""
+    spec = runtime.spec
+    kind = spec.kind
+    when = spec.when
+    extract = spec.fields_of
+    target = info.target
+    handler = runtime.handler
+    emit = record.emit
+    positions, defaults = info.positions, info.defaults
+    state = STATE
+
+    if handler is not None:
+        before = getattr(handler, "before", None)
+        after = getattr(handler, "after", None)
+
+        def handler_wrapper(wrapped, instance, args, kwargs):
+            if runtime.disabled or not state.active:
+                return wrapped(*args, **kwargs)
+            view = CallView(instance, args, kwargs, positions, defaults)
+            token = None
+            try:
+                if before is not None:
+                    token = before(view, info)
+            except Exception as exc:
+                runtime.fail(target, exc)
+                return wrapped(*args, **kwargs)
+            try:
+                result = wrapped(*args, **kwargs)
+            except BaseException as error:
+                if after is not None and not runtime.disabled:
+                    try:
+                        after(view, info, token, None, error)
+                    except Exception as exc:
+                        runtime.fail(target, exc)
+                raise
+            if after is not None and not runtime.disabled:
+                try:
+                    after(view, info, token, result, None)
+                except Exception as exc:
+                    runtime.fail(target, exc)
+            return result
+
+        return handler_wrapper
+
+    if when == "call":
+        def call_wrapper(wrapped, instance, args, kwargs):
+            if not runtime.disabled and state.active:
+                try:
+                    emit(kind, **extract(CallView(instance, args, kwargs, positions, defaults)))
+                except Exception as exc:
+                    runtime.fail(target, exc)
+            return wrapped(*args, **kwargs)
+
+        return call_wrapper
+
+    def return_wrapper(wrapped, instance, args, kwargs):
+        if runtime.disabled or not state.active:
+            return wrapped(*args, **kwargs)
+        view = CallView(instance, args, kwargs, positions, defaults)
+        early = None
+        if when == "both":
+            # Fields that do not read the result are taken at call time (capture state).
+            try:
+                early = extract(view)
+            except Exception as exc:
+                runtime.fail(target, exc)
+                return wrapped(*args, **kwargs)
+        result = wrapped(*args, **kwargs)
+        if not runtime.disabled:
+            try:
+                view = CallView(instance, args, kwargs, positions, defaults, result)
+                fields = extract(view)
+                if early is not None:
+                    for name, value in early.items():
+                        if name in ("capturing", "gid"):
+                            fields[name] = value
+                emit(kind, **fields)
+            except Exception as exc:
+                runtime.fail(target, exc)
+        return result
+
+    return return_wrapper
+
+
+@dataclass
+class Engine:
+    """The set of installed packs and the patches they made."""
+
+    packs: list[Pack] = field(default_factory=list)
+    runtimes: list[ProbeRuntime] = field(default_factory=list)
+    patches: list[Patch] = field(default_factory=list)
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    generation: int = 0
+
+    def install(self, packs: list[Pack]) -> None:
+        """Register every probe's targets for lazy patching."""
+        with self.lock:
+            STATE.generation += 1
+            self.generation = STATE.generation
+            STATE.active = True
+            self.packs = list(packs)
+            by_module: dict[str, list[tuple[ProbeRuntime, str]]] = {}
+            for pack in packs:
+                for spec in pack.probes:
+                    runtime = ProbeRuntime(spec, _load_handler(spec))
+                    self.runtimes.append(runtime)
+                    for target in spec.targets:
+                        module, _ = split_target(target)
+                        by_module.setdefault(module, []).append((runtime, target))
+            for module_name, entries in by_module.items():
+                hook = self._hook_for(entries, self.generation)
+                if module_name in sys.modules:
+                    hook(sys.modules[module_name])
+                else:
+                    wrapt.register_post_import_hook(hook, module_name)
+
+    def _hook_for(self, entries: list[tuple[ProbeRuntime, str]], generation: int
+                  ) -> Callable[[Any], None]:
+        def on_import(module: Any) -> None:
+            if generation != STATE.generation or not STATE.active:
+                return  # registered by an installation since undone
+            for runtime, target in entries:
+                self.patch(runtime, target, module)
+
+        return on_import
+
+    def patch(self, runtime: ProbeRuntime, target: str, module: Any) -> None:
+        """Patch one target of one probe in an imported module (never raises)."""
+        with self.lock:
+            try:
+                info = resolve(target, module, runtime.spec.params)
+            except InheritedError as exc:
+                runtime.skipped[target] = str(exc)
+                return
+            except Drift as exc:
+                runtime.skipped[target] = f"drift: {exc}"
+                runtime.report(target, f"signature drift: {exc}")
+                return
+            except LookupError as exc:
+                runtime.skipped[target] = f"missing: {exc}"
+                runtime.report(target, f"target missing: {exc}")
+                return
+            except Exception as exc:
+                runtime.skipped[target] = f"error: {exc}"
+                runtime.report(target, f"cannot resolve: {type(exc).__name__}: {exc}")
+                return
+            carried = getattr(info.raw, MARK, None) or ()
+            if runtime.spec.qualname in carried:
+                return  # the same function reached through another module: already patched
+            try:
+                make = getattr(runtime.handler, "replacement", None)
+                if make is not None:
+                    replacement = make(info, runtime)
+                else:
+                    replacement = wrapt.FunctionWrapper(info.raw, _make_wrapper(runtime, info))
+                    setattr(replacement, MARK, tuple(carried) + (runtime.spec.qualname,))
+                setattr(info.owner, info.attr, replacement)
+            except Exception as exc:
+                runtime.report(target, f"cannot patch: {type(exc).__name__}: {exc}")
+                return
+            self.patches.append(Patch(info.owner, info.attr, info.raw, replacement, target))
+            runtime.patched.append(target)
+
+    def uninstall(self) -> None:
+        """Undo every patch (newest first) and turn remaining wrappers into pass-throughs."""
+        with self.lock:
+            STATE.active = False
+            STATE.generation += 1
+            for patch in reversed(self.patches):
+                try:
+                    current = (patch.owner.__dict__.get(patch.attr)
+                               if isinstance(patch.owner, type)
+                               else getattr(patch.owner, patch.attr, None))
+                    if current is patch.replacement:
+                        setattr(patch.owner, patch.attr, patch.original)
+                except Exception:
+                    pass
+            for runtime in self.runtimes:
+                close = getattr(runtime.handler, "close", None)
+                if close is not None:
+                    try:
+                        close()
+                    except Exception:
+                        pass
+            self.patches.clear()
+            self.runtimes.clear()
+            self.packs = []
+
+
+def _load_handler(spec: ProbeSpec) -> Any:
+    """Instantiate a probe's handler class ``module:Name`` with (spec)."""
+    if not spec.handler:
+        return None
+    module_name, _, name = spec.handler.partition(":")
+    module = importlib.import_module(module_name)
+    factory = getattr(module, name)
+    return factory(spec)

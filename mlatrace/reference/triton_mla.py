@@ -1,0 +1,228 @@
+"""Triton kernels of the reference MLA decode (stage 1 split attention, stage 2 merge).
+
+Plain, portable Triton (tl.load/tl.store/tl.dot, masks, program_id) so the same code runs
+on the H200 (Triton 3.6) and under TRITON_INTERPRET=1 on a CPU (Triton 3.9). The host
+launches live in `mla.launch_stage1/launch_stage2`; these wrappers only state the grid.
+
+Partition (mirrors `policies.kv_split_range` and `policies.device_partition`):
+- static (legacy, bucketed, fixed): chunk = cdiv(seq_len, NUM_KV_SPLITS); every split
+  writes a partial, an empty one with LSE -inf.
+- device: chunk = whole tiles, active = non-empty chunks; programs at or beyond `active`
+  exit at once, one active split writes `o` directly, and stage 2 merges only `active`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from mlatrace.reference.mla import D_LATENT, D_ROPE
+
+STAGE1_WARPS = 4
+STAGE1_STAGES = 2
+STAGE2_WARPS = 4
+
+
+@triton.jit
+def _device_partition(seq_len, NUM_KV_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(active splits, chunk) of the device policy; same integers as policies.device_partition."""
+    tiles = tl.maximum(tl.cdiv(seq_len, BLOCK_N), 1)
+    tiles_per_split = tl.cdiv(tiles, tl.minimum(tiles, NUM_KV_SPLITS))
+    return tl.cdiv(tiles, tiles_per_split), tiles_per_split * BLOCK_N
+
+
+@triton.jit
+def _mla_stage1_kernel(
+    q_nope, q_pe, kv_c, k_pe, page_table, seq_info, sm_scale,
+    o, lse_out, partial_out, partial_lse,
+    stride_qn_b, stride_qn_h, stride_qp_b, stride_qp_h, stride_kv, stride_kpe, stride_pt_b,
+    stride_o_b, stride_o_h, stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
+    nhead,
+    NUM_KV_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
+    D_LATENT: tl.constexpr, D_ROPE: tl.constexpr, DEVICE_PARTITION: tl.constexpr,
+    DIRECT_OUTPUT: tl.constexpr, RETURN_LSE: tl.constexpr, IEEE_DOT: tl.constexpr,
+):
+    """One (batch, split, head block): online softmax over the split's KV range."""
+    b = tl.program_id(0)
+    split = tl.program_id(1)
+    hblock = tl.program_id(2)
+    seq_len = tl.load(seq_info + b)
+    if DEVICE_PARTITION:
+        active, chunk = _device_partition(seq_len, NUM_KV_SPLITS, BLOCK_N)
+    else:
+        active = NUM_KV_SPLITS
+        chunk = tl.cdiv(seq_len, NUM_KV_SPLITS)
+    if split < active:
+        start = split * chunk
+        end = tl.minimum(start + chunk, seq_len)
+
+        heads = hblock * BLOCK_H + tl.arange(0, BLOCK_H)
+        head_ok = heads < nhead
+        offs_d = tl.arange(0, D_LATENT)
+        offs_r = tl.arange(0, D_ROPE)
+        qn = tl.load(q_nope + b * stride_qn_b + heads[:, None] * stride_qn_h + offs_d[None, :],
+                     mask=head_ok[:, None], other=0.0)
+        qp = tl.load(q_pe + b * stride_qp_b + heads[:, None] * stride_qp_h + offs_r[None, :],
+                     mask=head_ok[:, None], other=0.0)
+        qk_scale = sm_scale * 1.4426950408889634  # scores in log2 units: exp2 below
+
+        m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_H], tl.float32)
+        acc = tl.zeros([BLOCK_H, D_LATENT], tl.float32)
+        for start_n in range(start, end, BLOCK_N):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            row_ok = offs_n < end
+            slots = tl.load(page_table + b * stride_pt_b + offs_n, mask=row_ok, other=0)
+            slots = slots.to(tl.int64)
+            latent = tl.load(kv_c + slots[:, None] * stride_kv + offs_d[None, :],
+                             mask=row_ok[:, None], other=0.0)
+            rope = tl.load(k_pe + slots[:, None] * stride_kpe + offs_r[None, :],
+                           mask=row_ok[:, None], other=0.0)
+            if IEEE_DOT:
+                latent = latent.to(tl.float32)
+                qk = tl.dot(qn.to(tl.float32), tl.trans(latent), input_precision="ieee")
+                qk += tl.dot(qp.to(tl.float32), tl.trans(rope.to(tl.float32)),
+                             input_precision="ieee")
+            else:
+                qk = tl.dot(qn, tl.trans(latent))
+                qk += tl.dot(qp, tl.trans(rope))
+            qk = tl.where(row_ok[None, :], qk * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(qk - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            if IEEE_DOT:
+                pv = tl.dot(p, latent, input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(latent.dtype), latent)
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+
+        nonempty = l_i > 0.0
+        out = tl.where(nonempty[:, None], acc / tl.where(nonempty, l_i, 1.0)[:, None], 0.0)
+        lse = tl.where(nonempty, (m_i + tl.log2(tl.where(nonempty, l_i, 1.0))) * 0.6931471805599453,
+                       float("-inf"))
+        if DIRECT_OUTPUT:
+            write_o = True
+        elif DEVICE_PARTITION:
+            write_o = active == 1
+        else:
+            write_o = False
+        if write_o:
+            tl.store(o + b * stride_o_b + heads[:, None] * stride_o_h + offs_d[None, :],
+                     out.to(o.dtype.element_ty), mask=head_ok[:, None])
+            if RETURN_LSE:
+                tl.store(lse_out + b * nhead + heads, lse, mask=head_ok)
+        else:
+            base = b * stride_po_b + split * stride_po_s
+            tl.store(partial_out + base + heads[:, None] * stride_po_h + offs_d[None, :], out,
+                     mask=head_ok[:, None])
+            tl.store(partial_lse + b * stride_pl_b + split * stride_pl_s + heads, lse,
+                     mask=head_ok)
+
+
+@triton.jit
+def _mla_stage2_kernel(
+    partial_out, partial_lse, seq_info, o, lse_out,
+    stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s, stride_o_b, stride_o_h,
+    nhead,
+    NUM_KV_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_DV: tl.constexpr, DEVICE_PARTITION: tl.constexpr, RETURN_LSE: tl.constexpr,
+):
+    """One (batch, head, column block): LSE-weighted merge, BLOCK_S splits per load."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    dblock = tl.program_id(2)
+    if DEVICE_PARTITION:
+        seq_len = tl.load(seq_info + b)
+        active, _ = _device_partition(seq_len, NUM_KV_SPLITS, BLOCK_N)
+    else:
+        active = NUM_KV_SPLITS
+    # With one active split stage 1 already wrote o (device partition only).
+    if active > 1:
+        offs_s = tl.arange(0, BLOCK_S)
+        offs_d = dblock * BLOCK_DV + tl.arange(0, BLOCK_DV)
+        lse_base = partial_lse + b * stride_pl_b + h
+        top = tl.full([BLOCK_S], float("-inf"), tl.float32)
+        for s0 in range(0, active, BLOCK_S):
+            lse = tl.load(lse_base + (s0 + offs_s) * stride_pl_s, mask=s0 + offs_s < active,
+                          other=float("-inf"))
+            top = tl.maximum(top, lse)
+        top_all = tl.max(top, 0)
+        safe_top = tl.where(top_all > float("-inf"), top_all, 0.0)
+
+        acc = tl.zeros([BLOCK_DV], tl.float32)
+        total = tl.zeros([BLOCK_S], tl.float32)
+        out_base = partial_out + b * stride_po_b + h * stride_po_h
+        for s0 in range(0, active, BLOCK_S):
+            split_ok = s0 + offs_s < active
+            lse = tl.load(lse_base + (s0 + offs_s) * stride_pl_s, mask=split_ok,
+                          other=float("-inf"))
+            weight = tl.where(lse > float("-inf"), tl.exp(lse - safe_top), 0.0)
+            part = tl.load(out_base + (s0 + offs_s)[:, None] * stride_po_s + offs_d[None, :],
+                           mask=split_ok[:, None], other=0.0)
+            acc += tl.sum(weight[:, None] * part, 0)
+            total += weight
+        total_all = tl.sum(total, 0)
+        merged = tl.where(total_all > 0.0, acc / tl.where(total_all > 0.0, total_all, 1.0), 0.0)
+        tl.store(o + b * stride_o_b + h * stride_o_h + offs_d, merged.to(o.dtype.element_ty))
+        if RETURN_LSE:
+            if dblock == 0:
+                lse_all = tl.where(total_all > 0.0,
+                                   safe_top + tl.log(tl.where(total_all > 0.0, total_all, 1.0)),
+                                   float("-inf"))
+                tl.store(lse_out + b * nhead + h, lse_all)
+
+
+def ieee_dot(kv_c: torch.Tensor) -> bool:
+    """float32 products for fp32 caches, and on the CPU interpreter (its bf16 tl.dot is wrong)."""
+    return kv_c.dtype == torch.float32 or not kv_c.is_cuda
+
+
+def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tensor,
+           kv_c: torch.Tensor, k_pe: torch.Tensor, page_table: torch.Tensor,
+           seq_info: torch.Tensor, sm_scale: float, o: torch.Tensor,
+           lse_out: torch.Tensor | None, partial_out: torch.Tensor | None,
+           partial_lse: torch.Tensor | None, num_splits: int, block_n: int,
+           device_partition: bool, block_h: int) -> None:
+    """Launch stage 1 on grid (batch, NUM_KV_SPLITS, cdiv(nhead, BLOCK_H))."""
+    for t in (q_nope, q_pe, o):
+        assert t.stride(-1) == 1, "last dim must be contiguous"
+    assert kv_c.stride(-1) == 1 and k_pe.stride(-1) == 1 and page_table.stride(-1) == 1
+    direct = partial_out is None
+    if direct:
+        partial_out, partial_lse = o, o  # never written: DIRECT_OUTPUT
+    ppo, ppl = (partial_out.stride(), partial_lse.stride()) if not direct else ((0, 0, 0, 0),
+                                                                               (0, 0, 0))
+    lse_arg = lse_out if lse_out is not None else o
+    _mla_stage1_kernel[grid](
+        q_nope, q_pe, kv_c, k_pe, page_table, seq_info, float(sm_scale),
+        o, lse_arg, partial_out, partial_lse,
+        q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1),
+        kv_c.stride(0), k_pe.stride(0), page_table.stride(0),
+        o.stride(0), o.stride(1), ppo[0], ppo[1], ppo[2], ppl[0], ppl[1],
+        q_nope.shape[1],
+        NUM_KV_SPLITS=num_splits, BLOCK_N=block_n, BLOCK_H=block_h,
+        D_LATENT=D_LATENT, D_ROPE=D_ROPE, DEVICE_PARTITION=device_partition,
+        DIRECT_OUTPUT=direct, RETURN_LSE=lse_out is not None,
+        IEEE_DOT=ieee_dot(kv_c),
+        num_warps=STAGE1_WARPS, num_stages=STAGE1_STAGES,
+    )
+
+
+def stage2(grid: tuple[int, int, int], *, partial_out: torch.Tensor,
+           partial_lse: torch.Tensor, seq_info: torch.Tensor, o: torch.Tensor,
+           lse_out: torch.Tensor | None, num_splits: int, block_n: int,
+           device_partition: bool, block_s: int, block_dv: int) -> None:
+    """Launch stage 2 on grid (batch, nhead, 512 // BLOCK_DV)."""
+    assert o.stride(-1) == 1 and partial_out.stride(-1) == 1
+    _mla_stage2_kernel[grid](
+        partial_out, partial_lse, seq_info, o, lse_out if lse_out is not None else o,
+        partial_out.stride(0), partial_out.stride(1), partial_out.stride(2),
+        partial_lse.stride(0), partial_lse.stride(1), o.stride(0), o.stride(1),
+        o.shape[1],
+        NUM_KV_SPLITS=num_splits, BLOCK_N=block_n, BLOCK_S=block_s, BLOCK_DV=block_dv,
+        DEVICE_PARTITION=device_partition, RETURN_LSE=lse_out is not None,
+        num_warps=STAGE2_WARPS,
+    )

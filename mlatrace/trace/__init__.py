@@ -1,0 +1,219 @@
+"""Trace reader: streams the `p<pid>.jsonl` files of a trace directory.
+
+Readers must survive what real runs leave behind: a SIGKILLed process's
+truncated last line, a garbage line, a file without its header, records of
+kinds this version does not know, a newer schema minor version. Each problem
+is reported as `file:line: reason` and skipped; the rest of the data is kept.
+Files are streamed line by line, never loaded whole.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA_NAME = "mlatrace"
+SCHEMA_MAJOR = 1
+REQUIRED_FIELDS = ("k", "t", "seq")
+
+try:  # a fast codec when installed; the stdlib otherwise (the H200 image has no msgspec)
+    import msgspec
+
+    _decode_line = msgspec.json.Decoder().decode
+    _DecodeError: tuple[type[BaseException], ...] = (msgspec.DecodeError, ValueError)
+except ImportError:  # pragma: no cover - exercised where msgspec is absent
+    _decode_line = json.loads
+    _DecodeError = (ValueError,)
+
+
+class TraceError(Exception):
+    """The path is not a readable trace at all (as opposed to a trace with bad lines)."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong in a trace, located precisely enough to open the file there."""
+
+    file: str
+    line: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.reason}"
+
+
+def check_schema(schema: object) -> str | None:
+    """None when this reader understands `schema`, else why not (newer minors are fine)."""
+    if not isinstance(schema, str) or "/" not in schema:
+        return f"unknown schema {schema!r}"
+    name, _, version = schema.partition("/")
+    major = version.split(".", 1)[0]
+    if name != SCHEMA_NAME or not major.isdigit():
+        return f"unknown schema {schema!r}"
+    if int(major) != SCHEMA_MAJOR:
+        return f"schema {schema!r} is not {SCHEMA_NAME}/{SCHEMA_MAJOR}.x; records read as best effort"
+    return None
+
+
+@dataclass
+class ProcessFile:
+    """One traced process: its header (read eagerly) and its records (streamed)."""
+
+    path: Path
+    problems: list[Problem]
+    header: dict[str, Any] | None = None
+    end: dict[str, Any] | None = None
+    gaps: int = 0
+    dropped: int = 0
+    records_read: int = 0
+    _header_line_ok: bool = field(default=False, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def pid(self) -> int | None:
+        if self.header and isinstance(self.header.get("pid"), int):
+            return self.header["pid"]
+        stem = self.path.name.split(".", 1)[0]
+        return int(stem[1:]) if stem[1:].isdigit() else None
+
+    def _problem(self, line: int, reason: str) -> None:
+        self.problems.append(Problem(self.name, line, reason))
+
+    def read_header(self) -> None:
+        """Read the first line; a missing or bad header is a problem, not a failure."""
+        try:
+            with self.path.open("rb") as f:
+                first = f.readline()
+        except OSError as exc:
+            self._problem(0, f"cannot read: {exc.strerror or exc}")
+            return
+        if not first.strip():
+            self._problem(1, "empty file (the process wrote nothing before it ended)")
+            return
+        record = self._decode(first, 1)
+        if record is None:
+            return
+        if record.get("k") != "process":
+            self._problem(1, f"missing process header (first record is {record.get('k')!r})")
+            return
+        reason = check_schema(record.get("schema"))
+        if reason:
+            self._problem(1, reason)
+        self.header = record
+        self._header_line_ok = True
+
+    def _decode(self, raw: bytes, lineno: int) -> dict[str, Any] | None:
+        try:
+            record = _decode_line(raw)
+        except _DecodeError as exc:
+            truncated = not raw.endswith(b"\n")
+            what = "truncated line (process killed mid-write?)" if truncated else "not JSON"
+            self._problem(lineno, f"{what}: {str(exc)[:120]}")
+            return None
+        if not isinstance(record, dict):
+            self._problem(lineno, f"not a JSON object: {type(record).__name__}")
+            return None
+        missing = [name for name in REQUIRED_FIELDS if name not in record]
+        if missing:
+            self._problem(lineno, f"record without {', '.join(missing)}")
+            return None
+        if not isinstance(record["seq"], int) or not isinstance(record["t"], int):
+            self._problem(lineno, "seq and t must be integers")
+            return None
+        return record
+
+    def records(self) -> Iterator[dict[str, Any]]:
+        """Stream every readable record in file order, the header first when present."""
+        self.gaps = self.dropped = self.records_read = 0
+        last_seq: int | None = None
+        try:
+            f = self.path.open("rb")
+        except OSError as exc:
+            self._problem(0, f"cannot read: {exc.strerror or exc}")
+            return
+        with f:
+            for lineno, raw in enumerate(f, start=1):
+                if not raw.strip():
+                    continue
+                if lineno == 1 and self._header_line_ok:
+                    record = self.header
+                else:
+                    record = self._decode(raw, lineno)
+                if record is None:
+                    continue
+                seq = record["seq"]
+                if last_seq is not None:
+                    if seq <= last_seq:
+                        self._problem(lineno, f"seq {seq} not after {last_seq}; record skipped")
+                        continue
+                    if seq > last_seq + 1 and record.get("k") != "process.end":
+                        self.gaps += 1
+                        self.dropped += seq - last_seq - 1
+                last_seq = seq
+                if record.get("k") == "process.end":
+                    self.end = record
+                self.records_read += 1
+                yield record
+
+
+@dataclass
+class Trace:
+    """A trace directory: run.json from the launcher and one file per process."""
+
+    root: Path
+    run: dict[str, Any] | None
+    processes: list[ProcessFile]
+    problems: list[Problem]
+
+    def records(self) -> Iterator[tuple[ProcessFile, dict[str, Any]]]:
+        """Every record of every process, file by file."""
+        for proc in self.processes:
+            for record in proc.records():
+                yield proc, record
+
+
+def _file_order(path: Path) -> tuple[int, int, str]:
+    stem = path.name.split(".")
+    pid = int(stem[0][1:]) if stem[0][1:].isdigit() else 0
+    part = int(stem[1]) if len(stem) > 2 and stem[1].isdigit() else 0
+    return pid, part, path.name
+
+
+def open_trace(path: str | Path) -> Trace:
+    """Open a trace directory (or a single process file); TraceError when it is neither."""
+    root = Path(path)
+    problems: list[Problem] = []
+    if root.is_file() and root.suffix == ".jsonl":
+        files, root = [root], root.parent
+        run = None
+    elif root.is_dir():
+        files = sorted(root.glob("p*.jsonl"), key=_file_order)
+        run = None
+        run_json = root / "run.json"
+        if run_json.exists():
+            try:
+                run = json.loads(run_json.read_text())
+            except (OSError, ValueError) as exc:
+                problems.append(Problem("run.json", 1, f"unreadable: {exc}"))
+        if not files and run is None:
+            raise TraceError(f"{root}: no trace here (no run.json and no p<pid>.jsonl files)")
+        if not files:
+            problems.append(Problem("run.json", 0, "no process files: nothing was traced "
+                                    "(was the command a Python program?)"))
+    else:
+        raise TraceError(f"{root}: not a trace directory")
+    processes = []
+    for file in files:
+        proc = ProcessFile(file, problems)
+        proc.read_header()
+        processes.append(proc)
+    return Trace(root, run, processes, problems)
+
+
+__all__ = ["Problem", "ProcessFile", "Trace", "TraceError", "check_schema", "open_trace"]
