@@ -215,11 +215,16 @@ class TraceModel:
         return out
 
     def replay_graph(self, graph: GraphModel) -> GraphModel | None:
-        """The innermost graph of the chain (self, then ancestors) that was replayed."""
+        """The outermost replayed graph of the chain (self, ancestors): the one with the key.
+
+        A wrapper replay and the torch replay it causes see the same host state, so either
+        would do; the outermost names the batch descriptor the engine dispatched on.
+        """
+        found = None
         for g in self.ancestors(graph):
             if g.replays.count > 0:
-                return g
-        return None
+                found = g
+        return found
 
     def effective_key(self, graph: GraphModel) -> Any:
         for g in self.ancestors(graph):

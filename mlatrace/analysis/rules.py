@@ -99,7 +99,8 @@ def frozen_one_split(model: TraceModel, config: Config) -> list[Finding]:
         message = (f"graph {key} (gid {rg.gid}, {model.effective_mode(graph) or '?'}) froze "
                    f"{op or 'the split-KV decode'} at 1 KV split (host hint min_kv_seq_len={hint}) "
                    f"and was replayed {count} times up to seq_len {longest} "
-                   f"(>= {config.long_len_factor} x BLOCK_N={block_n}); at that length the legacy "
+                   f"(>= {config.long_len_factor * block_n} = {config.long_len_factor} x BLOCK_N {block_n}); "
+                   f"at that length the legacy "
                    f"policy would pick {legacy} splits, bucketed {bucketed}")
         fix = ("pass a representative capture hint (e.g. min_kv_seq_len=16384), pick the split on "
                "device from the runtime length, or run the split-deciding call eagerly between "

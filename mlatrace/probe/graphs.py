@@ -45,15 +45,28 @@ def remove_capture(gid: int) -> None:
         stack.remove(gid)
 
 
+def push_eager() -> None:
+    """Run eagerly inside a capture (a breakable capture's eager break): not capturing."""
+    _stack().append(None)
+
+
+def pop_eager() -> None:
+    """End an eager break opened by push_eager()."""
+    stack = _stack()
+    if stack and stack[-1] is None:
+        stack.pop()
+
+
 def current_gid() -> int | None:
-    """The innermost capturing gid on this thread, or None."""
+    """The innermost capturing gid on this thread, or None (none, or an eager break)."""
     stack = getattr(_local, "stack", None)
     return stack[-1] if stack else None
 
 
 def capturing() -> bool:
-    """True while this thread is inside a capture."""
-    return bool(getattr(_local, "stack", None))
+    """True while this thread is inside a capture and not in an eager break."""
+    stack = getattr(_local, "stack", None)
+    return bool(stack) and stack[-1] is not None
 
 
 def reset() -> None:

@@ -293,6 +293,9 @@ def plain(value: Any) -> Any:
         return None
     if isinstance(value, dict):
         return {str(k): plain(v) for k, v in value.items()}
+    as_dict = getattr(value, "_asdict", None)
+    if as_dict is not None and isinstance(value, tuple):
+        return plain(as_dict())     # NamedTuple keys such as vLLM's BatchDescriptor
     if isinstance(value, (list, tuple)):
         return [plain(v) for v in value]
     item = getattr(value, "item", None)
