@@ -65,11 +65,12 @@ def diff(a: str, b: str, as_json: bool) -> None:
 
 @main.command()
 @click.argument("trace", type=click.Path())
-@click.option("--fail-on", type=click.Choice(["error", "warning"]), default="error")
+@click.option("--fail-on", type=click.Choice(["error", "warning"]), default=None,
+              help="Lowest severity that fails (default: the config's fail_on, else error).")
 @click.option("--rule", "rules", multiple=True, help="Only these rule ids (repeatable).")
 @click.option("--config", type=click.Path(exists=True, dir_okay=False), default=None)
 @click.option("--junit", type=click.Path(dir_okay=False), default=None, help="Write JUnit XML here.")
-def check(trace: str, fail_on: str, rules: tuple[str, ...], config: str | None,
+def check(trace: str, fail_on: str | None, rules: tuple[str, ...], config: str | None,
           junit: str | None) -> None:
     """CI verdict: exit 0 clean, 1 findings at/above --fail-on, 2 unreadable trace."""
     from mlatrace import check as check_mod

@@ -150,6 +150,17 @@ def test_static_input_and_seq_info_pointers_do_not_move():
     assert runner.attn_metadata_builder.seq_info.data_ptr() == seq_info_ptr
 
 
+def test_uncaptured_batch_size_runs_eagerly():
+    runner = make_runner("legacy", "full")
+    calls = runner.impl.num_calls
+    hidden = step_inputs(1, 0)
+    out = runner.execute_model(hidden, [LONG])
+    assert runner.impl.num_calls == calls + 2                  # forward_mqa ran, per layer
+    assert runner.impl.last_num_kv_splits == {0: 32, 1: 32}
+    assert runner.captured_entry(1) is None
+    assert rel_err(out, runner.reference_output(hidden, [LONG])) < 1e-4
+
+
 # -- breakable: eager MLA between graph segments -----------------------------------------
 
 
@@ -208,6 +219,13 @@ def test_serve_cli_bench_prints_one_json_line():
 def test_serve_rejects_unknown_policy():
     result = run_serve("--policy", "nope")
     assert result.returncode == 2 and "unknown --policy" in result.stderr
+
+
+def test_serve_cli_breakable_chooses_splits_per_step():
+    result = run_serve("--steps", "2", "--graph", "breakable", "--check")
+    assert result.returncode == 0, result.stderr
+    assert "3 graph segments + 2 eager MLA calls" in result.stdout
+    assert "splits used  32 (the real length needs  32)" in result.stdout
 
 
 # -- GPU ---------------------------------------------------------------------------------

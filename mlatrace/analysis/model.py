@@ -7,19 +7,23 @@ counters, a reservoir of GPU times), never the replay records themselves.
 
 from __future__ import annotations
 
-import random
+import gc
+import json
+import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 MAX_DISTINCT = 16          # distinct values kept per frozen item / per pointer name
-GPU_RESERVOIR = 4096       # replay GPU times kept per graph for percentiles
+GPU_HIST_BITS = 8          # GPU-time histogram keeps 8 significant bits (<0.8% error)
 MAX_SYNC_SITES = 64
+MAX_NODES = 256            # distinct (name, grid) graph nodes kept per graph
 
 PREFILL_MARKERS = ("flash_attn_varlen", "prefill", "varlen")
 DECODE_MARKERS = ("paged_attention", "decode", "mla_gluon")
 
 
-@dataclass
+@dataclass(slots=True)
 class Ref:
     """Where a value was seen: the evidence of a finding points at these."""
 
@@ -93,6 +97,7 @@ class CallShape:
     ptrs: dict
     shapes: dict
     count: int = 1
+    extra: dict = field(default_factory=dict)  # num_prefills / num_decodes of a backend forward
 
 
 @dataclass
@@ -105,7 +110,7 @@ class SyncSite:
     count: int = 1
 
 
-@dataclass
+@dataclass(slots=True)
 class ReplayStats:
     """Aggregates over one graph's replays and the host state built before each."""
 
@@ -118,9 +123,13 @@ class ReplayStats:
     seq_len_max_ref: Ref | None = None
     seq_len_min_max: int | None = None  # largest seq_len_min seen (every request at least this long)
     seq_len_min_max_ref: Ref | None = None
+    seq_len_max_md: dict | None = None  # the metadata records behind the two refs (while streaming)
+    seq_len_min_max_md: dict | None = None
     seq_len_min_min: int | None = None
     ptrs: dict[str, dict[int, list]] = field(default_factory=dict)  # name -> ptr -> [count, Ref]
-    gpu_ns: list[int] = field(default_factory=list)
+    gpu_hist: dict[int, int] = field(default_factory=dict)  # value rounded to 8 bits -> count
+    ptr_run: dict | None = None       # the last pointer set seen, and how many replays since
+    ptr_run_count: int = 0
     gpu_seen: int = 0
 
     @property
@@ -129,16 +138,30 @@ class ReplayStats:
             return max(self.exact, self.max_n, self.records)
         return max(self.max_n, self.records)
 
+    def add_gpu_ns(self, value: int) -> None:
+        shift = value.bit_length() - GPU_HIST_BITS
+        if shift > 0:
+            value = (value >> shift) << shift
+        hist = self.gpu_hist
+        hist[value] = hist.get(value, 0) + 1
+        self.gpu_seen += 1
+
     def percentiles(self) -> dict[str, int] | None:
-        if not self.gpu_ns:
+        """GPU-time percentiles of the replays that carried gpu_ns (rounded down, <0.8%)."""
+        if not self.gpu_seen:
             return None
-        values = sorted(self.gpu_ns)
-
-        def pick(q: float) -> int:
-            return values[min(len(values) - 1, int(q * (len(values) - 1) + 0.5))]
-
-        return {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99), "max": values[-1],
-                "samples": self.gpu_seen}
+        values = sorted(self.gpu_hist.items())
+        out: dict[str, int] = {}
+        for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99)):
+            target, running = q * self.gpu_seen, 0
+            for value, count in values:
+                running += count
+                if running >= target:
+                    out[name] = value
+                    break
+        out["max"] = values[-1][0]
+        out["samples"] = self.gpu_seen
+        return out
 
 
 @dataclass
@@ -163,7 +186,8 @@ class GraphModel:
     skips: list[tuple[Ref, str | None, str | None]] = field(default_factory=list)
     calls: list[CallShape] = field(default_factory=list)
     capture_ptrs: dict[str, tuple[int, Ref]] = field(default_factory=dict)
-    nodes: list[dict] = field(default_factory=list)
+    nodes: list[dict] = field(default_factory=list)  # distinct (name, grid) kernel nodes
+    nodes_total: int = 0
     nodes_ref: Ref | None = None
     syncs: list[SyncSite] = field(default_factory=list)
     replays: ReplayStats = field(default_factory=ReplayStats)
@@ -174,8 +198,10 @@ class TraceModel:
     root: str
     processes: list[ProcessModel] = field(default_factory=list)
     graphs: dict[tuple[int | None, int], GraphModel] = field(default_factory=dict)
-    # (pid, op) -> [count, max num_kv_splits, Ref]: split decisions re-made eagerly between replays
-    runtime_splits: dict[tuple[int | None, str | None], list] = field(default_factory=dict)
+    # (pid, op or kernel name) -> [count, Ref]: attention calls and kernel launches that ran
+    # eagerly after the thread began replaying (a breakable capture's eager MLA call): their
+    # host decisions are re-made with the real length, so what capture saw is not frozen
+    runtime_eager: dict[tuple[int | None, str], list] = field(default_factory=dict)
     # syncs outside capture after the thread started replaying (the decode step path)
     step_syncs: dict[tuple[int | None, Any, Any], SyncSite] = field(default_factory=dict)
     problems: list = field(default_factory=list)
@@ -224,6 +250,10 @@ class TraceModel:
         for g in self.ancestors(graph):
             if g.replays.count > 0:
                 found = g
+        if found is None:  # only nested graphs were seen replaying (e.g. wrapper not probed)
+            nested = [g for g in self.subtree(graph) if g.replays.count > 0]
+            if nested:
+                found = max(nested, key=lambda g: g.replays.count)
         return found
 
     def effective_key(self, graph: GraphModel) -> Any:
@@ -251,6 +281,16 @@ class TraceModel:
         return total
 
 
+def _flush_ptr_run(stats: ReplayStats) -> None:
+    """Add the replays that repeated the last pointer set to its per-name counts."""
+    if stats.ptr_run_count and stats.ptr_run is not None:
+        for name, ptr in stats.ptr_run.items():
+            entry = stats.ptrs.get(name, {}).get(ptr)
+            if entry is not None:
+                entry[0] += stats.ptr_run_count
+    stats.ptr_run_count = 0
+
+
 def _int(value: Any) -> int | None:
     if isinstance(value, bool):
         return None
@@ -259,6 +299,23 @@ def _int(value: Any) -> int | None:
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return None
+
+
+def _text(value: Any) -> str | None:
+    """A name-like field: strings pass, None stays None, anything else becomes its str()."""
+    if value is None or isinstance(value, str):
+        return value
+    return str(value)
+
+
+def _key_text(key: Any) -> str | int | None:
+    """A batch descriptor as one short string: {"num_tokens": 2} -> "num_tokens=2"."""
+    if key is None or isinstance(key, (str, int)):
+        return key
+    if isinstance(key, dict):
+        return ", ".join(f"{k}={json.dumps(v) if not isinstance(v, str) else v}"
+                         for k, v in key.items())
+    return json.dumps(key) if isinstance(key, list) else str(key)
 
 
 def _dict(value: Any) -> dict:
@@ -280,16 +337,29 @@ def _hashable(value: Any) -> Any:
 
 
 def _infer_role(proc: ProcessModel, pids: set[int | None], captured: bool) -> str:
-    argv = " ".join(str(a) for a in proc.argv)
-    if proc.ppid not in pids:
-        role = "launcher child" if proc.pid is not None else "process"
-    elif "multiprocessing" in argv or "spawn_main" in argv or "forkserver" in argv:
-        role = "mp child"
+    """A short name for what the process is, from its rank, argv and lineage."""
+    argv = proc.argv
+    text = " ".join(argv)
+    suffix = ", captures graphs" if captured else ""
+    if proc.rank is not None:
+        role = f"rank {proc.rank}" + (f"/{proc.world_size}" if proc.world_size else "")
+    elif "resource_tracker" in text:
+        role = "resource tracker"
+    elif "spawn_main" in text or "--multiprocessing-fork" in text or "forkserver" in text:
+        role = "mp spawn child"
+    elif any(a.endswith("vllm") for a in argv[:3]) and "serve" in argv:
+        role = "vllm serve"
+    elif "-m" in argv[:-1]:
+        role = "-m " + argv[argv.index("-m") + 1]
+    elif "-c" in argv:
+        role = "python -c"
+    elif len(argv) > 1:
+        role = os.path.basename(argv[1])
     else:
-        role = "child"
-    if captured:
-        role = "worker" if proc.rank is not None else "capturer"
-    return role
+        role = "process"
+    if proc.ppid not in pids and proc.rank is None:
+        role += " (root)"
+    return role + suffix
 
 
 class _ProcessBuilder:
@@ -305,9 +375,9 @@ class _ProcessBuilder:
         self.pid = pid
         self.proc = ProcessModel(file=self.file, pid=pid)
         self.stacks: dict[Any, list[int]] = {}
-        self.metadata: dict[Any, tuple[dict, Ref]] = {}
+        self.metadata: dict[Any, dict] = {}  # tid -> latest attn.metadata record
+        self.by_gid: dict[Any, GraphModel] = {}
         self.replaying: set[Any] = set()
-        self.rng = random.Random(pid or 0)
 
     # -- helpers -------------------------------------------------------------
     def _ref(self, rec: dict, kind: str) -> Ref:
@@ -350,53 +420,59 @@ class _ProcessBuilder:
         p.versions = _dict(rec.get("versions"))
         p.device = _dict(rec.get("device"))
 
-    def feed(self, rec: dict) -> None:
-        kind = rec.get("k")
-        self.proc.records += 1
-        if kind == "graph.replay":
-            self.replay(rec)
-        elif kind == "attn.metadata":
-            self.attn_metadata(rec)
-        elif kind == "attn.call":
-            self.attn_call(rec)
-        elif kind == "kernel.launch":
-            self.kernel_launch(rec)
-        elif kind == "kernel.split":
-            self.kernel_split(rec)
-        elif kind == "kernel.skip":
-            gid = self._capture_gid(rec)
-            if gid is not None:
-                self._graph(gid).skips.append((self._ref(rec, kind), rec.get("name"), rec.get("reason")))
-        elif kind == "sync":
-            self.sync(rec)
-        elif kind == "graph.capture.begin":
-            self.capture_begin(rec)
-        elif kind == "graph.capture.end":
-            self.capture_end(rec)
-        elif kind == "graph.nodes":
-            gid = _int(rec.get("gid"))
-            kernels = rec.get("kernels")
-            if gid is not None and isinstance(kernels, list):
-                graph = self._graph(gid)
-                graph.nodes = [k for k in kernels if isinstance(k, dict)]
-                graph.nodes_ref = self._ref(rec, kind)
-        elif kind == "process":
-            self.header(rec)
-        elif kind in ("process.rank", "process.info"):
-            rank = _int(rec.get("rank"))
-            if rank is not None:
-                self.proc.rank = rank
-            ws = _int(rec.get("world_size"))
-            if ws is not None:
-                self.proc.world_size = ws
-        elif kind == "process.end":
-            self.proc.end = rec
-            for gid, count in _dict(rec.get("replays")).items():
-                gid_i = _int(gid) if not isinstance(gid, str) else (int(gid) if gid.lstrip("-").isdigit() else None)
-                count_i = _int(count)
-                if gid_i is not None and count_i is not None:
-                    self._graph(gid_i).replays.exact = count_i
-        # dispatch, mark, probe.error and unknown kinds carry nothing the rules need
+    def handlers(self) -> dict[str, Any]:
+        """Kind -> handler; dispatch, mark, probe.error and unknown kinds need nothing here."""
+        return {
+            "graph.replay": self.replay,
+            "attn.metadata": self.attn_metadata,
+            "attn.call": self.attn_call,
+            "kernel.launch": self.kernel_launch,
+            "kernel.split": self.kernel_split,
+            "kernel.skip": self.kernel_skip,
+            "sync": self.sync,
+            "graph.capture.begin": self.capture_begin,
+            "graph.capture.end": self.capture_end,
+            "graph.nodes": self.graph_nodes,
+            "process": self.header,
+            "process.rank": self.process_info,
+            "process.info": self.process_info,
+            "process.end": self.process_end,
+        }
+
+    def kernel_skip(self, rec: dict) -> None:
+        gid = self._capture_gid(rec)
+        if gid is not None and len(self._graph(gid).skips) < MAX_DISTINCT:
+            self._graph(gid).skips.append((self._ref(rec, "kernel.skip"), _text(rec.get("name")),
+                                           _text(rec.get("reason"))))
+
+    def graph_nodes(self, rec: dict) -> None:
+        gid = _int(rec.get("gid"))
+        kernels = rec.get("kernels")
+        if gid is not None and isinstance(kernels, list):
+            graph = self._graph(gid)
+            distinct: dict[tuple, dict] = {}
+            for node in kernels:
+                if isinstance(node, dict) and len(distinct) < MAX_NODES:
+                    distinct.setdefault((str(node.get("name")), _hashable(node.get("grid"))), node)
+            graph.nodes = list(distinct.values())
+            graph.nodes_total = len(kernels)
+            graph.nodes_ref = self._ref(rec, "graph.nodes")
+
+    def process_info(self, rec: dict) -> None:
+        rank = _int(rec.get("rank"))
+        if rank is not None:
+            self.proc.rank = rank
+        ws = _int(rec.get("world_size"))
+        if ws is not None:
+            self.proc.world_size = ws
+
+    def process_end(self, rec: dict) -> None:
+        self.proc.end = rec
+        for gid, count in _dict(rec.get("replays")).items():
+            gid_i = int(gid) if isinstance(gid, str) and gid.lstrip("-").isdigit() else _int(gid)
+            count_i = _int(count)
+            if gid_i is not None and count_i is not None:
+                self._graph(gid_i).replays.exact = count_i
 
     def capture_begin(self, rec: dict) -> None:
         gid = _int(rec.get("gid"))
@@ -404,9 +480,9 @@ class _ProcessBuilder:
             return
         graph = self._graph(gid)
         graph.parent = _int(rec.get("parent"))
-        graph.src = rec.get("src")
-        graph.key = rec.get("key")
-        graph.mode = rec.get("mode")
+        graph.src = _text(rec.get("src"))
+        graph.key = _key_text(rec.get("key"))
+        graph.mode = _text(rec.get("mode"))
         graph.begin = self._ref(rec, "graph.capture.begin")
         tid = rec.get("tid")
         graph.capture_tid = tid
@@ -416,7 +492,8 @@ class _ProcessBuilder:
                 graph.parent = stack[-1]
         current = self.metadata.get(tid)
         if current is not None:
-            graph.capture_metadata, graph.capture_metadata_ref = current
+            graph.capture_metadata = current
+            graph.capture_metadata_ref = self._ref(current, "attn.metadata")
         self.stacks.setdefault(tid, []).append(gid)
 
     def capture_end(self, rec: dict) -> None:
@@ -433,26 +510,34 @@ class _ProcessBuilder:
             del stack[stack.index(gid):]
 
     def attn_metadata(self, rec: dict) -> None:
-        tid = rec.get("tid")
-        ref = self._ref(rec, "attn.metadata")
+        self.metadata[rec.get("tid")] = rec
         gid = self._capture_gid(rec) if rec.get("capturing") else None
         if gid is not None:
+            ref = self._ref(rec, "attn.metadata")
             graph = self._graph(gid)
             for name, ptr in _dict(rec.get("ptrs")).items():
                 if isinstance(ptr, int) and name not in graph.capture_ptrs:
                     graph.capture_ptrs[name] = (ptr, ref)
             if graph.capture_metadata is None:
                 graph.capture_metadata, graph.capture_metadata_ref = rec, ref
-        self.metadata[tid] = (rec, ref)
+
+    def _eager(self, rec: dict, name: str, kind: str) -> None:
+        if rec.get("tid") in self.replaying:
+            entry = self.model.runtime_eager.get((self.pid, name))
+            if entry is None:
+                self.model.runtime_eager[(self.pid, name)] = [1, self._ref(rec, kind)]
+            else:
+                entry[0] += 1
 
     def attn_call(self, rec: dict) -> None:
         gid = self._capture_gid(rec)
         if gid is None:
+            self._eager(rec, str(rec.get("op")), "attn.call")
             return
         graph = self._graph(gid)
         ref = self._ref(rec, "attn.call")
         op = str(rec.get("op"))
-        layer = rec.get("layer")
+        layer = _hashable(rec.get("layer"))
         hints, ptrs = _dict(rec.get("hints")), _dict(rec.get("ptrs"))
         for name, ptr in ptrs.items():
             if isinstance(ptr, int) and name not in graph.capture_ptrs:
@@ -462,25 +547,18 @@ class _ProcessBuilder:
                 call.count += 1
                 return
         if len(graph.calls) < 4 * MAX_DISTINCT:
-            graph.calls.append(CallShape(ref, op, layer, rec.get("backend"), hints, ptrs,
-                                         _dict(rec.get("shapes"))))
+            extra = {k: rec[k] for k in ("num_prefills", "num_decodes") if k in rec}
+            graph.calls.append(CallShape(ref, op, layer, _text(rec.get("backend")), hints, ptrs,
+                                         _dict(rec.get("shapes")), extra=extra))
 
     def kernel_split(self, rec: dict) -> None:
         gid = self._capture_gid(rec)
-        op = rec.get("op")
+        op = _text(rec.get("op"))
         splits = _int(rec.get("num_kv_splits"))
         if gid is None:
-            if rec.get("tid") in self.replaying:
-                entry = self.model.runtime_splits.get((self.pid, op))
-                if entry is None:
-                    self.model.runtime_splits[(self.pid, op)] = [1, splits, self._ref(rec, "kernel.split")]
-                else:
-                    entry[0] += 1
-                    if splits is not None and (entry[1] is None or splits > entry[1]):
-                        entry[1] = splits
-            return
+            return  # an eager policy evaluation (maybe not even a launch): nothing frozen
         graph = self._graph(gid)
-        fields = (op, splits, _int(rec.get("block_n")), rec.get("policy"),
+        fields = (op, splits, _int(rec.get("block_n")), _text(rec.get("policy")),
                   _int(rec.get("min_kv_seq_len")))
         for decision in graph.splits:
             if (decision.op, decision.num_kv_splits, decision.block_n, decision.policy,
@@ -490,11 +568,12 @@ class _ProcessBuilder:
         if len(graph.splits) < MAX_DISTINCT:
             graph.splits.append(SplitDecision(
                 self._ref(rec, "kernel.split"), *fields, batch=_int(rec.get("batch")),
-                qlen=_int(rec.get("qlen")), nhead=_int(rec.get("nhead")), regime=rec.get("regime")))
+                qlen=_int(rec.get("qlen")), nhead=_int(rec.get("nhead")), regime=_text(rec.get("regime"))))
 
     def kernel_launch(self, rec: dict) -> None:
         gid = self._capture_gid(rec)
         if gid is None:
+            self._eager(rec, str(rec.get("name")), "kernel.launch")
             return
         graph = self._graph(gid)
         name = str(rec.get("name"))
@@ -510,7 +589,7 @@ class _ProcessBuilder:
     def sync(self, rec: dict) -> None:
         gid = self._capture_gid(rec)
         tid = rec.get("tid")
-        op, where = rec.get("op"), rec.get("where")
+        op, where = _text(rec.get("op")), rec.get("where")
         if gid is not None:
             graph = self._graph(gid)
             for site in graph.syncs:
@@ -528,55 +607,76 @@ class _ProcessBuilder:
                 self.model.step_syncs[key] = SyncSite(self._ref(rec, "sync"), op, where, False, None)
 
     def replay(self, rec: dict) -> None:
-        gid = _int(rec.get("gid"))
-        if gid is None:
-            return
+        # the hottest path of a trace (one or two per decode step): keep it lean
+        gid = rec.get("gid")
+        graph = self.by_gid.get(gid)
+        if graph is None:
+            if type(gid) is not int:
+                return
+            graph = self.by_gid[gid] = self._graph(gid)
+        stats = graph.replays
         tid = rec.get("tid")
-        self.replaying.add(tid)
-        stats = self._graph(gid).replays
         stats.records += 1
         n = rec.get("n")
-        if isinstance(n, int) and n > stats.max_n:
+        if type(n) is int and n > stats.max_n:
             stats.max_n = n
         if stats.first is None:
             stats.first = self._ref(rec, "graph.replay")
             if self.proc.first_replay_seq is None:
                 self.proc.first_replay_seq = stats.first.seq
+        self.replaying.add(tid)
         gpu = rec.get("gpu_ns")
-        if isinstance(gpu, (int, float)) and not isinstance(gpu, bool):
+        if gpu is not None and type(gpu) is int and gpu >= 0:
+            shift = gpu.bit_length() - GPU_HIST_BITS
+            if shift > 0:
+                gpu = (gpu >> shift) << shift
+            hist = stats.gpu_hist
+            hist[gpu] = hist.get(gpu, 0) + 1
             stats.gpu_seen += 1
-            if len(stats.gpu_ns) < GPU_RESERVOIR:
-                stats.gpu_ns.append(int(gpu))
-            else:
-                slot = self.rng.randrange(stats.gpu_seen)
-                if slot < GPU_RESERVOIR:
-                    stats.gpu_ns[slot] = int(gpu)
-        current = self.metadata.get(tid)
-        if current is None:
+        md = self.metadata.get(tid)
+        if md is None:
             return
-        md, md_ref = current
         stats.with_metadata += 1
         smax = md.get("seq_len_max")
-        if isinstance(smax, int) and (stats.seq_len_max is None or smax > stats.seq_len_max):
-            stats.seq_len_max, stats.seq_len_max_ref = smax, md_ref
+        if type(smax) is int and (stats.seq_len_max is None or smax > stats.seq_len_max):
+            stats.seq_len_max, stats.seq_len_max_md = smax, md
         smin = md.get("seq_len_min")
-        if isinstance(smin, int):
+        if type(smin) is int:
             if stats.seq_len_min_max is None or smin > stats.seq_len_min_max:
-                stats.seq_len_min_max, stats.seq_len_min_max_ref = smin, md_ref
+                stats.seq_len_min_max, stats.seq_len_min_max_md = smin, md
             if stats.seq_len_min_min is None or smin < stats.seq_len_min_min:
                 stats.seq_len_min_min = smin
         ptrs = md.get("ptrs")
-        if ptrs:
-            for name, ptr in ptrs.items():
-                seen = stats.ptrs.get(name)
-                if seen is None:
-                    stats.ptrs[name] = {ptr: [1, md_ref]}
-                elif ptr in seen:
-                    seen[ptr][0] += 1
-                elif len(seen) < MAX_DISTINCT:
-                    seen[ptr] = [1, md_ref]
+        if ptrs and type(ptrs) is dict:
+            if ptrs == stats.ptr_run:  # the usual case: the same static buffers every step
+                stats.ptr_run_count += 1
+            else:
+                self._count_ptrs(stats, ptrs, md)
+
+    def _count_ptrs(self, stats: ReplayStats, ptrs: dict, md: dict) -> None:
+        _flush_ptr_run(stats)
+        seen_all = stats.ptrs
+        for name, ptr in ptrs.items():
+            seen = seen_all.get(name)
+            if seen is None:
+                if type(ptr) is int:
+                    seen_all[name] = {ptr: [1, self._ref(md, "attn.metadata")]}
+            elif ptr in seen:
+                seen[ptr][0] += 1
+            elif type(ptr) is int and len(seen) < MAX_DISTINCT:
+                seen[ptr] = [1, self._ref(md, "attn.metadata")]
+        stats.ptr_run, stats.ptr_run_count = ptrs, 0
 
     def finish(self, proc_file: Any) -> ProcessModel:
+        for graph in self.model.graphs.values():
+            stats = graph.replays
+            if graph.pid == self.pid:
+                _flush_ptr_run(stats)
+            if graph.pid == self.pid and stats.seq_len_max_md is not None:
+                stats.seq_len_max_ref = self._ref(stats.seq_len_max_md, "attn.metadata")
+                stats.seq_len_min_max_ref = (self._ref(stats.seq_len_min_max_md, "attn.metadata")
+                                             if stats.seq_len_min_max_md is not None else None)
+                stats.seq_len_max_md = stats.seq_len_min_max_md = None
         p = self.proc
         p.gaps = _int(getattr(proc_file, "gaps", 0)) or 0
         p.dropped = _int(getattr(proc_file, "dropped", 0)) or 0
@@ -588,25 +688,154 @@ class _ProcessBuilder:
         return p
 
 
-def build_model(trace: Any) -> TraceModel:
-    """Stream every process file of an opened trace (mlatrace.trace API) into a TraceModel."""
+PARALLEL_MIN_BYTES = 48 * 1024 * 1024  # below this, starting workers costs more than it saves
+
+
+def build_model(trace: Any, workers: int | None = None) -> TraceModel:
+    """Stream every process file of an opened trace (mlatrace.trace API) into a TraceModel.
+
+    Process files are independent (gids are per process), so a large trace with several
+    processes is split over `workers` processes (default: the CPUs, when it pays off).
+    """
     model = TraceModel(root=str(getattr(trace, "root", "")))
-    for proc_file in trace.processes:
-        builder = _ProcessBuilder(model, proc_file)
-        header = getattr(proc_file, "header", None)
-        if isinstance(header, dict):
-            builder.header(header)
-        feed = builder.feed
-        for rec in proc_file.records():
-            if isinstance(rec, dict):
-                feed(rec)
-        model.processes.append(builder.finish(proc_file))
+    groups = _pid_groups(trace.processes)
+    if workers is None:
+        workers = _default_workers(trace.processes, len(groups))
+    if workers > 1 and len(groups) > 1:
+        parts = _build_parallel(trace, groups, workers)
+        if parts is not None:
+            return _finish_model(model, trace, parts)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # millions of short-lived dicts, no cycles: collections only cost time
+    try:
+        for proc_file in trace.processes:
+            model.processes.append(_stream_process(model, proc_file))
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    model.problems = list(getattr(trace, "problems", [])) + model.problems
+    return _finish_model(model, trace, None)
+
+
+def _finish_model(model: TraceModel, trace: Any, parts: list[TraceModel] | None) -> TraceModel:
+    if parts is not None:
+        done_files = set()
+        for part in parts:
+            model.processes.extend(part.processes)
+            model.graphs.update(part.graphs)
+            model.runtime_eager.update(part.runtime_eager)
+            model.step_syncs.update(part.step_syncs)
+            done_files.update(p.file for p in part.processes)
+        order = {getattr(p, "name", None): i for i, p in enumerate(trace.processes)}
+        model.processes.sort(key=lambda p: order.get(p.file, 0))
+        # header problems were found again by the workers: keep the parent's for other files
+        model.problems = [p for p in getattr(trace, "problems", []) if p.file not in done_files]
+        for part in parts:
+            model.problems.extend(part.problems)
     pids = {p.pid for p in model.processes}
     captured = {g.pid for g in model.graphs.values()}
     for proc in model.processes:
         proc.role = _infer_role(proc, pids, proc.pid in captured)
-    model.problems = list(getattr(trace, "problems", []))
     return model
+
+
+def _pid_groups(processes: list) -> list[list]:
+    """Process files grouped by pid (a rotated process has several parts, kept in order)."""
+    groups: dict[Any, list] = {}
+    for i, proc in enumerate(processes):
+        pid = getattr(proc, "pid", None)
+        groups.setdefault(pid if pid is not None else f"#{i}", []).append(proc)
+    return list(groups.values())
+
+
+def _default_workers(processes: list, groups: int) -> int:
+    if groups < 2:
+        return 1
+    try:
+        total = sum(p.path.stat().st_size for p in processes)
+    except (AttributeError, OSError):
+        return 1
+    if total < PARALLEL_MIN_BYTES:
+        return 1
+    return max(1, min(groups, os.cpu_count() or 1))
+
+
+def _build_parallel(trace: Any, groups: list[list], workers: int) -> list[TraceModel] | None:
+    """Build one partial model per worker (files balanced by size); None when workers fail."""
+    import concurrent.futures
+    import multiprocessing
+
+    buckets: list[list[str]] = [[] for _ in range(workers)]
+    sizes = [0] * workers
+    for group in sorted(groups, key=lambda g: -sum(_size(p) for p in g)):
+        i = sizes.index(min(sizes))
+        buckets[i].extend(str(p.path) for p in group)
+        sizes[i] += sum(_size(p) for p in group)
+    buckets = [b for b in buckets if b]
+    # fork only: spawn/forkserver would re-import the caller's __main__ (a script, the CLI);
+    # and never fork a process that runs other threads (a recorder, a test harness)
+    if "fork" not in multiprocessing.get_all_start_methods() or threading.active_count() > 1:
+        return None
+    try:
+        ctx = multiprocessing.get_context("fork")
+        with concurrent.futures.ProcessPoolExecutor(len(buckets), mp_context=ctx) as pool:
+            return list(pool.map(_build_partial, buckets))
+    except Exception:  # no workers here (sandbox, pickling): the serial path still works
+        return None
+
+
+def _size(proc: Any) -> int:
+    try:
+        return proc.path.stat().st_size
+    except (AttributeError, OSError):
+        return 0
+
+
+def _build_partial(paths: list[str]) -> TraceModel:
+    """Worker: open each process file on its own and stream it into a partial model."""
+    from mlatrace.trace import open_trace
+
+    model = TraceModel(root="")
+    gc.disable()
+    for path in paths:
+        trace = open_trace(path)
+        for proc_file in trace.processes:
+            model.processes.append(_stream_process(model, proc_file))
+        model.problems = list(trace.problems) + model.problems
+    return model
+
+
+def _stream_process(model: TraceModel, proc_file: Any) -> ProcessModel:
+    builder = _ProcessBuilder(model, proc_file)
+    header = getattr(proc_file, "header", None)
+    if isinstance(header, dict):
+        builder.header(header)
+    handlers = builder.handlers()
+    count = 0
+    for rec in proc_file.records():
+        count += 1
+        try:
+            handler = handlers.get(rec.get("k"))
+            if handler is not None:
+                handler(rec)
+        except (AttributeError, TypeError, ValueError, KeyError) as exc:
+            seq = rec.get("seq") if isinstance(rec, dict) else None
+            model.problems.append(_Problem(builder.file, 0, f"record seq {seq}: field of an "
+                                           f"unexpected type ({type(exc).__name__}); skipped"))
+    builder.proc.records = count
+    return builder.finish(proc_file)
+
+
+@dataclass(frozen=True)
+class _Problem:
+    """A record the reader accepted but the model could not use (same shape as trace.Problem)."""
+
+    file: str
+    line: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.reason}"
 
 
 def classify_op(name: str) -> str | None:

@@ -42,12 +42,24 @@ def _replay_evidence(rg: GraphModel) -> list[Evidence]:
     return out
 
 
-def _split_op_rerun_at_runtime(model: TraceModel, pid: int | None, ops: set) -> bool:
-    """The split decision is re-made eagerly between replays (a breakable capture's eager call)."""
-    for (p, op), (count, max_splits, _ref) in model.runtime_splits.items():
-        if p == pid and count and (not ops or op in ops):
-            return True
-    return False
+def _rerun_eagerly(model: TraceModel, pid: int | None, names: set) -> Ref | None:
+    """An eager call/launch of one of these ops/kernels after replays began, if any.
+
+    A breakable capture runs the split-deciding call between graph segments on every step,
+    so the one-split decision seen while capturing was not what the replays used.
+    """
+    for name in names:
+        entry = model.runtime_eager.get((pid, name))
+        if entry:
+            return entry[1]
+    return None
+
+
+def _stage1_without_stage2(nodes: list[dict]) -> bool:
+    names = [str(n.get("name", "")).lower() for n in nodes]
+    stage1 = any("stage1" in n or "stage_1" in n for n in names)
+    stage2 = any("stage2" in n or "stage_2" in n for n in names)
+    return stage1 and not stage2
 
 
 # -- MLT001 frozen-one-split ---------------------------------------------------------
@@ -67,6 +79,9 @@ def frozen_one_split(model: TraceModel, config: Config) -> list[Finding]:
             one_split_refs += _ev(launch.ref, f"{launch.name}: NUM_KV_SPLITS=1 grid={list(launch.grid or ())}")
         for ref, name, reason in graph.skips[:1]:
             one_split_refs += _ev(ref, f"{name} skipped while capturing ({reason})")
+        if not one_split_refs and _stage1_without_stage2(graph.nodes):
+            one_split_refs += _ev(graph.nodes_ref, "graph nodes: a stage-1 kernel and no stage-2 "
+                                                   "node (the one-split fast path)")
         if not one_split_refs:
             continue
         rg = model.replay_graph(graph)
@@ -79,8 +94,10 @@ def frozen_one_split(model: TraceModel, config: Config) -> list[Finding]:
         longest = rg.replays.seq_len_max
         if longest < config.long_len_factor * block_n:
             continue
-        ops = {d.op for d in graph.splits if d.num_kv_splits == 1}
-        if _split_op_rerun_at_runtime(model, graph.pid, ops):
+        names = {d.op for d in graph.splits if d.num_kv_splits == 1 and d.op}
+        names |= {la.name for la in graph.launches if la.num_kv_splits == 1}
+        names |= {name for _ref, name, _reason in graph.skips if name}
+        if _rerun_eagerly(model, graph.pid, names):
             continue
         hint = decision.min_kv_seq_len if decision else None
         hint_ref = None
@@ -91,8 +108,10 @@ def frozen_one_split(model: TraceModel, config: Config) -> list[Finding]:
                 (graph.capture_metadata or {}).get("num_reqs"), int) else None) or 1
         nhead = (decision.nhead if decision and decision.nhead else 16)
         qlen = (decision.qlen if decision and decision.qlen else 1)
-        legacy = legacy_splits(longest, batch=batch, qlen=qlen, nhead=nhead, block_n=block_n)
-        bucketed = bucketed_splits(longest)
+        # the host policies take the batch's shortest length (min_kv_seq_len)
+        real_min = rg.replays.seq_len_min_max or longest
+        legacy = legacy_splits(real_min, batch=batch, qlen=qlen, nhead=nhead, block_n=block_n)
+        bucketed = bucketed_splits(real_min)
         op = decision.op if decision else (launch.name if launch else None)
         key = _key_text(model, graph)
         count = rg.replays.count
@@ -100,8 +119,8 @@ def frozen_one_split(model: TraceModel, config: Config) -> list[Finding]:
                    f"{op or 'the split-KV decode'} at 1 KV split (host hint min_kv_seq_len={hint}) "
                    f"and was replayed {count} times up to seq_len {longest} "
                    f"(>= {config.long_len_factor * block_n} = {config.long_len_factor} x BLOCK_N {block_n}); "
-                   f"at that length the legacy "
-                   f"policy would pick {legacy} splits, bucketed {bucketed}")
+                   f"given the real min_kv_seq_len {real_min} the legacy policy would pick "
+                   f"{legacy} splits, bucketed {bucketed}")
         fix = ("pass a representative capture hint (e.g. min_kv_seq_len=16384), pick the split on "
                "device from the runtime length, or run the split-deciding call eagerly between "
                "graph segments / capture one graph per length bucket")
@@ -115,38 +134,47 @@ def frozen_one_split(model: TraceModel, config: Config) -> list[Finding]:
                 "num_kv_splits": 1, "block_n": block_n, "hint_min_kv_seq_len": hint,
                 "replays": count, "replay_seq_len_max": longest,
                 "threshold": config.long_len_factor * block_n,
+                "replay_min_kv_seq_len": real_min,
                 "policies_at_replay_len": {"legacy": legacy, "bucketed": bucketed}}))
     return findings
 
 
 # -- MLT002 replay-beyond-capture ----------------------------------------------------
 def replay_beyond_capture(model: TraceModel, config: Config) -> list[Finding]:
-    """A capture-at-max kernel (hint max_seq_len) replayed past the length it was captured at."""
+    """A capture-at-max kernel (hint max_seq_len) replayed past the length it was captured at.
+
+    One finding per graph: a backend forward and the kernel it calls often carry the same
+    hint; the kernel's own call is named first when both are there.
+    """
     findings = []
     for graph in model.graphs.values():
-        rg = None
-        reported = set()
-        for call in graph.calls:
-            cap = call.hints.get("max_seq_len")
-            if not isinstance(cap, int) or isinstance(cap, bool) or call.op in reported:
-                continue
-            rg = rg or model.replay_graph(graph)
-            if rg is None or rg.replays.seq_len_max is None or rg.replays.seq_len_max <= cap:
-                continue
-            reported.add(call.op)
-            longest = rg.replays.seq_len_max
-            key = _key_text(model, graph)
-            message = (f"{call.op} was captured in graph {key} with max_seq_len={cap} and "
-                       f"replayed {rg.replays.count} times up to seq_len {longest}")
-            fix = ("capture at the maximum sequence length (max_model_len), or keep this kernel "
-                   "out of the graph / fall back to eager beyond the captured length")
-            evidence = _ev(call.ref, f"{call.op} hints max_seq_len={cap} while capturing")
-            evidence += _replay_evidence(rg)
-            findings.append(make_finding(
-                "MLT002", message, fix, evidence, pid=graph.pid, rank=model.rank_of(graph.pid),
-                gid=rg.gid, details={"key": model.effective_key(graph), "captured_gid": graph.gid,
-                                     "op": call.op, "captured_max_seq_len": cap,
-                                     "replay_seq_len_max": longest, "replays": rg.replays.count}))
+        capped = [c for c in graph.calls if type(c.hints.get("max_seq_len")) is int]
+        if not capped:
+            continue
+        rg = model.replay_graph(graph)
+        if rg is None or rg.replays.seq_len_max is None:
+            continue
+        longest = rg.replays.seq_len_max
+        beyond = [c for c in capped if longest > c.hints["max_seq_len"]]
+        if not beyond:
+            continue
+        beyond.sort(key=lambda c: (c.op == "forward", c.hints["max_seq_len"]))
+        call, cap = beyond[0], beyond[0].hints["max_seq_len"]
+        ops = sorted({c.op for c in beyond})
+        key = _key_text(model, graph)
+        message = (f"{call.op} was captured in graph {key} with max_seq_len={cap} and "
+                   f"replayed {rg.replays.count} times up to seq_len {longest}")
+        fix = ("capture at the maximum sequence length (max_model_len), or keep this kernel "
+               "out of the graph / fall back to eager beyond the captured length")
+        evidence = []
+        for c in beyond[:2]:
+            evidence += _ev(c.ref, f"{c.op} hints max_seq_len={c.hints['max_seq_len']} while capturing")
+        evidence += _replay_evidence(rg)
+        findings.append(make_finding(
+            "MLT002", message, fix, evidence, pid=graph.pid, rank=model.rank_of(graph.pid),
+            gid=rg.gid, details={"key": model.effective_key(graph), "captured_gid": graph.gid,
+                                 "op": call.op, "ops": ops, "captured_max_seq_len": cap,
+                                 "replay_seq_len_max": longest, "replays": rg.replays.count}))
     return findings
 
 
@@ -227,6 +255,10 @@ def _where(where: Any) -> str:
 
 
 # -- MLT005 mixed-kernels-in-graph ---------------------------------------------------
+def _positive(value: Any) -> bool:
+    return type(value) is int and value > 0
+
+
 def mixed_kernels_in_graph(model: TraceModel, config: Config) -> list[Finding]:
     """One FULL capture where an attention layer launches both a prefill and a decode kernel."""
     findings = []
@@ -239,6 +271,14 @@ def mixed_kernels_in_graph(model: TraceModel, config: Config) -> list[Finding]:
             kind = classify_op(call.op)
             if kind:
                 by_layer.setdefault(call.layer, {}).setdefault(kind, call)
+        for call in graph.calls:
+            if call.op == "forward" and _positive(call.extra.get("num_prefills")) \
+                    and _positive(call.extra.get("num_decodes")):
+                # a backend forward captured on a mixed batch: one of its kernels may be
+                # invisible (a torch op), but both paths run inside this FULL graph
+                ops = by_layer.setdefault(call.layer, {})
+                ops.setdefault("prefill", call)
+                ops.setdefault("decode", call)
         if not by_layer:
             for launch in graph.launches:
                 kind = classify_op(launch.name)
@@ -252,8 +292,15 @@ def mixed_kernels_in_graph(model: TraceModel, config: Config) -> list[Finding]:
         p_name = getattr(prefill, "op", None) or getattr(prefill, "name", "?")
         d_name = getattr(decode, "op", None) or getattr(decode, "name", "?")
         key = _key_text(model, graph)
-        message = (f"FULL graph {key} captured attention layer {layer} launching both prefill "
-                   f"({p_name}) and decode ({d_name}) kernels ({len(mixed)} layer(s))")
+        op_detail = f"{p_name}+{d_name}"
+        if prefill is decode:
+            p_name = d_name = f"{p_name}: num_prefills={prefill.extra.get('num_prefills')}, " \
+                              f"num_decodes={prefill.extra.get('num_decodes')}"
+            message = (f"FULL graph {key} captured attention layer {layer} on a mixed "
+                       f"prefill+decode batch ({p_name}; {len(mixed)} layer(s))")
+        else:
+            message = (f"FULL graph {key} captured attention layer {layer} launching both "
+                       f"prefill ({p_name}) and decode ({d_name}) kernels ({len(mixed)} layer(s))")
         fix = ("declare the backend decode-only for full graphs (UNIFORM_SINGLE_TOKEN_DECODE / "
                "PURE_DECODE_ONLY) and use FULL_AND_PIECEWISE so mixed batches run piecewise; "
                "make the prefill and decode paths exclusive")
@@ -263,7 +310,7 @@ def mixed_kernels_in_graph(model: TraceModel, config: Config) -> list[Finding]:
         findings.append(make_finding(
             "MLT005", message, fix, evidence, pid=graph.pid, rank=model.rank_of(graph.pid),
             gid=graph.gid, details={"key": model.effective_key(graph), "mode": mode,
-                                    "op": f"{p_name}+{d_name}", "layers": len(mixed)}))
+                                    "op": op_detail, "layers": len(mixed)}))
     return findings
 
 

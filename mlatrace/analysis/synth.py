@@ -159,21 +159,28 @@ def pa_v1(root: str | Path, *, capture_max: int = 1024,
     return root
 
 
-def mixed_full(root: str | Path, *, mode: str = "FULL", both: bool = True) -> Path:
-    """Seeds 001/004: AITER FA backend calling both prefill and decode kernels per layer."""
+def mixed_full(root: str | Path, *, mode: str = "FULL", both: bool = True,
+               decode_visible: bool = True, num_prefills: int | None = None) -> Path:
+    """Seeds 001/004: AITER FA backend calling both prefill and decode kernels per layer.
+
+    decode_visible=False: the decode kernel is a torch op no probe sees; the backend
+    forward says how many prefills/decodes the captured batch held (vllm_rocm_fa pack).
+    """
     root = Path(root)
     write_run(root)
     proc = SynthProcess(root, 3000)
     proc.emit("graph.capture.begin", gid=1, parent=None, src="vllm", key=f"{mode}(num_tokens=64)",
               mode=mode)
     for layer in range(3):
+        counts = {} if num_prefills is None else {"num_prefills": num_prefills, "num_decodes": 4}
         proc.emit("attn.call", op="forward", backend="rocm_aiter_fa", layer=layer, capturing=True,
-                  gid=1, hints={}, ptrs={}, shapes={}, dtype="bf16")
+                  gid=1, hints={"max_seq_len": 10240}, ptrs={}, shapes={}, dtype="bf16", **counts)
         if both:
             proc.emit("attn.call", op="flash_attn_varlen_func", layer=layer, capturing=True, gid=1,
                       hints={}, ptrs={}, shapes={}, dtype="bf16")
-        proc.emit("attn.call", op="paged_attention_v1", layer=layer, capturing=True, gid=1,
-                  hints={"max_seq_len": 10240}, ptrs={}, shapes={}, dtype="bf16")
+        if decode_visible:
+            proc.emit("attn.call", op="paged_attention_v1", layer=layer, capturing=True, gid=1,
+                      hints={"max_seq_len": 10240}, ptrs={}, shapes={}, dtype="bf16")
     proc.emit("graph.capture.end", gid=1, segments=1, eager_breaks=0, dur_ns=1000)
     for length in (100, 200):
         proc.emit("attn.metadata", backend="rocm_aiter_fa", num_reqs=4, seq_len_min=10,

@@ -33,9 +33,6 @@ def main(calls):
         probed(i, 1)
     elapsed = time.perf_counter_ns() - start
     print(json.dumps({"ns_per_call": elapsed / calls}))
-
-if __name__ == "__main__":
-    main(int(sys.argv[1]))
 '''
 
 LOOP_PACK = '''
@@ -79,7 +76,8 @@ def emit_cost_ns(events: int, batches: int = 20) -> list[float]:
 
 
 def _loop_ns_per_call(workdir: Path, calls: int, traced: bool) -> float:
-    cmd = [sys.executable, str(workdir / "bench_loop.py"), str(calls)]
+    # Imported (not run as __main__) so that the pack's target `bench_loop:probed` exists.
+    cmd = [sys.executable, "-c", f"import bench_loop; bench_loop.main({calls})"]
     if traced:
         out = workdir / f"trace-{time.monotonic_ns()}"
         cmd = [sys.executable, "-m", "mlatrace", "run", "--out", str(out),

@@ -40,6 +40,7 @@ MAX_REPLAYS_PER_SPAN = 256
 MAX_REPLAY_SPAN_NS = 1_000_000_000
 # Eager attention calls are one per layer per step; past this many per process they are counted.
 MAX_ATTN_SPANS = 20_000
+MAX_ATTN_SPANS_LIVE = 2_000  # live: each span costs flush-thread time while the program runs
 # A capture freezes one launch per kernel per layer: the SDK's default of 128 events is too few.
 SPAN_LIMITS_KW = {"max_events": 8192, "max_span_attributes": 256, "max_event_attributes": 256}
 DEFAULT_TIMEOUT_S = 5.0
@@ -220,8 +221,10 @@ class ProcessSpans:
     """Spans of one traced process, built record by record in file order."""
 
     def __init__(self, tracer: trace_api.Tracer, ids: FixedIds, header: dict, *,
-                 where: ProcessIds | None = None, findings: Sequence[Any] = ()) -> None:
+                 where: ProcessIds | None = None, findings: Sequence[Any] = (),
+                 max_attn_spans: int = MAX_ATTN_SPANS) -> None:
         self.tracer = tracer
+        self.max_attn_spans = max_attn_spans
         self.header = header
         self.wall_ns = int(header.get("wall_ns") or 0)
         self.last_ts = self.wall_ns + int(header.get("t") or 0)
@@ -233,6 +236,7 @@ class ProcessSpans:
         self.dispatch: dict[Any, dict] = {}     # tid -> latest dispatch
         self.batches: dict[tuple[Any, Any], _ReplayBatch] = {}
         self.attn_spans = 0
+        self.attn_calls = 0
         self.end_rec: dict | None = None
         self.spans = 0
         self.closed = False
@@ -255,9 +259,8 @@ class ProcessSpans:
         ids.next_span_id = where.span_id
         pid, rank = header.get("pid"), header.get("rank")
         name = f"process {pid}" + (f" rank {rank}" if rank is not None else "")
-        attrs = {"mlatrace.rank": rank, "process.pid": pid,
-                 "process.command_args": [str(a) for a in header.get("argv") or []] or None,
-                 "mlatrace.probes": attr_value(header.get("probes") or None)}
+        attrs = {"mlatrace.rank": rank, "mlatrace.probes": attr_value(header.get("probes") or None),
+                 "mlatrace.run_id": header.get("run_id")}
         self.process = tracer.start_span(
             name, context=parent, kind=SpanKind.INTERNAL, start_time=self.last_ts,
             attributes={k: v for k, v in attrs.items() if v is not None})
@@ -296,14 +299,16 @@ class ProcessSpans:
     # -- records ---------------------------------------------------------------------------
 
     def feed(self, rec: dict) -> None:
-        """Take the next record of this process (header and unknown kinds are skipped)."""
+        """Take the next record of this process (unknown kinds become events, never errors)."""
         kind = rec.get("k")
         self.counts[kind] = self.counts.get(kind, 0) + 1
         handler = _HANDLERS.get(kind)
         if handler is not None:
             handler(self, rec)
-        elif kind != "process":
-            self._ts(rec)
+        elif kind != "process" and isinstance(kind, str):  # a kind this version does not know
+            ts = self._ts(rec)
+            span = self._capture_of(rec) or self.process
+            span.add_event(kind, attrs_of(rec), timestamp=ts)
 
     def _capture_begin(self, rec: dict) -> None:
         ts, gid, tid = self._ts(rec), rec.get("gid"), rec.get("tid")
@@ -367,7 +372,8 @@ class ProcessSpans:
 
     def _attn_call(self, rec: dict) -> None:
         ts, gid = self._ts(rec), rec.get("gid")
-        if self.attn_spans >= MAX_ATTN_SPANS:
+        self.attn_calls += 1
+        if self.attn_spans >= self.max_attn_spans:
             return
         self.attn_spans += 1
         stack = self.stacks.get(rec.get("tid"))
@@ -413,6 +419,11 @@ class ProcessSpans:
         for key in [k for k in self.batches if which is None or which(k)]:
             self._end_batch(key)
 
+    def _rank(self, rec: dict) -> None:
+        self._ts(rec)
+        if rec.get("rank") is not None:  # learnt after start: the resource keeps the header's
+            self.process.set_attribute("mlatrace.rank", rec["rank"])
+
     def _process_end(self, rec: dict) -> None:
         self._ts(rec)
         self.end_rec = rec
@@ -439,8 +450,9 @@ class ProcessSpans:
         self._add_findings(self.process, left, end)
         counts = {f"mlatrace.records.{k}": v for k, v in self.counts.items() if k}
         self.process.set_attributes(counts)
-        if self.attn_spans >= MAX_ATTN_SPANS:
-            self.process.set_attribute("mlatrace.attn_spans_capped", MAX_ATTN_SPANS)
+        if self.attn_calls > self.attn_spans:  # past the cap: say how many have no span
+            self.process.set_attribute("mlatrace.attn_calls_without_span",
+                                       self.attn_calls - self.attn_spans)
         if self.end_rec is not None:
             self.process.set_attributes(attrs_of(self.end_rec, "mlatrace.end."))
         else:
@@ -464,6 +476,7 @@ _HANDLERS = {
     "mark": ProcessSpans._process_event,
     "probe.error": ProcessSpans._process_event,
     "process.end": ProcessSpans._process_end,
+    "process.rank": ProcessSpans._rank,
 }
 
 
@@ -535,13 +548,33 @@ class ExportResult:
     error: str | None = None
 
 
+def assign_findings(trace: Any, findings: Sequence[Any]) -> dict[str, list[Any]]:
+    """Which process file carries each finding: its pid's, else its first evidence file's,
+    else the first process's (a finding is never dropped, never carried twice)."""
+    procs = [p for p in trace.processes if p.header]
+    by_pid = {p.header.get("pid"): p.name for p in procs}
+    names = {p.name for p in procs}
+    out: dict[str, list[Any]] = {p.name: [] for p in procs}
+    for f in findings:
+        name = by_pid.get(getattr(f, "pid", None))
+        if name is None:
+            name = next((e.file for e in getattr(f, "evidence", []) if e.file in names), None)
+        if name is None and procs:
+            name = procs[0].name
+        if name is not None:
+            out[name].append(f)
+    return out
+
+
 def build_spans(trace: Any, service_name: str, findings: Sequence[Any] = ()) -> tuple[list, int]:
     """All spans of a trace, in memory: (finished spans, number of processes converted)."""
     memory = InMemorySpanExporter()
     run = getattr(trace, "run", None) or {}
-    run_id = run.get("run_id") or str(getattr(trace, "root", ""))
+    first = next((p.header for p in trace.processes if p.header), None) or {}
+    run_id = run.get("run_id") or first.get("run_id") or str(getattr(trace, "root", ""))
     trace_id = derive_id(128, "export", run_id)
     pids = {p.header.get("pid") for p in trace.processes if p.header}
+    carried = assign_findings(trace, findings)
     processes = 0
     for proc in trace.processes:
         header = proc.header
@@ -551,13 +584,11 @@ def build_spans(trace: Any, service_name: str, findings: Sequence[Any] = ()) -> 
         ids = FixedIds()
         provider = make_provider(header, service_name, ids)
         provider.add_span_processor(SimpleSpanProcessor(memory))
-        tracer = provider.get_tracer(SCOPE)
         where = ProcessIds(trace_id=trace_id, span_id=derive_id(64, "export", run_id, pid),
                            parent_span_id=(derive_id(64, "export", run_id, ppid)
                                            if ppid in pids and ppid != pid else None))
-        mine = [f for f in findings if getattr(f, "pid", None) == pid
-                or (getattr(f, "pid", None) is None and _evidence_in(f, proc.name))]
-        builder = ProcessSpans(tracer, ids, header, where=where, findings=mine)
+        builder = ProcessSpans(provider.get_tracer(SCOPE), ids, header, where=where,
+                               findings=carried.get(proc.name, []))
         for rec in proc.records():
             builder.feed(rec)
         builder.close()
@@ -565,27 +596,34 @@ def build_spans(trace: Any, service_name: str, findings: Sequence[Any] = ()) -> 
     return list(memory.get_finished_spans()), processes
 
 
-def _evidence_in(finding: Any, file_name: str) -> bool:
-    return any(getattr(e, "file", None) == file_name for e in getattr(finding, "evidence", []))
+def connect_error(url: str, timeout_s: float) -> str | None:
+    """Why nothing accepts TCP connections at the URL's host and port, or None when it does.
 
+    The exporters retry a refused connection for seconds with back-off; one connect says
+    at once whether a collector listens there.
+    """
+    import socket
 
-def orphan_findings(trace: Any, findings: Sequence[Any]) -> list[Any]:
-    """Findings that no process of the trace would carry (no pid, no evidence in its files)."""
-    pids = {p.header.get("pid") for p in trace.processes if p.header}
-    names = {p.name for p in trace.processes if p.header}
-    out = []
-    for f in findings:
-        pid = getattr(f, "pid", None)
-        if pid in pids and pid is not None:
-            continue
-        if pid is None and any(_evidence_in(f, n) for n in names):
-            continue
-        out.append(f)
-    return out
+    parsed = urlparse(url if "://" in url else f"http://{url}")
+    try:
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+        with socket.create_connection((parsed.hostname or "localhost", port), timeout=timeout_s):
+            return None
+    except ConnectionRefusedError:
+        return "connection refused (is a collector listening there?)"
+    except TimeoutError:
+        return f"no answer within {timeout_s:g} s (timeout)"
+    except socket.gaierror:
+        return "unknown host"
+    except (OSError, ValueError) as exc:
+        return f"cannot connect: {getattr(exc, 'strerror', None) or exc}"
 
 
 def send(spans: Sequence[Any], url: str, protocol: str, timeout_s: float) -> tuple[int, str | None]:
     """Send spans in chunks; stop at the first failed chunk. Returns (spans sent, error)."""
+    error = connect_error(url, timeout_s)
+    if error:
+        return 0, error
     captured = _Captured()
     saved = []
     for name in _EXPORTER_LOGGERS:
@@ -594,7 +632,6 @@ def send(spans: Sequence[Any], url: str, protocol: str, timeout_s: float) -> tup
         logger.addHandler(captured)
         logger.propagate = False
     sent = 0
-    error = None
     try:
         exporter = make_exporter(url, protocol, timeout_s)
         try:
@@ -619,22 +656,6 @@ def export_trace(trace: Any, url: str, *, protocol: str = "http/protobuf",
     """Convert a whole trace to spans and send them; the result says what failed and why."""
     if timeout_s is None:
         timeout_s = float(os.environ.get("MLATRACE_OTLP_TIMEOUT") or DEFAULT_TIMEOUT_S)
-    orphans = orphan_findings(trace, findings)
-    first = next((p for p in trace.processes if p.header), None)
-    if orphans and first is not None:  # give them to the first process rather than drop them
-        pid = first.header.get("pid")
-        findings = [f for f in findings if f not in orphans] + [_Rehomed(f, pid) for f in orphans]
     spans, processes = build_spans(trace, service_name, findings)
     sent, error = send(spans, url, protocol, timeout_s)
     return ExportResult(spans=len(spans), sent=sent, processes=processes, error=error)
-
-
-class _Rehomed:
-    """A finding seen through a different pid (for findings that name no traced process)."""
-
-    def __init__(self, finding: Any, pid: Any) -> None:
-        self._finding = finding
-        self.pid = pid
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._finding, name)

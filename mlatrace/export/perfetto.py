@@ -3,36 +3,43 @@
 One process track per traced process and one thread track per recording thread;
 captures are complete slices ("X") from begin to end, kernel launches, split
 decisions, attention calls and the rest are thread instants ("i") with the record's
-fields as args, replays are instants on their thread, or slices on a per-process
-"graph replays (GPU)" track when the record has GPU time, and findings are global
-markers. Timestamps are microseconds since the earliest process start of the trace
-(the epoch time of that origin is in `otherData.origin_wall_ns`); events are sorted
-so that every track is monotonic.
+fields as args, replays are instants on their thread, or slices on a per-graph
+"replays of gid N (GPU time)" track when the record has GPU time, the latest
+attention metadata's seq_len_max is a counter, and findings are global markers
+placed at their first evidence record. Timestamps are microseconds since the
+earliest process start of the trace (its epoch ns is `otherData.origin_wall_ns`).
 
-Standard library only.
+Events are streamed in record order (a thread's records are in time order), so a
+trace of any size is written in constant memory. Standard library, and msgspec's
+encoder when it is installed.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-# Records shown as instants on their thread; the rest of the known kinds have their own shape.
+# Records shown as instants on their thread; the other known kinds have their own shape.
 INSTANT_KINDS = {
     "kernel.launch", "kernel.split", "kernel.skip", "attn.call", "attn.metadata", "dispatch",
     "sync", "graph.eager_break", "graph.nodes", "mark", "probe.error", "process.rank",
 }
-# The replay-with-GPU-time track of a process: a tid no real thread uses (idents are addresses).
-GPU_TID = 1
+# Thread idents are addresses (> 2**32), which trace viewers may not take as tids: each
+# thread's track is numbered 1, 2, ... in order of appearance, its ident in the track name.
+# Replays with GPU time go on one track per graph, tid GPU_TID_BASE + gid, because a wrapper
+# graph's replay and the torch graph's replay it causes overlap in time.
+GPU_TID_BASE = 100_000
 
 
 def _name(rec: dict) -> str:
     """A short, readable slice/instant name for a record."""
     kind = rec.get("k")
-    if kind in ("kernel.launch", "kernel.skip"):
-        return f"launch {rec.get('name')}" if kind == "kernel.launch" else f"skip {rec.get('name')}"
+    if kind == "kernel.launch":
+        return f"launch {rec.get('name')}"
+    if kind == "kernel.skip":
+        return f"skip {rec.get('name')}"
     if kind == "kernel.split":
         return f"split {rec.get('op')} = {rec.get('num_kv_splits')}"
     if kind == "attn.call":
@@ -50,131 +57,171 @@ def _args(rec: dict, *skip: str) -> dict[str, Any]:
     return {k: v for k, v in rec.items() if k not in ("k", "t", "tid", *skip)}
 
 
-class _Builder:
-    """Collects the events of every process, then orders them per track."""
+def _order(event: dict) -> tuple:
+    # By time; at equal times the longer slice first, so that nesting holds.
+    return (event["ts"], -event.get("dur", 0.0))
 
-    def __init__(self, origin_ns: int) -> None:
+
+class _Timeline:
+    """Turns each process's records into trace events; remembers where evidence records are."""
+
+    def __init__(self, origin_ns: int, wanted: set[tuple[str, int]]) -> None:
         self.origin_ns = origin_ns
-        self.meta: list[dict] = []
-        self.events: list[dict] = []
-        self.where: dict[tuple[str, int], tuple[float, int, Any]] = {}  # (file, seq) -> ts,pid,tid
-        self.counts: dict[str, int] = {}
+        self.wanted = wanted
+        self.where: dict[tuple[str, int], tuple[float, int, int]] = {}  # (file, seq) -> ts,pid,tid
+        self.end_ts = 0.0
+        self.first_pid = 0
 
-    def us(self, wall_ns: int, t: int) -> float:
-        return (wall_ns + t - self.origin_ns) / 1000.0
+    def process_events(self, proc: Any) -> Iterator[dict]:
+        """Every event of one process, in record order, monotonic per track.
 
-    def add_process(self, proc: Any) -> None:
+        A thread's records are in time order already; only a capture slice, known at its
+        end but starting at its begin, needs its thread's events held back until the
+        outermost capture of that thread ends.
+        """
         header = proc.header
-        pid = header.get("pid") if isinstance(header.get("pid"), int) else proc.pid or 0
+        pid = header.get("pid") if isinstance(header.get("pid"), int) else (proc.pid or 0)
         wall_ns = int(header.get("wall_ns") or 0)
-        argv = header.get("argv") or []
+        argv = [str(a) for a in header.get("argv") or []]
+        label = " ".join([os.path.basename(argv[0]), *argv[1:4]]) if argv else ""
         rank = header.get("rank")
-        label = " ".join(os.path.basename(str(a)) if i == 0 else str(a) for i, a in enumerate(argv[:4]))
-        name = (f"rank {rank} · " if rank is not None else "") + f"pid {pid} {label}".strip()
-        self.meta.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
-                          "args": {"name": name}})
-        if rank is not None:
-            self.meta.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
-                              "args": {"sort_index": int(rank)}})
-        main_tid = header.get("tid")
-        threads: set[Any] = set()
+        yield {"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+               "args": {"name": (f"rank {rank} · " if rank is not None else "")
+                        + f"pid {pid} {label}".strip()}}
+        if isinstance(rank, int):
+            yield {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
+                   "args": {"sort_index": rank}}
+        threads: dict[Any, int] = {}  # recorded thread ident -> track number
         open_captures: dict[Any, dict] = {}
-        gpu_free = 0.0  # when the last GPU replay slice of this process ends (they run in order)
+        held: dict[int, list[dict]] = {}  # track -> events held while a capture is open there
+        gpu_free: dict[int, float] = {}  # GPU track -> when its last replay slice ends
         last_ts = 0.0
         for rec in proc.records():
             kind = rec.get("k")
-            self.counts[kind] = self.counts.get(kind, 0) + 1
-            ts = self.us(wall_ns, int(rec.get("t") or 0))
+            ts = (wall_ns + int(rec.get("t") or 0) - self.origin_ns) / 1000.0
             last_ts = max(last_ts, ts)
-            tid = rec.get("tid") if isinstance(rec.get("tid"), int) else 0
-            self.where[(proc.name, rec.get("seq"))] = (ts, pid, tid)
             if kind == "process":
                 continue
-            threads.add(tid)
+            tid = threads.setdefault(rec.get("tid"), len(threads) + 1)
+            if (proc.name, rec.get("seq")) in self.wanted:
+                self.where[(proc.name, rec["seq"])] = (ts, pid, tid)
+            out: list[dict] = []
+            base = {"pid": pid, "tid": tid, "ts": ts}
             if kind == "graph.capture.begin":
-                open_captures[rec.get("gid")] = {
-                    "ph": "X", "cat": "graph.capture", "pid": pid, "tid": tid, "ts": ts,
-                    "name": f"capture gid={rec.get('gid')} {rec.get('src') or ''} {rec.get('mode') or ''}".strip(),
-                    "args": _args(rec)}
+                name = " ".join(str(p) for p in ("capture", f"gid={rec.get('gid')}",
+                                                 rec.get("src"), rec.get("mode")) if p)
+                open_captures[rec.get("gid")] = {"ph": "X", "cat": "graph.capture", **base,
+                                                 "name": name, "args": _args(rec)}
+                held.setdefault(tid, [])
             elif kind == "graph.capture.end":
                 event = open_captures.pop(rec.get("gid"), None)
                 if event is not None:
                     event["dur"] = max(0.0, ts - event["ts"])
                     event["args"].update(_args(rec, "seq"))
-                    self.events.append(event)
-            elif kind == "graph.replay":
-                gpu_ns = rec.get("gpu_ns")
-                if isinstance(gpu_ns, (int, float)) and gpu_ns >= 0:
-                    start = max(ts, gpu_free)
-                    gpu_free = start + gpu_ns / 1000.0
-                    self.events.append({"ph": "X", "cat": "graph.replay", "pid": pid, "tid": GPU_TID,
-                                        "ts": start, "dur": gpu_ns / 1000.0, "name": _name(rec),
-                                        "args": {**_args(rec), "host_tid": tid, "host_ts_us": ts}})
-                else:
-                    self.events.append({"ph": "i", "s": "t", "cat": "graph.replay", "pid": pid,
-                                        "tid": tid, "ts": ts, "name": _name(rec), "args": _args(rec)})
-            elif kind in INSTANT_KINDS:
-                self.events.append({"ph": "i", "s": "t", "cat": kind, "pid": pid, "tid": tid,
-                                    "ts": ts, "name": _name(rec), "args": _args(rec)})
-                if kind == "attn.metadata" and isinstance(rec.get("seq_len_max"), int):
-                    self.events.append({"ph": "C", "pid": pid, "tid": 0, "ts": ts,
-                                        "name": "seq_len_max",
-                                        "args": {"seq_len_max": rec["seq_len_max"]}})
+                    out.append(event)
+            elif kind == "graph.replay" and isinstance(rec.get("gpu_ns"), (int, float)) \
+                    and rec["gpu_ns"] >= 0:
+                gid = rec.get("gid")
+                track = GPU_TID_BASE + (gid if isinstance(gid, int) and gid >= 0 else 0)
+                start = max(ts, gpu_free.get(track, 0.0))  # one graph's replays run in order
+                gpu_free[track] = start + rec["gpu_ns"] / 1000.0
+                self.end_ts = max(self.end_ts, gpu_free[track])
+                yield {"ph": "X", "cat": "graph.replay", **base, "tid": track, "ts": start,
+                       "dur": rec["gpu_ns"] / 1000.0, "name": _name(rec),
+                       "args": {**_args(rec), "host_tid": tid, "host_ts_us": ts}}
             elif kind == "process.end":
-                self.events.append({"ph": "i", "s": "p", "cat": kind, "pid": pid, "tid": tid,
-                                    "ts": ts, "name": "process.end", "args": _args(rec)})
-            else:  # a kind this version does not know: keep it visible
-                self.events.append({"ph": "i", "s": "t", "cat": str(kind), "pid": pid, "tid": tid,
-                                    "ts": ts, "name": str(kind), "args": _args(rec)})
+                out.append({"ph": "i", "s": "p", "cat": kind, **base, "name": kind,
+                            "args": _args(rec)})
+            else:  # instants: the known kinds above, and kinds this version does not know
+                out.append({"ph": "i", "s": "t", "cat": str(kind), **base, "name": _name(rec),
+                            "args": _args(rec)})
+                if kind == "attn.metadata" and isinstance(rec.get("seq_len_max"), int):
+                    yield {"ph": "C", "pid": pid, "tid": 0, "ts": ts, "name": "seq_len_max",
+                           "args": {"seq_len_max": rec["seq_len_max"]}}
+            if tid in held:
+                held[tid].extend(out)
+                if not any(e["tid"] == tid for e in open_captures.values()):
+                    yield from sorted(held.pop(tid), key=_order)
+            else:
+                yield from out
         for event in open_captures.values():  # the process ended mid-capture
             event["dur"] = max(0.0, last_ts - event["ts"])
             event["args"]["incomplete"] = True
-            self.events.append(event)
-        for tid in sorted(threads):
-            label = "main" if tid == main_tid else f"thread {tid}"
-            self.meta.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
-                              "args": {"name": label}})
-        if gpu_free:
-            self.meta.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": GPU_TID,
-                              "args": {"name": "graph replays (GPU time)"}})
+            held.setdefault(event["tid"], []).append(event)
+        for events in held.values():
+            yield from sorted(events, key=_order)
+        self.end_ts = max(self.end_ts, last_ts)
+        main_ident = header.get("main_tid", header.get("tid"))
+        for ident, tid in threads.items():
+            yield {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                   "args": {"name": "main" if ident == main_ident else f"thread {ident}"}}
+        for track in sorted(gpu_free):
+            yield {"ph": "M", "name": "thread_name", "pid": pid, "tid": track,
+                   "args": {"name": f"replays of gid {track - GPU_TID_BASE} (GPU time)"}}
 
-    def add_findings(self, findings: Sequence[Any], first_pid: int) -> None:
-        end = max((e["ts"] + e.get("dur", 0.0) for e in self.events), default=0.0)
+    def finding_events(self, findings: Sequence[Any]) -> list[dict]:
+        """Findings as global instants at their first located evidence record (else the end)."""
+        out = []
         for f in findings:
             located = [self.where[(e.file, e.seq)] for e in f.evidence
                        if (e.file, e.seq) in self.where]
-            ts, pid, tid = min(located, key=lambda x: x[0]) if located else (end, first_pid, 0)
-            self.events.append({
-                "ph": "i", "s": "g", "cat": "finding", "pid": pid, "tid": tid, "ts": ts,
-                "name": f"{f.id} {getattr(f, 'name', '')}".strip(),
-                "args": {"severity": f.severity, "message": f.message, "hint": f.hint,
-                         "gid": f.gid, "rank": f.rank,
-                         "evidence": [str(e) for e in f.evidence]}})
+            ts, pid, tid = min(located) if located else (self.end_ts, self.first_pid, 0)
+            out.append({"ph": "i", "s": "g", "cat": "finding", "pid": pid, "tid": tid, "ts": ts,
+                        "name": f"{f.id} {getattr(f, 'name', '')}".strip(),
+                        "args": {"severity": f.severity, "message": f.message, "hint": f.hint,
+                                 "gid": f.gid, "rank": f.rank,
+                                 "evidence": [str(e) for e in f.evidence]}})
+        out.sort(key=lambda e: e["ts"])
+        return out
 
-    def document(self, origin_ns: int) -> dict:
-        # Sort per track by time; at equal times the longer slice first so nesting holds.
-        self.events.sort(key=lambda e: (e["pid"], e["tid"], e["ts"], -e.get("dur", 0.0)))
-        return {"traceEvents": self.meta + self.events, "displayTimeUnit": "ns",
-                "otherData": {"origin_wall_ns": origin_ns, "generator": "mlatrace"}}
+
+def events(trace: Any, findings: Sequence[Any] = ()) -> Iterator[dict]:
+    """Every trace event of a trace, process by process, findings last."""
+    procs = [p for p in trace.processes if p.header]
+    origin = min((int(p.header.get("wall_ns") or 0) for p in procs), default=0)
+    wanted = {(e.file, e.seq) for f in findings for e in f.evidence}
+    timeline = _Timeline(origin, wanted)
+    if procs and isinstance(procs[0].header.get("pid"), int):
+        timeline.first_pid = procs[0].header["pid"]
+    for proc in procs:
+        yield from timeline.process_events(proc)
+    yield from timeline.finding_events(findings)
+
+
+def origin_wall_ns(trace: Any) -> int:
+    """Epoch ns of timestamp 0: the earliest process start."""
+    return min((int(p.header.get("wall_ns") or 0) for p in trace.processes if p.header), default=0)
 
 
 def build(trace: Any, findings: Sequence[Any] = ()) -> dict:
-    """The trace-event document (a dict ready for json.dump) of a whole trace."""
-    procs = [p for p in trace.processes if p.header]
-    origin = min((int(p.header.get("wall_ns") or 0) for p in procs), default=0)
-    builder = _Builder(origin)
-    for proc in procs:
-        builder.add_process(proc)
-    first_pid = procs[0].header.get("pid") if procs else 0
-    builder.add_findings(findings, first_pid if isinstance(first_pid, int) else 0)
-    return builder.document(origin)
+    """The whole trace-event document as a dict (small traces, tests)."""
+    return {"traceEvents": list(events(trace, findings)), "displayTimeUnit": "ns",
+            "otherData": {"origin_wall_ns": origin_wall_ns(trace), "generator": "mlatrace"}}
+
+
+def _encoder() -> Any:
+    """bytes of one event: msgspec when installed (several times faster), else json."""
+    try:
+        import msgspec
+
+        return msgspec.json.Encoder(enc_hook=str).encode
+    except ImportError:
+        return lambda event: json.dumps(event, separators=(",", ":"), default=str).encode()
 
 
 def write(trace: Any, out: str, findings: Sequence[Any] = ()) -> int:
-    """Write the Perfetto JSON of a trace to `out`; returns the number of trace events."""
-    doc = build(trace, findings)
+    """Write the Perfetto JSON of a trace to `out`, streaming; returns the number of events."""
+    encode = _encoder()
     tmp = f"{out}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, separators=(",", ":"), default=str)
+    count = 0
+    with open(tmp, "wb") as f:
+        f.write(b'{"traceEvents":[\n')
+        for event in events(trace, findings):
+            if count:
+                f.write(b",\n")
+            f.write(encode(event))
+            count += 1
+        other = {"origin_wall_ns": origin_wall_ns(trace), "generator": "mlatrace"}
+        f.write(b'],"displayTimeUnit":"ns","otherData":' + encode(other) + b"}\n")
     os.replace(tmp, out)
-    return len(doc["traceEvents"])
+    return count

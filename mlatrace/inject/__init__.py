@@ -51,6 +51,7 @@ def _install_probes() -> None:
         record.set_probes(list(names or []))
     except Exception as exc:
         _report_failure("probes", "mlatrace.probe.install_default", exc)
+        record.set_probes([])
 
 
 def _start_live_export(endpoint: str) -> None:

@@ -99,10 +99,6 @@ class ProbeRuntime:
         except Exception:
             pass
 
-    def view(self, info: TargetInfo, instance: Any, args: tuple, kwargs: dict,
-             result: Any = None) -> CallView:
-        return CallView(instance, args, kwargs, info.positions, info.defaults, result)
-
 
 def split_target(target: str) -> tuple[str, list[str]]:
     module, _, qual = target.partition(":")
@@ -121,7 +117,8 @@ def _param_names(func: Any) -> list[str]:
     return names
 
 
-def resolve(target: str, module: Any, declared: list[str]) -> TargetInfo:
+def resolve(target: str, module: Any, declared: list[str],
+            reads: list[str] | None = None) -> TargetInfo:
     """Find target in an imported module and check its parameters.
 
     Raises LookupError when the attribute is missing, ``Drift`` when the parameters
@@ -154,6 +151,10 @@ def resolve(target: str, module: Any, declared: list[str]) -> TargetInfo:
     if declared and names[: len(declared)] != declared:
         raise Drift(f"{target}: parameters ({', '.join(names)}) do not start with "
                     f"the declared ({', '.join(declared)})")
+    missing = [name for name in (reads or []) if name not in names]
+    if missing and not any(name.startswith("**") for name in names):
+        raise Drift(f"{target}: no parameter {', '.join(missing)} "
+                    f"(has {', '.join(names)})")
     bound = isinstance(owner, type) and not isinstance(raw, staticmethod)
     if attr == "__new__":
         bound = False   # __new__ is a staticmethod called with cls explicitly
@@ -307,7 +308,7 @@ class Engine:
         """Patch one target of one probe in an imported module (never raises)."""
         with self.lock:
             try:
-                info = resolve(target, module, runtime.spec.params)
+                info = resolve(target, module, runtime.spec.params, runtime.spec.arg_names)
             except InheritedError as exc:
                 runtime.skipped[target] = str(exc)
                 return

@@ -14,9 +14,10 @@ import re
 
 # name<<<grid, block, smem>>> where grid/block are {a,b,c} or a bare number.
 _LAUNCH = re.compile(
-    r"(?P<name>[A-Za-z_][\w:.$<>~]*?)\s*<<<\s*(?P<grid>\{[^}]*\}|\d+)\s*,\s*"
+    r"(?P<name>[^|{}\"\[\]=]+?)\s*<<<\s*(?P<grid>\{[^}]*\}|\d+)\s*,\s*"
     r"(?P<block>\{[^}]*\}|\d+)\s*,\s*(?P<smem>\d+)(?:\s*,[^>]*)?>>>")
 _ESCAPED = re.compile(r"\\([<>{}|])")
+_NODE_START = re.compile(r'^\s*"(?P<id>[^"]+)"\s*\[')
 _NODE = re.compile(r'^\s*"?(?P<id>[^"\s\[]+)"?\s*\[(?P<attrs>.*)\]\s*;?\s*$')
 
 
@@ -28,23 +29,38 @@ def _dims(text: str) -> list[int]:
 
 
 def _clean_name(name: str) -> str:
-    # Demangled C++ names may carry a template/argument list; keep the function name.
+    # Demangled C++ names carry a return type, namespaces, template and argument
+    # lists: keep the function's own name (Triton kernels are plain C names).
     name = name.strip()
-    if "(" in name:
-        name = name.split("(", 1)[0]
     if name.startswith("void "):
         name = name[5:]
-    return name.rsplit("::", 1)[-1]
+    for stop in ("(", "<"):
+        if stop in name:
+            name = name.split(stop, 1)[0]
+    return name.rsplit("::", 1)[-1].strip()
 
 
 def parse_dot(text: str) -> list[dict]:
-    """Kernel launches found in a DOT dump, in file order (one per kernel node)."""
+    """Kernel launches found in a DOT dump, in file order (one per kernel node).
+
+    A node's label may span several lines (record labels); only its first launch
+    text counts, so a label naming the kernel twice is still one kernel.
+    """
     kernels: list[dict] = []
+    node: str | None = None
+    counted: set[str] = set()
     for line in text.splitlines():
+        start = _NODE_START.match(line)
+        if start:
+            node = start.group("id")
         match = _NODE.match(line)
         body = match.group("attrs") if match else line
         if "<<<" not in body and "\\<\\<\\<" not in body:
             continue
+        if node is not None:
+            if node in counted:
+                continue
+            counted.add(node)
         # Record labels escape < > { } | with a backslash, HTML labels with entities.
         body = _ESCAPED.sub(r"\1", body.replace("&lt;", "<").replace("&gt;", ">"))
         launch = _LAUNCH.search(body)

@@ -27,22 +27,45 @@ def _stack() -> list[int]:
     return stack
 
 
-def push_capture(gid: int) -> None:
-    """Enter a capture on this thread."""
+def push_capture(gid: int, src: str | None = None) -> None:
+    """Enter a capture on this thread (src: who captures, e.g. torch, vllm)."""
     _stack().append(gid)
+    if src is not None:
+        _sources()[gid] = src
+
+
+def _sources() -> dict[int, str]:
+    sources = getattr(_local, "sources", None)
+    if sources is None:
+        sources = _local.sources = {}
+    return sources
+
+
+def enclosing_gid(skip_srcs: tuple[str, ...] = ("torch",)) -> int | None:
+    """The innermost open capture on this thread not made by skip_srcs (eager-break owner)."""
+    sources = getattr(_local, "sources", None) or {}
+    for gid in reversed(getattr(_local, "stack", None) or []):
+        if gid is not None and sources.get(gid) not in skip_srcs:
+            return gid
+    return None
 
 
 def pop_capture() -> int | None:
     """Leave the innermost capture on this thread; None when none was open."""
     stack = _stack()
-    return stack.pop() if stack else None
+    gid = stack.pop() if stack else None
+    _sources().pop(gid, None)
+    return gid
 
 
 def remove_capture(gid: int) -> None:
-    """Drop gid from this thread's stack wherever it is (capture ended out of order)."""
+    """Drop gid from this thread's stack wherever it is (segments end out of order)."""
     stack = _stack()
-    if gid in stack:
-        stack.remove(gid)
+    for index in range(len(stack) - 1, -1, -1):
+        if stack[index] == gid:
+            del stack[index]
+            break
+    _sources().pop(gid, None)
 
 
 def push_eager() -> None:
@@ -51,16 +74,26 @@ def push_eager() -> None:
 
 
 def pop_eager() -> None:
-    """End an eager break opened by push_eager()."""
+    """End the innermost eager break (captures begun inside it may sit above it)."""
     stack = _stack()
-    if stack and stack[-1] is None:
-        stack.pop()
+    for index in range(len(stack) - 1, -1, -1):
+        if stack[index] is None:
+            del stack[index]
+            break
 
 
 def current_gid() -> int | None:
     """The innermost capturing gid on this thread, or None (none, or an eager break)."""
     stack = getattr(_local, "stack", None)
     return stack[-1] if stack else None
+
+
+def parent_gid() -> int | None:
+    """The innermost open capture, looking through eager breaks (a new capture's parent)."""
+    for gid in reversed(getattr(_local, "stack", None) or []):
+        if gid is not None:
+            return gid
+    return None
 
 
 def capturing() -> bool:
@@ -72,3 +105,39 @@ def capturing() -> bool:
 def reset() -> None:
     """Forget this thread's captures (tests, fork children)."""
     _local.stack = []
+    _local.sources = {}
+    _local.dummy = 0
+
+
+def enter_dummy_run() -> None:
+    """A runner's dummy run starts on this thread (metadata built now is dummy)."""
+    _local.dummy = getattr(_local, "dummy", 0) + 1
+
+
+def exit_dummy_run() -> None:
+    _local.dummy = max(0, getattr(_local, "dummy", 0) - 1)
+
+
+def in_dummy_run() -> bool:
+    """True inside a probed dummy run (vLLM's _dummy_run) on this thread."""
+    return getattr(_local, "dummy", 0) > 0
+
+
+def enter_layer(layer: object) -> None:
+    """An attention forward for `layer` starts on this thread."""
+    layers = getattr(_local, "layers", None)
+    if layers is None:
+        layers = _local.layers = []
+    layers.append(layer)
+
+
+def exit_layer() -> None:
+    layers = getattr(_local, "layers", None)
+    if layers:
+        layers.pop()
+
+
+def current_layer() -> object:
+    """The layer of the attention forward under way on this thread, or None."""
+    layers = getattr(_local, "layers", None)
+    return layers[-1] if layers else None

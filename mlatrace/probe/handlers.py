@@ -53,7 +53,7 @@ class GraphCaptureBegin(Handler):
     def before(self, view: Any, info: Any) -> Any:
         graph = view.instance
         if self.options.get("graph_nodes") and getattr(graph, USER_KEEP_ATTR, None) is not None:
-            # The graph was created with keep_graph forced on (TorchGraphNew): ask for
+            # The graph was built with keep_graph forced on (TorchGraphKeep): ask for
             # the debug dump before the capture starts, as torch requires.
             enable = getattr(graph, "enable_debug_mode", None)
             if enable is not None:
@@ -65,10 +65,10 @@ class GraphCaptureBegin(Handler):
             return
         graph = view.instance
         gid = graphs.next_gid()
-        parent = graphs.current_gid()
+        parent = graphs.parent_gid()
         setattr(graph, GID_ATTR, gid)
         setattr(graph, T0_ATTR, time.perf_counter_ns())
-        graphs.push_capture(gid)
+        graphs.push_capture(gid, self.src)
         record.emit("graph.capture.begin", gid=gid, parent=parent, src=self.src,
                     key=None, mode=None)
 
@@ -152,35 +152,49 @@ class GraphReplay(Handler):
         record.emit_replay(gid)
 
 
-class TorchGraphNew(Handler):
-    """torch.cuda.CUDAGraph.__new__: build graphs with keep_graph=True for the node dump.
+class TorchGraphKeep(Handler):
+    """Build every torch.cuda.CUDAGraph with keep_graph=True, for the node dump.
 
-    Replaces the staticmethod outright (no wrapt proxy): ``__new__`` is looked up
-    on the type by the interpreter. The user's choice is remembered on the
-    instance and honoured at capture end (see dump_graph_nodes).
+    torch writes a graph's DOT only while its template (cudaGraph_t) exists, which
+    after capture_end means keep_graph=True. The Python class defines ``__new__``
+    (the probe's target: its parameters are checked for drift) but the C++
+    constructor, pybind's ``_CUDAGraph.__init__(keep_graph)``, receives the
+    constructor's own arguments, so this handler defines ``CUDAGraph.__init__``
+    passing keep_graph=True and remembers the user's choice on the instance;
+    GraphCaptureEnd honours it (see dump_graph_nodes). close() removes the
+    ``__init__`` again.
     """
+
+    def __init__(self, spec: Any) -> None:
+        super().__init__(spec)
+        self.cls: Any = None
+        self.init: Any = None
 
     def replacement(self, info: Any, runtime: Any) -> Any:
         from mlatrace.probe.engine import STATE
 
-        original = info.func
-        enabled = _graph_nodes_enabled() and bool(self.options.get("graph_nodes", True))
+        cls = info.owner
+        if not (_graph_nodes_enabled() and self.options.get("graph_nodes", True)):
+            return info.raw
+        if "__init__" in cls.__dict__:
+            raise RuntimeError(f"{cls.__qualname__} defines __init__ itself; node dump off")
+        base_init = cls.__mro__[1].__init__
 
-        def __new__(cls, keep_graph: bool = False, *args: Any, **kwargs: Any):
-            if not enabled or runtime.disabled or not STATE.active:
-                return original(cls, keep_graph, *args, **kwargs)
-            try:
-                instance = original(cls, True, *args, **kwargs)
-            except Exception as exc:
-                runtime.fail(info.target, exc)
-                return original(cls, keep_graph, *args, **kwargs)
-            try:
-                setattr(instance, USER_KEEP_ATTR, bool(keep_graph))
-            except Exception as exc:
-                runtime.fail(info.target, exc)
-            return instance
+        def __init__(graph: Any, keep_graph: bool = False, *args: Any, **kwargs: Any) -> None:
+            if runtime.disabled or not STATE.active:
+                base_init(graph, keep_graph, *args, **kwargs)
+                return
+            base_init(graph, True, *args, **kwargs)
+            setattr(graph, USER_KEEP_ATTR, bool(keep_graph))
 
-        return staticmethod(__new__)
+        cls.__init__ = __init__
+        self.cls, self.init = cls, __init__
+        return info.raw
+
+    def close(self) -> None:
+        if self.cls is not None and self.cls.__dict__.get("__init__") is self.init:
+            del self.cls.__init__
+        self.cls = self.init = None
 
 
 # --- vLLM: CUDAGraphWrapper, BreakableCUDAGraphWrapper, eager breaks -------------------
@@ -214,9 +228,9 @@ class VllmGraphWrapperCall(Handler):
         if entry is not None and entry.cudagraph is not None:
             return ("replay", key, None)
         gid = graphs.next_gid()
-        record.emit("graph.capture.begin", gid=gid, parent=graphs.current_gid(), src=self.src,
+        record.emit("graph.capture.begin", gid=gid, parent=graphs.parent_gid(), src=self.src,
                     key=plain(key), mode=_mode_name(mode))
-        graphs.push_capture(gid)
+        graphs.push_capture(gid, self.src)
         return ("capture", key, (gid, time.perf_counter_ns()))
 
     def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
@@ -241,17 +255,26 @@ class VllmGraphWrapperCall(Handler):
             record.emit_replay(gid)
 
 
-class VllmBreakableCapture(Handler):
-    """BreakableCUDAGraphWrapper._capture(entry, ...): one parent graph, many segments."""
+class EntryCapture(Handler):
+    """A wrapper's ``_capture(entry, ...)``: one graph per batch descriptor, maybe in segments.
+
+    Used for vLLM's BreakableCUDAGraphWrapper._capture and the reference engine's
+    CUDAGraphWrapper._capture. ``key``/``mode`` come from the probe's fields; with
+    ``options.mode_from = "vllm"`` the mode is read from vLLM's forward context.
+    """
 
     def before(self, view: Any, info: Any) -> Any:
+        fields = self.fields(view)
+        mode = fields.get("mode")
+        if self.options.get("mode_from") == "vllm":
+            context = _forward_context()
+            mode = _mode_name(context.cudagraph_runtime_mode) if context is not None else mode
         entry = view.arg("entry")
-        context = _forward_context()
-        mode = _mode_name(context.cudagraph_runtime_mode) if context is not None else None
+        key = fields.get("key", plain(getattr(entry, "batch_descriptor", None)))
         gid = graphs.next_gid()
-        record.emit("graph.capture.begin", gid=gid, parent=graphs.current_gid(), src=self.src,
-                    key=plain(getattr(entry, "batch_descriptor", None)), mode=mode)
-        graphs.push_capture(gid)
+        record.emit("graph.capture.begin", gid=gid, parent=graphs.parent_gid(), src=self.src,
+                    key=key, mode=mode)
+        graphs.push_capture(gid, self.src)
         return gid, time.perf_counter_ns()
 
     def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
@@ -259,13 +282,15 @@ class VllmBreakableCapture(Handler):
         graphs.remove_capture(gid)
         entry = view.arg("entry")
         capture = getattr(entry, "capture", None)
-        segments = getattr(capture, "segments", None)
-        fields: dict[str, Any] = {
-            "gid": gid,
-            "segments": len(segments) if segments is not None else None,
-            "eager_breaks": getattr(capture, "_num_eager_breaks", None),
-            "dur_ns": time.perf_counter_ns() - t0,
-        }
+        if capture is not None:
+            segments = getattr(capture, "segments", None)
+            num_segments = len(segments) if segments is not None else None
+            eager_breaks = getattr(capture, "num_eager_breaks", None)
+        else:
+            num_segments, eager_breaks = 1, 0
+        fields: dict[str, Any] = {"gid": gid, "segments": num_segments,
+                                  "eager_breaks": eager_breaks,
+                                  "dur_ns": time.perf_counter_ns() - t0}
         if error is not None:
             fields["error"] = f"{type(error).__name__}: {error}"[:200]
         elif entry is not None:
@@ -276,8 +301,8 @@ class VllmBreakableCapture(Handler):
         record.emit("graph.capture.end", **fields)
 
 
-class VllmBreakableReplay(Handler):
-    """BreakableCUDAGraphWrapper._replay(entry, ...): count the parent graph's replay."""
+class EntryReplay(Handler):
+    """A wrapper's ``_replay(entry, ...)``: count the replay of the entry's graph."""
 
     def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
         if error is not None:
@@ -293,18 +318,38 @@ class VllmBreakableReplay(Handler):
 class EagerBreak(Handler):
     """add_eager(fn): the call runs eagerly between segments, so it is not capturing."""
 
+    def __init__(self, spec: Any) -> None:
+        super().__init__(spec)
+        self.segment_srcs = tuple(self.options.get("segment_src", ["torch"]))
+
     def before(self, view: Any, info: Any) -> Any:
-        gid = graphs.current_gid()
-        # Inside add_eager the torch segment is already ended; the enclosing
-        # capture's gid is the innermost non-torch one still open.
-        fn = view.arg("fn")
-        record.emit("graph.eager_break", gid=gid,
-                    fn=getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None))
+        # The open torch segment ends inside add_eager; the break belongs to the
+        # breakable capture around it.
+        gid = graphs.enclosing_gid(self.segment_srcs)
+        record.emit("graph.eager_break", gid=gid, fn=_callable_name(view.arg("fn")))
         graphs.push_eager()
         return True
 
     def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
         graphs.pop_eager()
+
+
+def _callable_name(fn: Any) -> str | None:
+    """A readable name for an eager segment: partials and lambdas name what they call."""
+    inner = getattr(fn, "func", None)      # functools.partial
+    if inner is not None:
+        fn = inner
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    if name and "<lambda>" in name:
+        # vLLM's eager break is `lambda: fn(*weak_args, **weak_kwargs)`: name the fn.
+        for cell in getattr(fn, "__closure__", None) or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:
+                continue
+            if callable(value) and getattr(value, "__qualname__", None):
+                return value.__qualname__
+    return name
 
 
 class EagerSegment(Handler):
@@ -322,55 +367,119 @@ class EagerSegment(Handler):
 
 
 class CaptureScope(Handler):
-    """A function whose whole call is one capture (e.g. SGLang's CudaGraphRunner.capture)."""
+    """A function whose call makes one keyed capture (SGLang's capture_one_batch_size).
+
+    Such functions warm up eagerly before they capture, so the scope's gid is
+    opened as an eager region: ``capturing()`` stays false until the torch capture
+    inside begins, which then names this gid as its parent. The gid is remembered
+    per key (``fields.key``) on the instance for ReplayScope.
+    """
 
     def before(self, view: Any, info: Any) -> Any:
         gid = graphs.next_gid()
         fields = self.fields(view)
-        record.emit("graph.capture.begin", gid=gid, parent=graphs.current_gid(), src=self.src,
-                    key=fields.get("key"), mode=fields.get("mode"))
-        graphs.push_capture(gid)
-        return gid, time.perf_counter_ns()
+        key = fields.get("key")
+        record.emit("graph.capture.begin", gid=gid, parent=graphs.parent_gid(), src=self.src,
+                    key=key, mode=fields.get("mode"))
+        graphs.push_capture(gid, self.src)
+        graphs.push_eager()
+        return gid, key, time.perf_counter_ns()
 
     def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
-        gid, t0 = token
+        gid, key, t0 = token
+        graphs.pop_eager()
         graphs.remove_capture(gid)
-        fields: dict[str, Any] = {"gid": gid, "segments": None, "eager_breaks": None,
+        fields: dict[str, Any] = {"gid": gid, "segments": 1, "eager_breaks": 0,
                                   "dur_ns": time.perf_counter_ns() - t0}
         if error is not None:
             fields["error"] = f"{type(error).__name__}: {error}"[:200]
         else:
-            try:
-                setattr(view.instance, GID_ATTR, gid)
-            except Exception:
-                pass
+            _gids_of(view.instance)[_hashable(key)] = gid
         record.emit("graph.capture.end", **fields)
 
 
 class ReplayScope(Handler):
-    """A function whose call is one replay of the instance's capture (SGLang replay)."""
+    """A function whose call replays the instance's capture for a key (SGLang's replay).
+
+    ``options.key_after`` names the instance attribute holding the replayed key once
+    the call returned (SGLang sets ``self.bs`` in replay_prepare).
+    """
 
     def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
         if error is not None:
             return
-        gid = getattr(view.instance, GID_ATTR, None)
+        attr = self.options.get("key_after")
+        key = getattr(view.instance, attr, None) if attr else self.fields(view).get("key")
+        gids = _gids_of(view.instance)
+        gid = gids.get(_hashable(key))
         if gid is None:
-            gid = graphs.next_gid()
-            setattr(view.instance, GID_ATTR, gid)
+            gid = gids[_hashable(key)] = graphs.next_gid()
         record.emit_replay(gid)
 
 
+def _gids_of(instance: Any) -> dict:
+    gids = getattr(instance, "_mlatrace_gids", None)
+    if gids is None:
+        gids = {}
+        try:
+            instance._mlatrace_gids = gids
+        except Exception:
+            pass
+    return gids
+
+
+def _hashable(key: Any) -> Any:
+    if isinstance(key, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in key.items()))
+    if isinstance(key, list):
+        return tuple(_hashable(v) for v in key)
+    return key
+
+
+class AttnForward(Handler):
+    """A backend's attention forward: one attn.call, and its layer for the calls inside.
+
+    The kernels a forward launches are recorded by their own probes; they read the
+    layer through ``layer()`` so MLT005 can group them by layer and gid.
+    """
+
+    def before(self, view: Any, info: Any) -> Any:
+        fields = self.fields(view)
+        record.emit(self.spec.kind or "attn.call", **fields)
+        graphs.enter_layer(fields.get("layer"))
+        return True
+
+    def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
+        graphs.exit_layer()
+
+
 class Dispatch(Handler):
-    """The runner's dispatch decision (mode, key) taken from the return value."""
+    """The runner's dispatch decision: (mode, batch descriptor) or a descriptor with cg_mode."""
 
     def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
         if error is not None:
             return
         fields = self.fields(view)
-        mode, key = (result[0], result[1]) if isinstance(result, tuple) and len(result) >= 2 \
-            else (fields.get("mode"), fields.get("key"))
-        record.emit("dispatch", mode=_mode_name(mode) if not isinstance(mode, str) else mode,
-                    key=plain(key), num_tokens=fields.get("num_tokens"))
+        if isinstance(result, tuple) and len(result) >= 2 and not hasattr(result, "_asdict"):
+            mode, key = result[0], result[1]
+        elif hasattr(result, "cg_mode"):
+            mode, key = result.cg_mode, result
+        else:
+            mode, key = fields.get("mode"), fields.get("key")
+        record.emit("dispatch", mode=mode if isinstance(mode, str) or mode is None
+                    else _mode_name(mode), key=plain(key), num_tokens=fields.get("num_tokens"))
+
+
+class DummyRun(Handler):
+    """A runner's _dummy_run: record it, and mark metadata built inside it as dummy."""
+
+    def before(self, view: Any, info: Any) -> Any:
+        record.emit(self.spec.kind or "runner.dummy_run", **self.fields(view))
+        graphs.enter_dummy_run()
+        return True
+
+    def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
+        graphs.exit_dummy_run()
 
 
 class RankFromArgs(Handler):
@@ -379,7 +488,7 @@ class RankFromArgs(Handler):
     def before(self, view: Any, info: Any) -> Any:
         fields = self.fields(view)
         rank = fields.get("rank")
-        if isinstance(rank, int):
+        if isinstance(rank, int) and rank >= 0:
             world = fields.get("world_size")
             record.set_rank(rank, world if isinstance(world, int) else None)
         return None

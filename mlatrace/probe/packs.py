@@ -19,23 +19,23 @@ A pack::
     shapes.q = "shape(args.q)"       # dotted keys make nested records
     [probe.options]                  # optional, read by the handler
 
-``params`` is the leading part of the target's parameter list the fields rely on:
-a target whose parameters do not start with these names has drifted and is
-skipped (reported once), never guessed.
+``params`` is the leading part of the target's parameter list: a target whose
+parameters do not start with these names has drifted and is skipped (reported
+once), never guessed. Every ``args.<name>`` a field reads must also be a
+parameter of the target (or the target must take ``**kwargs``).
 """
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mlatrace.probe.paths import CallView, PathError, compile_fields
 
-if sys.version_info >= (3, 11):
+try:
     import tomllib
-else:  # pragma: no cover - Python 3.10
+except ImportError:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 WHEN = ("call", "return", "both")
@@ -61,6 +61,7 @@ class ProbeSpec:
     source: str                      # "file:line" of the [[probe]] header
     extract: Any = None              # compiled fields: CallView -> dict
     uses_result: bool = False
+    arg_names: list[str] = field(default_factory=list)   # args.<name> the fields read
 
     @property
     def qualname(self) -> str:
@@ -201,10 +202,7 @@ def load_pack(path: str | Path) -> Pack:
             raise PackError(str(exc)) from None
         if spec.uses_result and when == "call":
             raise PackError(f"{where}: probe {name!r} reads result but has when = \"call\"")
-        for arg_name in _arg_names(fields):
-            if params and arg_name not in params:
-                raise PackError(f"{line_of(index, arg_name, 'args.' + arg_name)}: "
-                                f"args.{arg_name} is not among the declared params")
+        spec.arg_names = sorted(_arg_names(fields))
         pack.probes.append(spec)
     return pack
 

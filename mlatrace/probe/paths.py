@@ -2,10 +2,14 @@
 
 Grammar (no eval, no arbitrary calls):
 
-    expr    := literal | func '(' [expr] ')' | path
+    expr    := term ( '|' term )*          first value that is not None
+    term    := literal | func '(' [expr] ')' | path
     path    := root ( '.' NAME | '[' INT ']' | '[' STRING ']' )*
     root    := 'args' '.' NAME | 'self' | 'result'
-    func    := ptr | shape | len | min | max | sum | dtype | capturing | gid | isnone | notnone
+    func    := ptr | shape | len | min | max | sum | dtype | isnone | notnone
+             | capturing | gid | dummy | layer   (no argument: this thread's capture
+                 state, whether a probed dummy run is under way, the attention layer
+                 whose forward is under way)
     literal := 'text' | "text" | INT | FLOAT | true | false | null
 
 Evaluation never raises for missing data: a missing attribute, key or index, or a
@@ -21,30 +25,32 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from mlatrace.probe import graphs
 
-FUNCS = ("ptr", "shape", "len", "min", "max", "sum", "dtype", "capturing", "gid",
-         "isnone", "notnone")
-_NO_ARG_FUNCS = ("capturing", "gid")
+FUNCS = ("ptr", "shape", "len", "min", "max", "sum", "dtype", "capturing", "gid", "dummy",
+         "layer", "isnone", "notnone")
+_NO_ARG_FUNCS = ("capturing", "gid", "dummy", "layer")
 
 
 class PathError(ValueError):
     """A field expression that does not parse; the message says why."""
 
 
-@dataclass(frozen=True)
 class CallView:
-    """What one probed call exposes to expressions."""
+    """What one probed call exposes to expressions (built on every probed call: slots)."""
 
-    instance: Any
-    args: tuple
-    kwargs: dict
-    positions: dict[str, int]      # declared parameter name -> index into args
-    defaults: dict[str, Any]       # parameter defaults of the real target
-    result: Any = None
+    __slots__ = ("instance", "args", "kwargs", "positions", "defaults", "result")
+
+    def __init__(self, instance: Any, args: tuple, kwargs: dict, positions: dict[str, int],
+                 defaults: dict[str, Any], result: Any = None) -> None:
+        self.instance = instance
+        self.args = args
+        self.kwargs = kwargs
+        self.positions = positions      # parameter name -> index into args
+        self.defaults = defaults        # parameter defaults of the real target
+        self.result = result
 
     def arg(self, name: str) -> Any:
         if name in self.kwargs:
@@ -62,7 +68,7 @@ _TOKEN = re.compile(r"""\s*(?:
   | (?P<int>-?\d+)
   | (?P<str>'[^']*'|"[^"]*")
   | (?P<name>[A-Za-z_][A-Za-z_0-9]*)
-  | (?P<op>[.\[\]()])
+  | (?P<op>[.\[\]()|])
 )""", re.VERBOSE)
 
 
@@ -101,10 +107,29 @@ class _Parser:
     def parse(self) -> Evaluator:
         if not self.tokens:
             raise PathError("empty expression")
-        node = self.expr()
+        node = self.alternatives()
         if self.peek() is not None:
             raise PathError(f"unexpected {self.peek()[1]!r} after the expression")
         return node
+
+    def alternatives(self) -> Evaluator:
+        """a | b | c: the first value that is not None."""
+        options = [self.expr()]
+        while (token := self.peek()) is not None and token[1] == "|":
+            self.i += 1
+            options.append(self.expr())
+        if len(options) == 1:
+            return options[0]
+        choices = tuple(options)
+
+        def first(view: CallView) -> Any:
+            for option in choices:
+                value = option(view)
+                if value is not None:
+                    return value
+            return None
+
+        return first
 
     def expr(self) -> Evaluator:
         kind, value = self.take()
@@ -133,8 +158,9 @@ class _Parser:
         self.take("op", "(")
         if func in _NO_ARG_FUNCS:
             self.take("op", ")")
-            return _capturing if func == "capturing" else _gid
-        inner = self.expr()
+            return {"capturing": _capturing, "gid": _gid, "dummy": _dummy,
+                    "layer": _layer}[func]
+        inner = self.alternatives()
         self.take("op", ")")
         apply = _FUNC_IMPL[func]
         return lambda view: apply(inner(view))
@@ -198,6 +224,14 @@ def _gid(view: CallView) -> int | None:
     return graphs.current_gid()
 
 
+def _dummy(view: CallView) -> bool:
+    return graphs.in_dummy_run()
+
+
+def _layer(view: CallView) -> object:
+    return graphs.current_layer()
+
+
 def _is_tensor(value: Any) -> bool:
     return hasattr(value, "data_ptr") and hasattr(value, "device")
 
@@ -226,10 +260,8 @@ def _shape(value: Any) -> list[int] | None:
     shape = getattr(value, "shape", None)
     if shape is None:
         return None
-    try:
-        return [int(dim) for dim in shape]
-    except Exception:
-        return None
+    # torch.Size and numpy shapes are tuples of Python ints.
+    return list(shape) if isinstance(shape, tuple) else None
 
 
 def _len(value: Any) -> int | None:
@@ -277,9 +309,20 @@ _FUNC_IMPL: dict[str, Callable[[Any], Any]] = {
 }
 
 
+_SCALAR_TYPES = frozenset((type(None), bool, int, float, str))
+
+
 def plain(value: Any) -> Any:
     """A JSON-safe copy of value; tensors and unknown objects become None (never read)."""
-    if value is None or isinstance(value, (bool, int, float, str)):
+    if type(value) in _SCALAR_TYPES:
+        return value
+    if type(value) is list:
+        for item in value:
+            if type(item) not in _SCALAR_TYPES:
+                break
+        else:
+            return value
+    if isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, enum.Enum):
         return value.name
@@ -298,6 +341,9 @@ def plain(value: Any) -> Any:
         return plain(as_dict())     # NamedTuple keys such as vLLM's BatchDescriptor
     if isinstance(value, (list, tuple)):
         return [plain(v) for v in value]
+    fields = getattr(value, "__dataclass_fields__", None)
+    if fields is not None and not isinstance(value, type):
+        return {name: plain(getattr(value, name, None)) for name in fields}
     item = getattr(value, "item", None)
     if item is not None and hasattr(value, "dtype") and getattr(value, "ndim", 1) == 0:
         try:

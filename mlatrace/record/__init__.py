@@ -30,6 +30,7 @@ SCHEMA = "mlatrace/1"
 FLUSH_INTERVAL_S = 0.2
 FLUSH_EVERY_RECORDS = 512
 MAX_PENDING = 200_000
+YIELD_EVERY_RECORDS = 64
 
 _VERSION_PACKAGES = {
     "torch": ("torch",),
@@ -114,6 +115,10 @@ def _json_default(obj: object) -> object:
     return repr(obj)[:200]
 
 
+# Built once: json.dumps with non-default arguments builds an encoder per call.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), default=_json_default)
+
+
 class Recorder:
     """Buffers this process's records and writes them to `<out_dir>/p<pid>.jsonl`."""
 
@@ -152,6 +157,9 @@ class Recorder:
         self._write_lock = threading.Lock()
         self._closed = False
         self._header_written = False
+        # Set once the bootstrap knows the probes; until then the flush thread waits so that
+        # the header (the file's first line) can name them. close() never waits.
+        self._started = threading.Event()
         self.wall_ns = time.time_ns()
         self.t0 = time.perf_counter_ns()
         os.makedirs(out_dir, exist_ok=True)
@@ -307,9 +315,12 @@ class Recorder:
 
     def _write_lines(self, records: list[dict]) -> None:
         lines = []
-        for record in records:
+        encode = _ENCODER.encode
+        for i, record in enumerate(records):
+            if i and not i % YIELD_EVERY_RECORDS:
+                time.sleep(0)  # hand the GIL back: the traced program never waits on encoding
             try:
-                lines.append(json.dumps(record, separators=(",", ":"), default=_json_default))
+                lines.append(encode(record))
             except Exception as exc:  # keep seq so the reader does not see a phantom drop
                 lines.append(json.dumps({"k": "record.error", "t": record.get("t", 0),
                                          "seq": record.get("seq", 0), "tid": record.get("tid", 0),
@@ -320,7 +331,12 @@ class Recorder:
             written = os.write(fd, data)
             data = data[written:]
 
+    def started(self) -> None:
+        """The process set-up is done: the header may be written."""
+        self._started.set()
+
     def _flush_loop(self) -> None:
+        self._started.wait(5.0)
         while not self._closed:
             self._wake.wait(self.flush_interval)
             self._wake.clear()
@@ -372,6 +388,7 @@ def set_probes(names: list[str]) -> None:
     recorder = _recorder
     if recorder is not None:
         recorder.probes = list(names)
+        recorder.started()
 
 
 def note_probe_error() -> None:
@@ -395,13 +412,20 @@ def start(
     ranks: set[int] | None = None,
     replay_sample: int | None = None,
     ppid: int | None = None,
+    hold_header: bool = False,
 ) -> Recorder:
-    """Start recording this process into `out_dir` (replacing any running recorder)."""
+    """Start recording this process into `out_dir` (replacing any running recorder).
+
+    With `hold_header`, the first write waits for `set_probes()` (or 5 s) so the
+    header can list the installed probe packs.
+    """
     global _recorder
     if _recorder is not None:
         _recorder.close("restart")
     _recorder = Recorder(out_dir, run_id=run_id, ranks=ranks, replay_sample=replay_sample,
                          ppid=ppid)
+    if not hold_header:
+        _recorder.started()
     return _recorder
 
 
@@ -419,7 +443,7 @@ def start_from_env() -> Recorder | None:
     if config["disabled"] or not config["out"]:
         return None
     recorder = start(config["out"], run_id=config["run_id"], ranks=config["ranks"],
-                     replay_sample=config["replay_sample"])
+                     replay_sample=config["replay_sample"], hold_header=True)
     global _hooks_registered
     if not _hooks_registered:
         _hooks_registered = True
@@ -438,3 +462,4 @@ def _restart_in_forked_child() -> None:
     _recorder = Recorder(parent.out_dir, run_id=parent.run_id, ppid=parent.pid,
                          ranks=parent.ranks, replay_sample=parent.replay_sample)
     _recorder.probes = list(parent.probes)
+    _recorder.started()

@@ -372,6 +372,21 @@ class CUDAGraphWrapper:
         return entry.output
 
 
+class CudagraphDispatcher:
+    """Picks the runtime mode and batch descriptor of a step, like vLLM's dispatcher."""
+
+    def __init__(self, captured_sizes: Sequence[int], graphs_enabled: bool) -> None:
+        self.captured_sizes = set(captured_sizes)
+        self.graphs_enabled = graphs_enabled
+
+    def dispatch(self, num_tokens: int, uniform_decode: bool = True
+                 ) -> tuple[str, BatchDescriptor]:
+        descriptor = BatchDescriptor(num_tokens=num_tokens, uniform=uniform_decode)
+        if self.graphs_enabled and uniform_decode and num_tokens in self.captured_sizes:
+            return CUDAGraphMode.FULL, descriptor
+        return CUDAGraphMode.NONE, descriptor
+
+
 # ---------------------------------------------------------------------------------------
 # Model and runner
 # ---------------------------------------------------------------------------------------
@@ -486,6 +501,8 @@ class ReferenceModelRunner:
         self.input_hidden = torch.zeros(self.max_num_reqs, config.hidden_size,
                                         dtype=config.dtype, device=self.device)
         self.cudagraph_batch_sizes = sorted(config.batch_sizes)
+        self.cudagraph_dispatcher = CudagraphDispatcher(self.cudagraph_batch_sizes,
+                                                        config.graph_mode != "none")
         self.wrapper: CUDAGraphWrapper | None = None
         if config.graph_mode != "none":
             self.wrapper = CUDAGraphWrapper(
@@ -531,10 +548,7 @@ class ReferenceModelRunner:
         batch = int(hidden_states.shape[0])
         self.input_hidden[:batch].copy_(hidden_states, non_blocking=True)
         attn_metadata = self.attn_metadata_builder.build(seq_lens_cpu)
-        descriptor = BatchDescriptor(num_tokens=batch, uniform=True)
-        mode = CUDAGraphMode.NONE
-        if self.wrapper is not None and batch in self.cudagraph_batch_sizes:
-            mode = CUDAGraphMode.FULL
+        mode, descriptor = self.cudagraph_dispatcher.dispatch(batch, uniform_decode=True)
         with set_forward_context(attn_metadata, descriptor, mode):
             return self._model_callable()(self.input_hidden[:batch])
 

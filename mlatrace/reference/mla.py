@@ -34,10 +34,10 @@ D_ROPE = 64
 KV_ROW = D_LATENT + D_ROPE
 STAGE1_NAME = "_mla_stage1_kernel"
 STAGE2_NAME = "_mla_stage2_kernel"
-BLOCK_S = 32
+BLOCK_S = 64
 """Splits stage 2 loads and reduces at once."""
-BLOCK_DV = 128
-"""Output columns per stage-2 program (512 // 128 = 4 programs per head)."""
+BLOCK_DV = 64
+"""Output columns per stage-2 program (512 // 64 = 8 programs per head)."""
 
 BACKENDS = ("auto", "torch", "triton")
 
@@ -71,6 +71,7 @@ def mla_gluon(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_c: torch.Tensor, o: t
     qlen = 1
     num_splits = policies.num_kv_splits(policy, batch, qlen, nhead, min_kv_seq_len, BLOCK_N)
     device_partition = policies.uses_device_partition(policy)
+    min_tiles = policies.DEVICE_MIN_TILES_PER_SPLIT
     lse_out = torch.empty(batch, nhead, dtype=torch.float32, device=o.device) if return_lse else None
     stage1_grid = (batch, num_splits, policies.head_blocks(nhead))
     common = dict(q_nope=q_nope, q_pe=q_pe, kv_c=kv_c, k_pe=k_pe, page_table=page_table,
@@ -78,7 +79,8 @@ def mla_gluon(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_c: torch.Tensor, o: t
     if num_splits == 1:
         launch_stage1(STAGE1_NAME, stage1_grid, **common, partial_out=None, partial_lse=None,
                       NUM_KV_SPLITS=1, BLOCK_N=BLOCK_N, BLOCK_H=HEAD_BLOCK,
-                      DEVICE_PARTITION=device_partition, backend=backend)
+                      DEVICE_PARTITION=device_partition, MIN_TILES_PER_SPLIT=min_tiles,
+                      backend=backend)
         skip_stage2(STAGE2_NAME, reason="num_kv_splits_is_1")
         return o, lse_out
 
@@ -87,12 +89,14 @@ def mla_gluon(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_c: torch.Tensor, o: t
     partial_lse = torch.empty(batch, num_splits, nhead, dtype=torch.float32, device=o.device)
     launch_stage1(STAGE1_NAME, stage1_grid, **common, partial_out=partial_out,
                   partial_lse=partial_lse, NUM_KV_SPLITS=num_splits, BLOCK_N=BLOCK_N,
-                  BLOCK_H=HEAD_BLOCK, DEVICE_PARTITION=device_partition, backend=backend)
+                  BLOCK_H=HEAD_BLOCK, DEVICE_PARTITION=device_partition,
+                  MIN_TILES_PER_SPLIT=min_tiles, backend=backend)
     stage2_grid = (batch, nhead, D_LATENT // BLOCK_DV)
     launch_stage2(STAGE2_NAME, stage2_grid, partial_out=partial_out, partial_lse=partial_lse,
                   seq_info=seq_info, o=o, lse_out=lse_out, NUM_KV_SPLITS=num_splits,
                   BLOCK_N=BLOCK_N, BLOCK_S=BLOCK_S, BLOCK_DV=BLOCK_DV,
-                  DEVICE_PARTITION=device_partition, backend=backend)
+                  DEVICE_PARTITION=device_partition, MIN_TILES_PER_SPLIT=min_tiles,
+                  backend=backend)
     return o, lse_out
 
 
@@ -111,12 +115,13 @@ def launch_stage1(name: str, grid: tuple[int, int, int], *, q_nope: torch.Tensor
                   o: torch.Tensor, lse_out: torch.Tensor | None,
                   partial_out: torch.Tensor | None, partial_lse: torch.Tensor | None,
                   NUM_KV_SPLITS: int, BLOCK_N: int, BLOCK_H: int, DEVICE_PARTITION: bool,
-                  backend: str) -> None:
+                  MIN_TILES_PER_SPLIT: int, backend: str) -> None:
     """Stage 1 over `grid` = (batch, NUM_KV_SPLITS, head blocks); partials=None writes `o`."""
     args = dict(q_nope=q_nope, q_pe=q_pe, kv_c=kv_c, k_pe=k_pe, page_table=page_table,
                 seq_info=seq_info, sm_scale=sm_scale, o=o, lse_out=lse_out,
                 partial_out=partial_out, partial_lse=partial_lse, num_splits=NUM_KV_SPLITS,
-                block_n=BLOCK_N, device_partition=DEVICE_PARTITION)
+                block_n=BLOCK_N, device_partition=DEVICE_PARTITION,
+                min_tiles=MIN_TILES_PER_SPLIT)
     if backend == "triton":
         from mlatrace.reference import triton_mla
 
@@ -128,11 +133,12 @@ def launch_stage1(name: str, grid: tuple[int, int, int], *, q_nope: torch.Tensor
 def launch_stage2(name: str, grid: tuple[int, int, int], *, partial_out: torch.Tensor,
                   partial_lse: torch.Tensor, seq_info: torch.Tensor, o: torch.Tensor,
                   lse_out: torch.Tensor | None, NUM_KV_SPLITS: int, BLOCK_N: int, BLOCK_S: int,
-                  BLOCK_DV: int, DEVICE_PARTITION: bool, backend: str) -> None:
+                  BLOCK_DV: int, DEVICE_PARTITION: bool, MIN_TILES_PER_SPLIT: int,
+                  backend: str) -> None:
     """Stage 2 over `grid` = (batch, nhead, 512 // BLOCK_DV): LSE-weighted merge of splits."""
     args = dict(partial_out=partial_out, partial_lse=partial_lse, seq_info=seq_info, o=o,
                 lse_out=lse_out, num_splits=NUM_KV_SPLITS, block_n=BLOCK_N,
-                device_partition=DEVICE_PARTITION)
+                device_partition=DEVICE_PARTITION, min_tiles=MIN_TILES_PER_SPLIT)
     if backend == "triton":
         from mlatrace.reference import triton_mla
 
@@ -153,7 +159,8 @@ def skip_stage2(name: str, reason: str) -> None:
 
 
 def split_bounds(seq_len: torch.Tensor, num_splits: int, block_n: int,
-                 device_partition: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 device_partition: bool, min_tiles: int = 1,
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-sequence (chunk, active splits, seq_len) as int64 tensors, computed on the device.
 
     Mirrors `policies.kv_split_range` (static chunk = cdiv(len, splits)) and
@@ -165,28 +172,57 @@ def split_bounds(seq_len: torch.Tensor, num_splits: int, block_n: int,
         return chunk, torch.full_like(seq_len, num_splits), seq_len
     tiles = ((seq_len + block_n - 1) // block_n).clamp(min=1)
     tiles_per_split = (tiles + tiles.clamp(max=num_splits) - 1) // tiles.clamp(max=num_splits)
+    tiles_per_split = tiles_per_split.clamp(min=min_tiles)
     active = (tiles + tiles_per_split - 1) // tiles_per_split
     return tiles_per_split * block_n, active, seq_len
 
 
-def max_chunk(max_pages: int, num_splits: int, block_n: int, device_partition: bool) -> int:
+def used_splits(seq_info: torch.Tensor, num_splits: int, block_n: int, device_partition: bool,
+                min_tiles: int = 1) -> int:
+    """Splits the torch stages compute: all on CUDA (no host read of seq_info), on the CPU
+    only up to the longest sequence's non-empty ones (the rest are empty: LSE -inf)."""
+    if seq_info.is_cuda:
+        return num_splits
+    lengths = [int(n) for n in seq_info.tolist()]
+    return max([nonempty_splits(n, num_splits, block_n, device_partition, min_tiles)
+                for n in lengths] + [1])
+
+
+def nonempty_splits(seq_len: int, num_splits: int, block_n: int, device_partition: bool,
+                    min_tiles: int = 1) -> int:
+    """How many splits own at least one KV position (host integers)."""
+    if device_partition:
+        return policies.device_partition(seq_len, num_splits, block_n, min_tiles)[0]
+    return policies.cdiv(seq_len, policies.cdiv(seq_len, num_splits)) if seq_len else 0
+
+
+def max_chunk(max_pages: int, num_splits: int, block_n: int, device_partition: bool,
+              min_tiles: int = 1) -> int:
     """Host upper bound on any split's length for sequences of at most `max_pages` tokens."""
     if not device_partition:
         return max(1, policies.cdiv(max_pages, num_splits))
-    return max(1, policies.cdiv(policies.cdiv(max_pages, block_n), num_splits)) * block_n
+    tiles = max(1, policies.cdiv(policies.cdiv(max_pages, block_n), num_splits), min_tiles)
+    return tiles * block_n
 
 
 def stage1_torch(*, q_nope: torch.Tensor, q_pe: torch.Tensor, kv_c: torch.Tensor,
                  k_pe: torch.Tensor, page_table: torch.Tensor, seq_info: torch.Tensor,
                  sm_scale: float, o: torch.Tensor, lse_out: torch.Tensor | None,
                  partial_out: torch.Tensor | None, partial_lse: torch.Tensor | None,
-                 num_splits: int, block_n: int, device_partition: bool) -> None:
+                 num_splits: int, block_n: int, device_partition: bool,
+                 min_tiles: int) -> None:
     """Every split's softmax-weighted latent sum and LSE at once, in float32."""
     batch, nhead, _ = q_nope.shape
     dev = q_nope.device
-    chunk, active, seq_len = split_bounds(seq_info, num_splits, block_n, device_partition)
-    width = max_chunk(page_table.shape[1], num_splits, block_n, device_partition)
-    split_ids = torch.arange(num_splits, device=dev)
+    chunk, active, seq_len = split_bounds(seq_info, num_splits, block_n, device_partition,
+                                          min_tiles)
+    width = max_chunk(page_table.shape[1], num_splits, block_n, device_partition, min_tiles)
+    used = used_splits(seq_info, num_splits, block_n, device_partition, min_tiles)
+    if not seq_info.is_cuda:
+        # A CPU "kernel" may read its own inputs: trim the padding, same result, less work.
+        longest = max([int(n) for n in seq_info.tolist()] + [0])
+        width = min(width, max_chunk(longest, num_splits, block_n, device_partition, min_tiles))
+    split_ids = torch.arange(used, device=dev)
     offs = torch.arange(width, device=dev)
     # pos[b, s, c]: the KV position of column c in split s; valid inside the split's range.
     start = split_ids[None, :] * chunk[:, None]
@@ -195,7 +231,7 @@ def stage1_torch(*, q_nope: torch.Tensor, q_pe: torch.Tensor, kv_c: torch.Tensor
     valid = (pos < end[:, :, None]) & (split_ids[None, :, None] < active[:, None, None])
     pos = pos.clamp(max=page_table.shape[1] - 1)
     slots = torch.gather(page_table.to(torch.int64), 1, pos.reshape(batch, -1))
-    slots = slots.clamp(0, kv_c.shape[0] - 1).reshape(batch, num_splits, width)
+    slots = slots.clamp(0, kv_c.shape[0] - 1).reshape(batch, used, width)
     latent = kv_c[:, :D_LATENT][slots].float()              # [b, s, c, 512]
     rope = k_pe[slots].float()                                # [b, s, c, 64]
     scores = (torch.einsum("bhd,bscd->bshc", q_nope.float(), latent)
@@ -216,8 +252,8 @@ def stage1_torch(*, q_nope: torch.Tensor, q_pe: torch.Tensor, kv_c: torch.Tensor
         if lse_out is not None:
             lse_out.copy_(part_lse[:, 0])
         return
-    partial_out.copy_(part)
-    partial_lse.copy_(part_lse)
+    partial_out[:, :used].copy_(part)
+    partial_lse[:, :used].copy_(part_lse)
     if device_partition:
         # One active split: stage 1 owns the output and stage 2 leaves it alone.
         single = (active == 1)[:, None]
@@ -228,18 +264,23 @@ def stage1_torch(*, q_nope: torch.Tensor, q_pe: torch.Tensor, kv_c: torch.Tensor
 
 def stage2_torch(*, partial_out: torch.Tensor, partial_lse: torch.Tensor,
                  seq_info: torch.Tensor, o: torch.Tensor, lse_out: torch.Tensor | None,
-                 num_splits: int, block_n: int, device_partition: bool) -> None:
-    """LSE-weighted merge of the (active) splits into `o`."""
-    _, active, _ = split_bounds(seq_info, num_splits, block_n, device_partition)
-    in_use = torch.arange(num_splits, device=o.device)[None, :] < active[:, None]   # [b, s]
+                 num_splits: int, block_n: int, device_partition: bool,
+                 min_tiles: int) -> None:
+    """LSE-weighted merge of the (active) splits into `o`.
+
+    Reads only the splits stage 1 wrote (`used_splits`); splits past a sequence's active
+    count get weight 0 and finite partials (torch stage 1 writes every used split).
+    """
+    _, active, _ = split_bounds(seq_info, num_splits, block_n, device_partition, min_tiles)
+    used = used_splits(seq_info, num_splits, block_n, device_partition, min_tiles)
+    partial_out, partial_lse = partial_out[:, :used], partial_lse[:, :used]
+    in_use = torch.arange(used, device=o.device)[None, :] < active[:, None]         # [b, s]
     lse = partial_lse.masked_fill(~in_use[:, :, None], float("-inf"))
     top = lse.amax(dim=1)                                                           # [b, h]
     safe_top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
     weight = torch.exp(lse - safe_top[:, None, :])                                  # [b, s, h]
     total = weight.sum(dim=1)
-    merged = torch.einsum("bsh,bshd->bhd", weight,
-                          torch.where(in_use[:, :, None, None], partial_out,
-                                      torch.zeros_like(partial_out)))
+    merged = torch.einsum("bsh,bshd->bhd", weight, partial_out)
     merged = torch.where(total[..., None] > 0, merged / total.clamp(min=1e-30)[..., None],
                          torch.zeros_like(merged))
     merged_lse = torch.where(total > 0, safe_top + torch.log(total.clamp(min=1e-30)),

@@ -33,7 +33,10 @@ LEGACY_PROGRAM_BUDGET = 256
 DEVICE_PROGRAM_BUDGET = 256
 """Stage-1 programs the `device` policy launches per step (about 2 per H200 SM)."""
 
-MAX_KV_SPLITS = 256
+DEVICE_MIN_TILES_PER_SPLIT = 1
+"""Smallest chunk, in BLOCK_N tiles, the `device` partition gives one split."""
+
+MAX_KV_SPLITS = 512
 """Upper bound on splits any policy returns (sizes the stage-2 workspace)."""
 
 BUCKETS = ((64, 1), (4096, 16), (16384, 48), (65536, 64))
@@ -114,23 +117,24 @@ def kv_split_range(seq_len: int, split: int, num_splits: int) -> tuple[int, int]
     return start, min(start + chunk, seq_len)
 
 
-def device_partition(seq_len: int, num_splits: int, block_n: int = BLOCK_N) -> tuple[int, int]:
+def device_partition(seq_len: int, num_splits: int, block_n: int = BLOCK_N,
+                     min_tiles: int = DEVICE_MIN_TILES_PER_SPLIT) -> tuple[int, int]:
     """(active splits, chunk) of the `device` policy for one sequence.
 
-    Chunks are whole tiles, and the active count is the number of non-empty chunks:
-    splits at or beyond it exit at once and stage 2 never reads them. One active
-    split means stage 1 writes the output directly and stage 2 exits.
+    Chunks are whole tiles (at least `min_tiles`), and the active count is the number of
+    non-empty chunks: splits at or beyond it exit at once and stage 2 never reads them.
+    One active split means stage 1 writes the output directly and stage 2 exits.
     """
     tiles = max(1, cdiv(seq_len, block_n))
-    tiles_per_split = cdiv(tiles, min(num_splits, tiles))
+    tiles_per_split = max(min_tiles, cdiv(tiles, min(num_splits, tiles)))
     chunk = tiles_per_split * block_n
     return cdiv(tiles, tiles_per_split), chunk
 
 
-def device_split_range(seq_len: int, split: int, num_splits: int,
-                       block_n: int = BLOCK_N) -> tuple[int, int]:
+def device_split_range(seq_len: int, split: int, num_splits: int, block_n: int = BLOCK_N,
+                       min_tiles: int = DEVICE_MIN_TILES_PER_SPLIT) -> tuple[int, int]:
     """KV positions [start, end) of `split` under the `device` partition (empty if inactive)."""
-    active, chunk = device_partition(seq_len, num_splits, block_n)
+    active, chunk = device_partition(seq_len, num_splits, block_n, min_tiles)
     if split >= active:
         return seq_len, seq_len
     start = split * chunk

@@ -146,6 +146,11 @@ def main(argv: list[str] | None = None) -> int:
               f"capture_len={args.capture_len}")
         if args.graph == "none":
             print("eager: no graph captured")
+        elif args.graph == "breakable":
+            capture = runner.captured_entry(args.batch).capture
+            print(f"captured batch size {args.batch} in {capture_s:.2f} s as "
+                  f"{capture.num_graphs} graph segments + {capture.num_eager_breaks} eager MLA "
+                  f"calls (split count chosen every step)")
         else:
             print(f"captured batch size {args.batch} in {capture_s:.2f} s; "
                   f"NUM_KV_SPLITS frozen per layer: {frozen}")

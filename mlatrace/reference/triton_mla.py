@@ -25,10 +25,11 @@ STAGE2_WARPS = 4
 
 
 @triton.jit
-def _device_partition(seq_len, NUM_KV_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+def _device_partition(seq_len, NUM_KV_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
+                      MIN_TILES: tl.constexpr):
     """(active splits, chunk) of the device policy; same integers as policies.device_partition."""
     tiles = tl.maximum(tl.cdiv(seq_len, BLOCK_N), 1)
-    tiles_per_split = tl.cdiv(tiles, tl.minimum(tiles, NUM_KV_SPLITS))
+    tiles_per_split = tl.maximum(tl.cdiv(tiles, tl.minimum(tiles, NUM_KV_SPLITS)), MIN_TILES)
     return tl.cdiv(tiles, tiles_per_split), tiles_per_split * BLOCK_N
 
 
@@ -41,7 +42,7 @@ def _mla_stage1_kernel(
     nhead,
     NUM_KV_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
     D_LATENT: tl.constexpr, D_ROPE: tl.constexpr, DEVICE_PARTITION: tl.constexpr,
-    DIRECT_OUTPUT: tl.constexpr, RETURN_LSE: tl.constexpr, IEEE_DOT: tl.constexpr,
+    MIN_TILES: tl.constexpr, DIRECT_OUTPUT: tl.constexpr, RETURN_LSE: tl.constexpr, DOT_MODE: tl.constexpr,
 ):
     """One (batch, split, head block): online softmax over the split's KV range."""
     b = tl.program_id(0)
@@ -49,7 +50,7 @@ def _mla_stage1_kernel(
     hblock = tl.program_id(2)
     seq_len = tl.load(seq_info + b)
     if DEVICE_PARTITION:
-        active, chunk = _device_partition(seq_len, NUM_KV_SPLITS, BLOCK_N)
+        active, chunk = _device_partition(seq_len, NUM_KV_SPLITS, BLOCK_N, MIN_TILES)
     else:
         active = NUM_KV_SPLITS
         chunk = tl.cdiv(seq_len, NUM_KV_SPLITS)
@@ -79,11 +80,14 @@ def _mla_stage1_kernel(
                              mask=row_ok[:, None], other=0.0)
             rope = tl.load(k_pe + slots[:, None] * stride_kpe + offs_r[None, :],
                            mask=row_ok[:, None], other=0.0)
-            if IEEE_DOT:
+            if DOT_MODE == 1:
                 latent = latent.to(tl.float32)
                 qk = tl.dot(qn.to(tl.float32), tl.trans(latent), input_precision="ieee")
                 qk += tl.dot(qp.to(tl.float32), tl.trans(rope.to(tl.float32)),
                              input_precision="ieee")
+            elif DOT_MODE == 2:
+                qk = tl.dot(qn, tl.trans(latent), input_precision="tf32x3")
+                qk += tl.dot(qp, tl.trans(rope), input_precision="tf32x3")
             else:
                 qk = tl.dot(qn, tl.trans(latent))
                 qk += tl.dot(qp, tl.trans(rope))
@@ -92,8 +96,10 @@ def _mla_stage1_kernel(
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(qk - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            if IEEE_DOT:
+            if DOT_MODE == 1:
                 pv = tl.dot(p, latent, input_precision="ieee")
+            elif DOT_MODE == 2:
+                pv = tl.dot(p, latent, input_precision="tf32x3")
             else:
                 pv = tl.dot(p.to(latent.dtype), latent)
             acc = acc * alpha[:, None] + pv
@@ -128,7 +134,8 @@ def _mla_stage2_kernel(
     stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s, stride_o_b, stride_o_h,
     nhead,
     NUM_KV_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
-    BLOCK_DV: tl.constexpr, DEVICE_PARTITION: tl.constexpr, RETURN_LSE: tl.constexpr,
+    BLOCK_DV: tl.constexpr, DEVICE_PARTITION: tl.constexpr, MIN_TILES: tl.constexpr,
+    RETURN_LSE: tl.constexpr,
 ):
     """One (batch, head, column block): LSE-weighted merge, BLOCK_S splits per load."""
     b = tl.program_id(0)
@@ -136,7 +143,7 @@ def _mla_stage2_kernel(
     dblock = tl.program_id(2)
     if DEVICE_PARTITION:
         seq_len = tl.load(seq_info + b)
-        active, _ = _device_partition(seq_len, NUM_KV_SPLITS, BLOCK_N)
+        active, _ = _device_partition(seq_len, NUM_KV_SPLITS, BLOCK_N, MIN_TILES)
     else:
         active = NUM_KV_SPLITS
     # With one active split stage 1 already wrote o (device partition only).
@@ -175,9 +182,13 @@ def _mla_stage2_kernel(
                 tl.store(lse_out + b * nhead + h, lse_all)
 
 
-def ieee_dot(kv_c: torch.Tensor) -> bool:
-    """float32 products for fp32 caches, and on the CPU interpreter (its bf16 tl.dot is wrong)."""
-    return kv_c.dtype == torch.float32 or not kv_c.is_cuda
+def dot_mode(cache: torch.Tensor) -> int:
+    """0: native dot (bf16/fp16 operands on the GPU); 1: float32 'ieee' products (the CPU
+    interpreter, whose bf16 tl.dot is wrong); 2: 'tf32x3' for float32 caches on the GPU
+    (near-fp32 accuracy on the tensor cores; 'ieee' there spills the [16, 512] tiles)."""
+    if not cache.is_cuda:
+        return 1
+    return 2 if cache.dtype == torch.float32 else 0
 
 
 def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tensor,
@@ -185,7 +196,7 @@ def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tens
            seq_info: torch.Tensor, sm_scale: float, o: torch.Tensor,
            lse_out: torch.Tensor | None, partial_out: torch.Tensor | None,
            partial_lse: torch.Tensor | None, num_splits: int, block_n: int,
-           device_partition: bool, block_h: int) -> None:
+           device_partition: bool, min_tiles: int, block_h: int) -> None:
     """Launch stage 1 on grid (batch, NUM_KV_SPLITS, cdiv(nhead, BLOCK_H))."""
     for t in (q_nope, q_pe, o):
         assert t.stride(-1) == 1, "last dim must be contiguous"
@@ -205,8 +216,8 @@ def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tens
         q_nope.shape[1],
         NUM_KV_SPLITS=num_splits, BLOCK_N=block_n, BLOCK_H=block_h,
         D_LATENT=D_LATENT, D_ROPE=D_ROPE, DEVICE_PARTITION=device_partition,
-        DIRECT_OUTPUT=direct, RETURN_LSE=lse_out is not None,
-        IEEE_DOT=ieee_dot(kv_c),
+        MIN_TILES=min_tiles, DIRECT_OUTPUT=direct, RETURN_LSE=lse_out is not None,
+        DOT_MODE=dot_mode(kv_c),
         num_warps=STAGE1_WARPS, num_stages=STAGE1_STAGES,
     )
 
@@ -214,7 +225,7 @@ def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tens
 def stage2(grid: tuple[int, int, int], *, partial_out: torch.Tensor,
            partial_lse: torch.Tensor, seq_info: torch.Tensor, o: torch.Tensor,
            lse_out: torch.Tensor | None, num_splits: int, block_n: int,
-           device_partition: bool, block_s: int, block_dv: int) -> None:
+           device_partition: bool, min_tiles: int, block_s: int, block_dv: int) -> None:
     """Launch stage 2 on grid (batch, nhead, 512 // BLOCK_DV)."""
     assert o.stride(-1) == 1 and partial_out.stride(-1) == 1
     _mla_stage2_kernel[grid](
@@ -223,6 +234,6 @@ def stage2(grid: tuple[int, int, int], *, partial_out: torch.Tensor,
         partial_lse.stride(0), partial_lse.stride(1), o.stride(0), o.stride(1),
         o.shape[1],
         NUM_KV_SPLITS=num_splits, BLOCK_N=block_n, BLOCK_S=block_s, BLOCK_DV=block_dv,
-        DEVICE_PARTITION=device_partition, RETURN_LSE=lse_out is not None,
-        num_warps=STAGE2_WARPS,
+        DEVICE_PARTITION=device_partition, MIN_TILES=min_tiles,
+        RETURN_LSE=lse_out is not None, num_warps=STAGE2_WARPS,
     )

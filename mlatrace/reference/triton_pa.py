@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from mlatrace.reference.triton_mla import dot_mode
+
 PA_WARPS = 4
 
 
@@ -22,7 +24,7 @@ def _paged_attention_v1_kernel(
     stride_kc_b, stride_kc_h, stride_kc_t, stride_vc_b, stride_vc_h, stride_vc_t,
     stride_bt_s,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    HEAD_SIZE: tl.constexpr, IEEE_DOT: tl.constexpr,
+    HEAD_SIZE: tl.constexpr, DOT_MODE: tl.constexpr,
 ):
     """Online softmax over the sequence's blocks, for the GROUP query heads of one KV head."""
     seq = tl.program_id(0)
@@ -49,9 +51,11 @@ def _paged_attention_v1_kernel(
                     + offs_t[:, None] * stride_kc_t + offs_d[None, :])
         v = tl.load(value_cache + phys * stride_vc_b + kv_head * stride_vc_h
                     + offs_t[:, None] * stride_vc_t + offs_d[None, :])
-        if IEEE_DOT:
+        if DOT_MODE == 1:
             v = v.to(tl.float32)
             qk = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+        elif DOT_MODE == 2:
+            qk = tl.dot(q, tl.trans(k), input_precision="tf32x3")
         else:
             qk = tl.dot(q, tl.trans(k))
         qk = tl.where(tok_ok[None, :], qk * qk_scale, float("-inf"))
@@ -59,8 +63,10 @@ def _paged_attention_v1_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        if IEEE_DOT:
+        if DOT_MODE == 1:
             pv = tl.dot(p, v, input_precision="ieee")
+        elif DOT_MODE == 2:
+            pv = tl.dot(p, v, input_precision="tf32x3")
         else:
             pv = tl.dot(p.to(v.dtype), v)
         acc = acc * alpha[:, None] + pv
@@ -91,6 +97,6 @@ def paged_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Ten
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         block_tables.stride(0),
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size,
-        HEAD_SIZE=head_size, IEEE_DOT=key_cache.dtype == torch.float32 or not key_cache.is_cuda,
+        HEAD_SIZE=head_size, DOT_MODE=dot_mode(key_cache),
         num_warps=PA_WARPS,
     )

@@ -80,9 +80,35 @@ def resolve(target: str) -> tuple[object | None, str]:
     return obj, ""
 
 
+def source_signature(target: str) -> str | None:
+    """The def line of module:Class.method read from source (for modules that don't import here)."""
+    import vllm
+
+    mod_name, qual = target.split(":")
+    base = Path(vllm.__file__).parent.joinpath(*mod_name.split(".")[1:])
+    path = base.with_suffix(".py") if base.with_suffix(".py").exists() else base / "__init__.py"
+    if not path.exists():
+        return None
+    node: ast.AST = ast.parse(path.read_text(errors="replace"))
+    for part in qual.split("."):
+        body = getattr(node, "body", [])
+        match = [n for n in body if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                 and n.name == part]
+        if not match:
+            return None
+        node = match[0]
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    ret = f" -> {ast.unparse(node.returns)}" if node.returns else ""
+    return f"({ast.unparse(node.args)}){ret} — source `{path.name}:{node.lineno}`"
+
+
 def describe(target: str) -> str:
     obj, err = resolve(target)
     if obj is None:
+        src = source_signature(target) if err.startswith("import failed") else None
+        if src:
+            return f"- `{target}{src}` (from source; {err})"
         return f"- `{target}`: **{err}**"
     try:
         sig = str(inspect.signature(obj))  # type: ignore[arg-type]

@@ -23,9 +23,19 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 PY="$VENV/bin/python"
 
 link_mlatrace() {
-    local site
+    # The .pth puts this clone on sys.path; the dist-info lets importlib.metadata
+    # (click's --version, probes doctor) see mlatrace; bin/mlatrace is the CLI.
+    local site version
     site="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    version="$(sed -n 's/^__version__ = "\(.*\)"/\1/p' "$REPO/mlatrace/__init__.py")"
     echo "$REPO" > "$site/mlatrace-e2e.pth"
+    rm -rf "$site"/mlatrace-*.dist-info
+    mkdir -p "$site/mlatrace-$version.dist-info"
+    printf 'Metadata-Version: 2.1\nName: mlatrace\nVersion: %s\nSummary: linked from %s by tests/e2e_vllm/setup_env.sh\n' \
+        "$version" "$REPO" > "$site/mlatrace-$version.dist-info/METADATA"
+    : > "$site/mlatrace-$version.dist-info/RECORD"
+    printf '#!%s\nimport sys\nfrom mlatrace.cli import main\nsys.exit(main())\n' "$PY" > "$VENV/bin/mlatrace"
+    chmod +x "$VENV/bin/mlatrace"
 }
 
 check() {
@@ -38,10 +48,10 @@ assert "cpu" in md.version("vllm")
 PY
 }
 
+# Point an existing venv at this clone first (CI clones elsewhere), then test it.
 if [ -x "$PY" ]; then link_mlatrace 2>/dev/null || true; fi
 if check; then
     echo "setup_env: reusing $VENV"
-    link_mlatrace  # CI clones elsewhere: point the venv at this clone
     exit 0
 fi
 

@@ -1,0 +1,445 @@
+"""`mlatrace bench splits`: MLA decode latency by KV length and split policy, from CUDA graphs.
+
+For each KV length, each policy's `mla_gluon` call is captured in a torch.cuda.CUDAGraph
+the way a serving engine would capture it, then replayed at the real length:
+
+- legacy@1: AITER's legacy host policy captured at vLLM's dummy `min_kv_seq_len=1`
+  (one split frozen: seed 002's bug);
+- fixed128: the seed's first workaround, 128 splits whatever the length;
+- bucketed: the seed's buckets, captured with the real length as hint (one graph per bucket);
+- device: fixed launch budget, active splits chosen on the device (captured once).
+
+A best-split sweep (fixed S in 1, 2, 4, ..., 256) gives the best tuned split per length,
+and a large device-to-device copy gives the measured read ceiling from the same run.
+Each graph holds one call per rotated input set (enough sets to overflow L2), replays are
+timed with CUDA events behind a sleep kernel (so launch gaps stay out), and the median
+replay is divided by the calls in it. Writes splits.md, splits.json and splits.png to --out.
+
+Run: `mlatrace bench splits --out DIR [--quick]` or `python3 -m mlatrace.bench.splits_bench --out DIR`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+LENGTHS = (1, 64, 512, 1024, 4096, 8192, 16384, 32768, 65536, 100_000)
+QUICK_LENGTHS = (1, 4096, 100_000)
+SWEEP = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+QUICK_SWEEP = (1, 16, 128, 256)
+COLUMNS = {  # name: (policy, capture hint from the real length)
+    "legacy@1": ("legacy", lambda n: 1),
+    "fixed128": ("fixed:128", lambda n: n),
+    "bucketed": ("bucketed", lambda n: n),
+    "device": ("device", lambda n: 1),
+}
+NHEAD = 16                      # Kimi-K3 TP8-like small-head decode
+ROTATION_BYTES = 200 << 20      # rotate input sets until this much data (> L2) is touched
+MAX_SETS = 16
+KV_ROW_BYTES = 576 * 2          # bf16 latent + rope per token
+TUNE_BUDGETS = (132, 192, 256, 264, 396)
+TUNE_CONFIGS = ((4, 2), (8, 2), (4, 3), (4, 1))   # (num_warps, num_stages) of stage 1
+TUNE_MIN_TILES = (1, 2, 4)
+TUNE_MIN_TILES_LENGTHS = (1024, 4096, 16384)
+
+
+@dataclass
+class Config:
+    lengths: tuple[int, ...]
+    sweep: tuple[int, ...]
+    min_replays: int
+    max_replays: int
+    seconds_per_point: float
+    tune: bool
+    nhead: int = NHEAD
+    device: str = "cuda"
+
+
+@dataclass
+class Results:
+    gpu: dict = field(default_factory=dict)
+    read_ceiling_bytes_per_s: float = 0.0
+    rows: list[dict] = field(default_factory=list)
+    tuning: list[dict] = field(default_factory=list)
+    min_tiles: list[dict] = field(default_factory=list)
+    stages_100k: dict = field(default_factory=dict)
+    config: dict = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------------------
+# inputs and timing
+# ----------------------------------------------------------------------------------------
+
+
+def make_sets(length: int, nhead: int, device: str, num_sets: int | None = None) -> list[dict]:
+    """Random bf16 inputs with a scattered (permuted) page table, one dict per rotation set."""
+    import torch
+
+    set_bytes = (length + 64) * KV_ROW_BYTES + nhead * 576 * 2 * 2
+    if num_sets is None:
+        num_sets = max(2, min(MAX_SETS, math.ceil(ROTATION_BYTES / set_bytes)))
+    sets = []
+    for _ in range(num_sets):
+        num_slots = length + 64
+        sets.append(dict(
+            q_nope=torch.randn(1, nhead, 512, device=device).to(torch.bfloat16),
+            q_pe=torch.randn(1, nhead, 64, device=device).to(torch.bfloat16),
+            kv_c=torch.randn(num_slots, 576, device=device).to(torch.bfloat16),
+            page_table=torch.randperm(num_slots, device=device)[:length + 1]
+            .to(torch.int32).reshape(1, -1),
+            seq_info=torch.tensor([length], dtype=torch.int32, device=device),
+            o=torch.empty(1, nhead, 512, dtype=torch.bfloat16, device=device),
+        ))
+    return sets
+
+
+def mla_calls(sets: list[dict], policy: str, hint: int, backend: str) -> list[Callable[[], None]]:
+    """One zero-argument `mla_gluon` call per input set (what one graph holds)."""
+    from mlatrace.reference.mla import mla_gluon
+
+    scale = 1.0 / math.sqrt(576)
+
+    def call(s: dict) -> Callable[[], None]:
+        return lambda: mla_gluon(s["q_nope"], s["q_pe"], s["kv_c"], s["o"], s["page_table"],
+                                 s["seq_info"], scale, min_kv_seq_len=hint, policy=policy,
+                                 backend=backend)
+    return [call(s) for s in sets]
+
+
+class Timer:
+    """Captures calls into one CUDA graph and times its replays (CPU: plain calls, wall clock)."""
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.cuda = cfg.device == "cuda"
+
+    def per_call_us(self, calls: list[Callable[[], None]]) -> dict:
+        import torch
+
+        for c in calls:                       # compile and warm up outside the capture
+            c()
+        if not self.cuda:
+            start = time.perf_counter()
+            for _ in range(self.cfg.min_replays):
+                for c in calls:
+                    c()
+            us = (time.perf_counter() - start) / self.cfg.min_replays / len(calls) * 1e6
+            return dict(us=us, p10=us, p90=us, replays=self.cfg.min_replays, calls=len(calls))
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for c in calls:
+                c()
+        graph.replay()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(3):
+            graph.replay()
+        torch.cuda.synchronize()
+        estimate = max((time.perf_counter() - t0) / 3, 1e-6)
+        replays = int(min(self.cfg.max_replays,
+                          max(self.cfg.min_replays, self.cfg.seconds_per_point / estimate)))
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+        # Keep the GPU busy while the host enqueues, so host launch gaps are not timed.
+        sleep_s = min(0.05, replays * 40e-6)
+        if hasattr(torch.cuda, "_sleep"):
+            torch.cuda._sleep(int(sleep_s * 2e9))
+        for i in range(replays):
+            starts[i].record()
+            graph.replay()
+            ends[i].record()
+        torch.cuda.synchronize()
+        times = sorted(s.elapsed_time(e) * 1000 / len(calls) for s, e in zip(starts, ends, strict=True))
+        del graph
+        return dict(us=statistics.median(times), p10=times[len(times) // 10],
+                    p90=times[(len(times) * 9) // 10], replays=replays, calls=len(calls))
+
+
+def read_ceiling(device: str) -> float:
+    """Bytes read plus written per second of a large device-to-device copy (median of 20)."""
+    import torch
+
+    if device != "cuda":
+        return 0.0
+    nbytes = 1 << 30
+    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    times = []
+    for _ in range(20):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1000)
+    del src, dst
+    return 2 * nbytes / statistics.median(times)
+
+
+def mla_bytes(length: int, nhead: int) -> int:
+    """Fewest bytes one call must move: KV rows + page-table entries read, q read, o written."""
+    return length * (KV_ROW_BYTES + 4) + nhead * 576 * 2 + nhead * 512 * 2
+
+
+# ----------------------------------------------------------------------------------------
+# the benchmark
+# ----------------------------------------------------------------------------------------
+
+
+def run_bench(cfg: Config, out: Path | None = None, log: Callable[[str], None] = print) -> Results:
+    """All measurements; writes splits.json after every length when `out` is given."""
+    import torch
+
+    backend = "triton" if cfg.device == "cuda" else "torch"
+    res = Results(config={k: v for k, v in asdict(cfg).items()})
+    if cfg.device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        res.gpu = dict(name=props.name, sms=props.multi_processor_count,
+                       l2_bytes=getattr(props, "L2_cache_size", None),
+                       torch=torch.__version__, triton=_triton_version())
+    res.read_ceiling_bytes_per_s = read_ceiling(cfg.device)
+    log(f"read ceiling (1 GiB copy, read+write): {res.read_ceiling_bytes_per_s / 1e12:.2f} TB/s")
+    timer = Timer(cfg)
+    for length in cfg.lengths:
+        torch.manual_seed(length)
+        sets = make_sets(length, cfg.nhead, cfg.device)
+        row: dict = dict(length=length, sets=len(sets), columns={}, sweep={})
+        for name, (policy, hint_of) in COLUMNS.items():
+            row["columns"][name] = timer.per_call_us(mla_calls(sets, policy, hint_of(length),
+                                                               backend))
+        for splits in cfg.sweep:
+            row["sweep"][splits] = timer.per_call_us(mla_calls(sets, f"fixed:{splits}", length,
+                                                               backend))
+        best_splits = min(row["sweep"], key=lambda s: row["sweep"][s]["us"])
+        row["best_splits"] = best_splits
+        row["best_us"] = row["sweep"][best_splits]["us"]
+        row["one_split_us"] = row["sweep"].get(1, row["columns"]["legacy@1"])["us"]
+        row["device_over_best"] = row["columns"]["device"]["us"] / row["best_us"]
+        row["device_over_one_split"] = row["columns"]["device"]["us"] / row["one_split_us"]
+        row["bytes"] = mla_bytes(length, cfg.nhead)
+        row["device_bytes_per_s"] = row["bytes"] / (row["columns"]["device"]["us"] * 1e-6)
+        row["best_bytes_per_s"] = row["bytes"] / (row["best_us"] * 1e-6)
+        res.rows.append(row)
+        log(_row_line(row, res.read_ceiling_bytes_per_s))
+        del sets
+        if out is not None:
+            _write_json(out, res)
+    if cfg.tune and cfg.device == "cuda":
+        tune(cfg, timer, res, log)
+        if out is not None:
+            _write_json(out, res)
+    if cfg.device == "cuda":
+        res.stages_100k = stage_breakdown(cfg, timer, max(cfg.lengths), log)
+    return res
+
+
+def tune(cfg: Config, timer: Timer, res: Results, log: Callable[[str], None]) -> None:
+    """Device policy at the longest length by launch budget x stage-1 (warps, stages); and
+    its smallest chunk (min tiles per split) at mid lengths. Restores every knob after."""
+    from mlatrace.reference import policies, triton_mla
+
+    length = max(cfg.lengths)
+    sets = make_sets(length, cfg.nhead, cfg.device)
+    saved = (policies.DEVICE_PROGRAM_BUDGET, triton_mla.STAGE1_WARPS, triton_mla.STAGE1_STAGES,
+             policies.DEVICE_MIN_TILES_PER_SPLIT)
+    try:
+        for budget in TUNE_BUDGETS:
+            for warps, stages in TUNE_CONFIGS:
+                policies.DEVICE_PROGRAM_BUDGET = budget
+                triton_mla.STAGE1_WARPS, triton_mla.STAGE1_STAGES = warps, stages
+                try:
+                    t = timer.per_call_us(mla_calls(sets, "device", 1, "triton"))
+                except Exception as exc:  # a config that does not compile: record and go on
+                    t = dict(us=float("nan"), error=f"{type(exc).__name__}: {exc}"[:300])
+                entry = dict(length=length, budget=budget, warps=warps, stages=stages, **t,
+                             bytes_per_s=mla_bytes(length, cfg.nhead) / (t["us"] * 1e-6))
+                res.tuning.append(entry)
+                log(f"tune {length}: budget {budget:4d} warps {warps} stages {stages}: "
+                    f"{t['us']:9.1f} us  {entry['bytes_per_s'] / 1e12:5.2f} TB/s")
+        policies.DEVICE_PROGRAM_BUDGET, triton_mla.STAGE1_WARPS, triton_mla.STAGE1_STAGES = saved[:3]
+        del sets
+        for length in TUNE_MIN_TILES_LENGTHS:
+            sets = make_sets(length, cfg.nhead, cfg.device)
+            for min_tiles in TUNE_MIN_TILES:
+                policies.DEVICE_MIN_TILES_PER_SPLIT = min_tiles
+                t = timer.per_call_us(mla_calls(sets, "device", 1, "triton"))
+                res.min_tiles.append(dict(length=length, min_tiles=min_tiles, **t))
+                log(f"min tiles {length}: {min_tiles}: {t['us']:8.1f} us")
+            del sets
+    finally:
+        (policies.DEVICE_PROGRAM_BUDGET, triton_mla.STAGE1_WARPS, triton_mla.STAGE1_STAGES,
+         policies.DEVICE_MIN_TILES_PER_SPLIT) = saved
+
+
+def stage_breakdown(cfg: Config, timer: Timer, length: int, log: Callable[[str], None]) -> dict:
+    """Stage 1 alone and stage 2 alone of the device policy at `length` (graph-timed)."""
+    import torch
+
+    from mlatrace.reference import mla, policies
+
+    sets = make_sets(length, cfg.nhead, cfg.device)
+    splits = policies.num_kv_splits("device", 1, 1, cfg.nhead, 1)
+    grid1 = (1, splits, policies.head_blocks(cfg.nhead))
+    grid2 = (1, cfg.nhead, mla.D_LATENT // mla.BLOCK_DV)
+    scale = 1.0 / math.sqrt(576)
+    stage1, stage2 = [], []
+    for s in sets:
+        part = torch.empty(1, splits, cfg.nhead, 512, dtype=torch.float32, device=cfg.device)
+        lse = torch.full((1, splits, cfg.nhead), float("-inf"), device=cfg.device)
+        k_pe = s["kv_c"][:, 512:]
+        common = dict(NUM_KV_SPLITS=splits, BLOCK_N=mla.BLOCK_N, DEVICE_PARTITION=True,
+                      MIN_TILES_PER_SPLIT=policies.DEVICE_MIN_TILES_PER_SPLIT, backend="triton")
+        stage1.append(lambda s=s, part=part, lse=lse, k_pe=k_pe, common=common: mla.launch_stage1(
+            mla.STAGE1_NAME, grid1, q_nope=s["q_nope"], q_pe=s["q_pe"], kv_c=s["kv_c"],
+            k_pe=k_pe, page_table=s["page_table"], seq_info=s["seq_info"], sm_scale=scale,
+            o=s["o"], lse_out=None, partial_out=part, partial_lse=lse, BLOCK_H=mla.HEAD_BLOCK,
+            **common))
+        stage2.append(lambda s=s, part=part, lse=lse, common=common: mla.launch_stage2(
+            mla.STAGE2_NAME, grid2, partial_out=part, partial_lse=lse, seq_info=s["seq_info"],
+            o=s["o"], lse_out=None, BLOCK_S=mla.BLOCK_S, BLOCK_DV=mla.BLOCK_DV, **common))
+    t1 = timer.per_call_us(stage1)
+    t2 = timer.per_call_us(stage2)
+    nbytes = mla_bytes(length, cfg.nhead)
+    result = dict(length=length, splits=splits, stage1_us=t1["us"], stage2_us=t2["us"],
+                  stage1_bytes_per_s=nbytes / (t1["us"] * 1e-6))
+    log(f"device at {length}: stage 1 {t1['us']:.1f} us ({result['stage1_bytes_per_s'] / 1e12:.2f}"
+        f" TB/s), stage 2 {t2['us']:.1f} us")
+    return result
+
+
+# ----------------------------------------------------------------------------------------
+# outputs
+# ----------------------------------------------------------------------------------------
+
+
+def _triton_version() -> str | None:
+    try:
+        import triton
+    except ImportError:
+        return None
+    return triton.__version__
+
+
+def _row_line(row: dict, ceiling: float) -> str:
+    cols = "  ".join(f"{name} {v['us']:9.1f}" for name, v in row["columns"].items())
+    return (f"len {row['length']:>6}: {cols}  best {row['best_us']:8.1f} (S={row['best_splits']})"
+            f"  device/best {row['device_over_best']:.3f}")
+
+
+def _write_json(out: Path, res: Results) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "splits.json").write_text(json.dumps(asdict(res), indent=1, default=str))
+
+
+def markdown(res: Results) -> str:
+    """The README table: per-call latency (us) by KV length and policy."""
+    ceiling = res.read_ceiling_bytes_per_s
+    lines = [
+        f"GPU: {res.gpu.get('name', res.config.get('device'))}, batch 1, {res.config.get('nhead')}"
+        f" heads, bf16, page size 1 (scattered pages), replayed from CUDA graphs; per-call us,"
+        f" median. Read ceiling (1 GiB copy, read+write): {ceiling / 1e12:.2f} TB/s.",
+        "",
+        "| KV len | legacy@1 | fixed 128 | bucketed | device | best (S) | device/best |"
+        " device/1-split |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in res.rows:
+        c = row["columns"]
+        lines.append(
+            f"| {row['length']} | {c['legacy@1']['us']:.1f} | {c['fixed128']['us']:.1f} |"
+            f" {c['bucketed']['us']:.1f} | {c['device']['us']:.1f} |"
+            f" {row['best_us']:.1f} ({row['best_splits']}) | {row['device_over_best']:.3f} |"
+            f" {row['device_over_one_split']:.3f} |")
+    if res.rows:
+        last = res.rows[-1]
+        lines += ["", f"At {last['length']} tokens: device {last['device_bytes_per_s'] / 1e12:.2f}"
+                  f" TB/s, best split {last['best_bytes_per_s'] / 1e12:.2f} TB/s"
+                  + (f" ({last['device_bytes_per_s'] / ceiling:.0%} and"
+                     f" {last['best_bytes_per_s'] / ceiling:.0%} of the read ceiling)"
+                     if ceiling else "")
+                  + f"; legacy@1 is {last['columns']['legacy@1']['us'] / last['columns']['device']['us']:.0f}x"
+                  " the device policy."]
+    if res.stages_100k:
+        s = res.stages_100k
+        lines.append(f"Device policy at {s['length']}: stage 1 {s['stage1_us']:.1f} us,"
+                     f" stage 2 {s['stage2_us']:.1f} us ({s['splits']} splits launched).")
+    return "\n".join(lines) + "\n"
+
+
+def plot(res: Results, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths = [r["length"] for r in res.rows]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name in COLUMNS:
+        ax.plot(lengths, [r["columns"][name]["us"] for r in res.rows], marker="o", label=name)
+    ax.plot(lengths, [r["best_us"] for r in res.rows], "k--", label="best split")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("KV length (tokens)")
+    ax.set_ylabel("us per MLA decode call")
+    ax.set_title(f"{res.gpu.get('name', 'CPU')}: replayed from CUDA graphs")
+    ax.legend()
+    for name in COLUMNS:
+        ax2.plot(lengths, [r["columns"][name]["us"] / r["best_us"] for r in res.rows],
+                 marker="o", label=name)
+    ax2.axhline(1.05, color="grey", linestyle=":", label="best + 5%")
+    ax2.set_xscale("log")
+    ax2.set_yscale("log")
+    ax2.set_xlabel("KV length (tokens)")
+    ax2.set_ylabel("time / best tuned split")
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_outputs(out: Path, res: Results) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json(out, res)
+    (out / "splits.md").write_text(markdown(res))
+    plot(res, out / "splits.png")
+
+
+def main(out: str, quick: bool) -> int:
+    """CLI entry: 0 on success, 2 without a CUDA GPU."""
+    try:
+        import torch
+    except ImportError:
+        print("mlatrace bench splits needs torch and triton (pip install 'mlatrace[reference]')",
+              file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("mlatrace bench splits needs a CUDA GPU", file=sys.stderr)
+        return 2
+    cfg = Config(lengths=QUICK_LENGTHS if quick else LENGTHS,
+                 sweep=QUICK_SWEEP if quick else SWEEP,
+                 min_replays=5 if quick else 20, max_replays=30 if quick else 200,
+                 seconds_per_point=0.05 if quick else 0.25, tune=not quick)
+    out_dir = Path(out)
+    res = run_bench(cfg, out_dir)
+    write_outputs(out_dir, res)
+    print(markdown(res))
+    print(f"wrote {out_dir / 'splits.md'}, {out_dir / 'splits.json'}, {out_dir / 'splits.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="bench-splits")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    sys.exit(main(args.out, args.quick))

@@ -1,0 +1,86 @@
+"""Export stage: a trace as OpenTelemetry spans (OTLP) and as a Perfetto timeline.
+
+`mlatrace export TRACE --otlp URL` sends spans to a collector; `--perfetto OUT.json`
+writes Chrome trace-event JSON for ui.perfetto.dev. Live export from a traced
+process (`mlatrace run --otlp URL`) is `mlatrace.export.live`.
+
+Exit codes: 0 exported, 1 the OTLP endpoint failed (refused, timed out, rejected),
+2 usage error or unreadable trace. OpenTelemetry is imported only when --otlp is given.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+
+def _say(message: str) -> None:
+    sys.stderr.write(message + "\n")
+
+
+def load_findings(trace: Any) -> list[Any]:
+    """The trace's findings, or none (with a warning) when the analysis cannot run."""
+    try:
+        from mlatrace.analysis import analyze
+    except ImportError as exc:
+        _say(f"warning: findings not exported (analysis unavailable: {exc})")
+        return []
+    try:
+        return list(analyze(trace).findings)
+    except Exception as exc:  # noqa: BLE001 - an export without findings beats no export
+        _say(f"warning: findings not exported (analysis failed: {exc!r})")
+        return []
+
+
+def main(trace: str, otlp: str | None = None, protocol: str = "http/protobuf",
+         service_name: str = "mlatrace", perfetto: str | None = None) -> int:
+    """Run `mlatrace export`: returns the exit code."""
+    if not otlp and not perfetto:
+        _say("error: nothing to export to: give --otlp URL and/or --perfetto OUT.json")
+        return 2
+    from mlatrace.trace import TraceError, open_trace
+
+    try:
+        opened = open_trace(trace)
+    except TraceError as exc:
+        _say(f"error: {exc}")
+        return 2
+    findings = load_findings(opened)
+    processes = sum(1 for p in opened.processes if p.header)
+    code = 0
+    if perfetto:
+        from mlatrace.export import perfetto as perfetto_mod
+
+        try:
+            events = perfetto_mod.write(opened, perfetto, findings)
+        except OSError as exc:
+            _say(f"error: cannot write {perfetto}: {exc.strerror or exc}")
+            return 2
+        print(f"perfetto: wrote {events} events ({processes} processes, {len(findings)} findings) "
+              f"to {perfetto}; open it in https://ui.perfetto.dev")
+    if otlp:
+        try:
+            from mlatrace.export import otlp as otlp_mod
+        except ImportError as exc:
+            _say(f"error: --otlp needs the OTLP exporters (pip install 'mlatrace[otlp]'): {exc}")
+            return 2
+        try:
+            result = otlp_mod.export_trace(opened, otlp, protocol=protocol,
+                                           service_name=service_name, findings=findings)
+        except ValueError as exc:  # a URL or protocol the exporter cannot use
+            _say(f"error: {exc}")
+            return 2
+        if result.error:
+            _say(f"error: OTLP export to {otlp} ({protocol}) failed: {result.error}; "
+                 f"sent {result.sent} of {result.spans} spans")
+            code = 1
+        else:
+            print(f"otlp: sent {result.sent} spans ({result.processes} processes, "
+                  f"{len(findings)} findings) to {otlp} ({protocol})")
+    problems = sorted({str(p) for p in opened.problems})
+    if problems:
+        _say(f"warning: {len(problems)} unreadable lines skipped, e.g. {problems[0]}")
+    return code
+
+
+__all__ = ["load_findings", "main"]

@@ -1,0 +1,242 @@
+"""GPU check of the reference kernels: compiled Triton vs float64 at full size, on CUDA.
+
+`python3 -m mlatrace.reference.gpu_check [--out DIR] [--quick]` checks, on fresh random
+inputs with scattered page tables and NaN-poisoned outputs:
+- `mla_gluon` (nhead 16 and 128, bf16 and fp32, every policy, lengths 1 .. 100K), eager
+  (under torch.cuda.set_sync_debug_mode("error"): no host sync) and replayed from one
+  CUDA graph captured at dummy length 1, plus the torch backend on CUDA inside a graph;
+- `paged_attention_v1`: replays shorter than the captured max are right, longer are wrong.
+Prints one line per check and a summary table last; exit 0 when every check passes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from mlatrace.reference.mla import mla_gluon, mla_reference
+from mlatrace.reference.paged_attention import paged_attention_reference, paged_attention_v1
+
+SM_SCALE = 1.0 / math.sqrt(576)
+TOL = {torch.bfloat16: 1e-2, torch.float32: 1e-5}
+LENGTH_SETS = ([1, 1, 1, 1], [64, 65, 63, 2], [4097, 16384, 1, 100_000],
+               [100_000, 65_537, 8192, 100_000])
+QUICK_LENGTH_SETS = ([1, 1, 1, 1], [4097, 16384, 1, 100_000])
+POLICIES = (("legacy@1", "legacy", "one"), ("legacy@real", "legacy", "real"),
+            ("bucketed@real", "bucketed", "real"), ("device", "device", "one"),
+            ("fixed128", "fixed:128", "one"))
+MAX_LEN = 100_000
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+class MLABuffers:
+    """Static buffers of one batch, like an engine's: graphs read them, checks refill them."""
+
+    def __init__(self, batch: int, nhead: int, dtype: torch.dtype, max_len: int):
+        num_slots = batch * (max_len + 8)
+        self.kv_c = torch.randn(num_slots, 576, device="cuda").to(dtype)
+        self.page_table = torch.randperm(num_slots, device="cuda")[: batch * (max_len + 8)]
+        self.page_table = self.page_table.reshape(batch, -1).to(torch.int32)
+        self.q_nope = torch.randn(batch, nhead, 512, device="cuda").to(dtype)
+        self.q_pe = torch.randn(batch, nhead, 64, device="cuda").to(dtype)
+        self.seq_info = torch.ones(batch, dtype=torch.int32, device="cuda")
+        self.o = torch.empty(batch, nhead, 512, dtype=dtype, device="cuda")
+        self.lse = None
+
+    def refresh(self, lengths: list[int]) -> None:
+        """New random queries (never zeros), the given lengths, a poisoned output."""
+        self.q_nope.copy_(torch.randn_like(self.q_nope, dtype=torch.float32))
+        self.q_pe.copy_(torch.randn_like(self.q_pe, dtype=torch.float32))
+        self.seq_info.copy_(torch.tensor(lengths, dtype=torch.int32))
+        self.o.fill_(float("nan"))
+
+    def call(self, policy: str, hint: int, backend: str = "triton") -> None:
+        _, self.lse = mla_gluon(self.q_nope, self.q_pe, self.kv_c, self.o, self.page_table,
+                                self.seq_info, SM_SCALE, min_kv_seq_len=hint, policy=policy,
+                                return_lse=True, backend=backend)
+
+    def errors(self, lengths: list[int]) -> tuple[float, float]:
+        ref, ref_lse = mla_reference(self.q_nope, self.q_pe, self.kv_c, self.page_table,
+                                     lengths, SM_SCALE)
+        if torch.isnan(self.o).any():
+            return math.nan, math.nan
+        lse_err = (self.lse.double() - ref_lse).abs().max().item()
+        return rel_err(self.o, ref), lse_err
+
+
+def check_mla(nhead: int, dtype: torch.dtype, length_sets, results: list[dict]) -> None:
+    buffers = MLABuffers(4, nhead, dtype, MAX_LEN)
+    tol = TOL[dtype]
+    for name, policy, hint_kind in POLICIES:
+        # eager, no host sync allowed
+        for lengths in length_sets:
+            buffers.refresh(lengths)
+            hint = 1 if hint_kind == "one" else min(lengths)
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                buffers.call(policy, hint)
+            except RuntimeError as exc:  # a host sync inside mla_gluon: a failed check
+                torch.cuda.set_sync_debug_mode("default")
+                print(f"FAIL host sync in mla_gluon ({name}): {exc}", flush=True)
+                record(results, "mla", name, nhead, dtype, "eager-sync", lengths, math.nan,
+                       math.nan, tol)
+                continue
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            torch.cuda.synchronize()
+            record(results, "mla", name, nhead, dtype, "eager", lengths, *buffers.errors(lengths),
+                   tol)
+        if hint_kind == "real":
+            continue  # a graph per real hint is the eager case again
+        # one graph captured at dummy length 1, replayed at every length set
+        buffers.refresh([1, 1, 1, 1])
+        buffers.call(policy, 1)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            buffers.call(policy, 1)
+        for lengths in length_sets:
+            buffers.refresh(lengths)
+            graph.replay()
+            torch.cuda.synchronize()
+            record(results, "mla", name, nhead, dtype, "graph@1", lengths,
+                   *buffers.errors(lengths), tol)
+        del graph
+
+
+def check_mla_torch_backend_in_graph(results: list[dict]) -> None:
+    """The torch stages are capturable too (no .item()): graph at 1, replay at 3000."""
+    buffers = MLABuffers(2, 16, torch.bfloat16, 4096)
+    for policy in ("legacy", "device"):
+        buffers.refresh([1, 1])
+        buffers.call(policy, 1, backend="torch")
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            buffers.call(policy, 1, backend="torch")
+        for lengths in ([3000, 17], [1, 4096]):
+            buffers.refresh(lengths)
+            graph.replay()
+            torch.cuda.synchronize()
+            record(results, "mla-torch", policy, 16, torch.bfloat16, "graph@1", lengths,
+                   *buffers.errors(lengths), 1e-2)
+
+
+def check_pa(dtype: torch.dtype, results: list[dict]) -> None:
+    num_heads, num_kv_heads, head_size, block_size = 32, 8, 128, 16
+    max_tokens = 32768
+    blocks_per_seq = max_tokens // block_size + 1
+    num_seqs = 3
+    num_blocks = num_seqs * blocks_per_seq + 5
+    shape = (num_blocks, num_kv_heads, block_size, head_size)
+    key_cache = torch.randn(shape, device="cuda").to(dtype)
+    value_cache = torch.randn(shape, device="cuda").to(dtype)
+    tables = torch.randperm(num_blocks, device="cuda")[: num_seqs * blocks_per_seq]
+    tables = tables.reshape(num_seqs, -1).to(torch.int32)
+    query = torch.randn(num_seqs, num_heads, head_size, device="cuda").to(dtype)
+    seq_lens = torch.tensor([64, 64, 64], dtype=torch.int32, device="cuda")
+    out = torch.empty_like(query)
+    scale = 1.0 / math.sqrt(head_size)
+
+    def call(max_seq_len: int) -> None:
+        paged_attention_v1(out, query, key_cache, value_cache, num_kv_heads, scale, tables,
+                           seq_lens, block_size, max_seq_len, backend="triton")
+
+    tol = TOL[dtype]
+    for lengths in ([1, 1000, 32768], [17, 32767, 4096]):                 # eager at the real max
+        seq_lens.copy_(torch.tensor(lengths, dtype=torch.int32))
+        out.fill_(float("nan"))
+        call(max(lengths))
+        torch.cuda.synchronize()
+        ref = paged_attention_reference(query, key_cache, value_cache, num_kv_heads, scale,
+                                        tables, lengths, block_size)
+        errs = [rel_err(out[i], ref[i]) for i in range(num_seqs)]
+        record(results, "pa_v1", "eager", num_heads, dtype, "eager", lengths, max(errs), 0.0, tol)
+    captured_max = 8192
+    call(captured_max)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call(captured_max)
+    for lengths, expect_right in (([1, 8192, 5000], True), ([16384, 8192, 1], False)):
+        seq_lens.copy_(torch.tensor(lengths, dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = paged_attention_reference(query, key_cache, value_cache, num_kv_heads, scale,
+                                        tables, lengths, block_size)
+        errs = [rel_err(out[i], ref[i]) for i in range(num_seqs)]
+        ok = all((e < tol) == (n <= captured_max) for e, n in zip(errs, lengths, strict=True))
+        results.append(dict(kernel="pa_v1", policy=f"graph@{captured_max}", nhead=num_heads,
+                            dtype=str(dtype).replace("torch.", ""), mode="graph", lengths=lengths,
+                            err=max(errs), lse_err=0.0, ok=ok,
+                            note="longer than captured must be wrong" if not expect_right
+                            else "shorter than captured must be right",
+                            per_seq=[round(e, 6) for e in errs]))
+        print(_line(results[-1]), flush=True)
+
+
+def record(results: list[dict], kernel: str, policy: str, nhead: int, dtype: torch.dtype,
+           mode: str, lengths: list[int], err: float, lse_err: float, tol: float) -> None:
+    ok = err == err and err < tol and lse_err < 1e-3
+    results.append(dict(kernel=kernel, policy=policy, nhead=nhead,
+                        dtype=str(dtype).replace("torch.", ""), mode=mode, lengths=list(lengths),
+                        err=err, lse_err=lse_err, ok=ok))
+    print(_line(results[-1]), flush=True)
+
+
+def _line(r: dict) -> str:
+    return (f"{'ok  ' if r['ok'] else 'FAIL'} {r['kernel']:9} {r['policy']:14} h{r['nhead']:<4}"
+            f" {r['dtype']:9} {r['mode']:8} {str(r['lengths']):32} err {r['err']:.2e}"
+            f" lse {r['lse_err']:.1e}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None, help="write gpu_check.json here")
+    parser.add_argument("--quick", action="store_true", help="fewer lengths, bf16 only")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gpu_check needs a CUDA GPU", file=sys.stderr)
+        return 2
+    torch.manual_seed(0)
+    start = time.time()
+    results: list[dict] = []
+    dtypes = (torch.bfloat16,) if args.quick else (torch.bfloat16, torch.float32)
+    length_sets = QUICK_LENGTH_SETS if args.quick else LENGTH_SETS
+    for dtype in dtypes:
+        for nhead in (16, 128):
+            check_mla(nhead, dtype, length_sets, results)
+    check_mla_torch_backend_in_graph(results)
+    for dtype in dtypes:
+        check_pa(dtype, results)
+    failed = [r for r in results if not r["ok"]]
+    print(f"\n{torch.cuda.get_device_name(0)}: {len(results)} checks, {len(failed)} failed,"
+          f" {time.time() - start:.0f} s")
+    worst: dict[tuple, float] = {}
+    for r in results:
+        key = (r["kernel"], r["policy"], r["dtype"], r["mode"])
+        worst[key] = max(worst.get(key, 0.0), r["err"] if r["err"] == r["err"] else math.inf)
+    print(f"{'kernel':9} {'policy':14} {'dtype':9} {'mode':8} worst rel err")
+    for (kernel, policy, dtype, mode), err in sorted(worst.items()):
+        print(f"{kernel:9} {policy:14} {dtype:9} {mode:8} {err:.2e}")
+    for r in failed:
+        print("FAILED:", _line(r))
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "gpu_check.json").write_text(json.dumps(results, indent=1))
+    return 0 if not failed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

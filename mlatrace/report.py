@@ -1,0 +1,301 @@
+"""`mlatrace report TRACE`: what capture froze, what replays needed, and the findings.
+
+Exit codes: 0 a report was made (findings or not; `check` gives verdicts), 2 the trace
+is unreadable or holds nothing usable (bad --config too).
+
+`--json` prints one object, schema `mlatrace.report/1` (stable: fields are only added):
+
+    {
+      "schema": "mlatrace.report/1",
+      "trace": str,                          # the trace directory
+      "summary": {"processes": int, "graphs": int,      # capture units (root graphs)
+                  "graphs_total": int,                  # incl. nested torch graphs
+                  "replays": int,                       # steps (nested replays counted once)
+                  "findings": {"error": int, "warning": int},
+                  "suppressed": int, "problems": int},
+      "processes": [{"file", "pid", "ppid", "rank", "root", "world_size", "role", "argv",
+                     "schema", "records", "dropped", "gaps", "end_reason"}],
+      "graphs": [{"pid", "rank", "file", "gid", "nested_gids": [int], "src", "key", "mode",
+                  "segments", "eager_breaks", "capture_seq",
+                  "frozen": {"num_kv_splits": [int], "stage2": "present"|"skipped"|null,
+                             "kernels": {name: {"grids": [[x, y, z]], "num_kv_splits": [int]}},
+                             "hints": {name: value}, "ops": [str], "ptrs": {name: int},
+                             "graph_nodes": int, "capture_seq_len_max": int|null},
+                  "replays": {"count": int, "seq_len_max": int|null, "seq_len_min": int|null,
+                              "ptrs_stable": bool|null,
+                              "gpu_ns": {"p50", "p90", "p99", "max", "samples"}|null}}],
+      "findings": [{"id", "name", "severity", "message", "hint", "pid", "rank", "gid",
+                    "evidence": [{"file", "seq", "kind", "what"}], "details": {...}}],
+      "suppressed": [same as findings],      # matched by the config's allow-list
+      "problems": [{"file", "line", "reason"}]
+    }
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from mlatrace.analysis import Analysis, Config, ConfigError, analyze, load_config
+from mlatrace.analysis.summary import root_graphs, units
+
+REPORT_SCHEMA = "mlatrace.report/1"
+MAX_GRAPH_ROWS = 20
+
+
+class Unusable(Exception):
+    """The trace cannot be opened or has no readable record at all (exit 2)."""
+
+
+def load(trace_path: str, config: Config | None = None,
+         rules: list[str] | None = None) -> tuple[Any, Analysis]:
+    """Open and analyse a trace; Unusable when nothing in it can be used."""
+    from mlatrace.trace import TraceError, open_trace
+
+    try:
+        trace = open_trace(trace_path)
+    except TraceError as exc:
+        raise Unusable(str(exc)) from exc
+    except OSError as exc:
+        raise Unusable(f"{trace_path}: {exc.strerror or exc}") from exc
+    result = analyze(trace, config, rules)
+    if not any(p.records for p in result.model.processes):
+        reasons = "; ".join(str(p) for p in trace.problems[:5])
+        raise Unusable(f"{trace_path}: no usable records" + (f" ({reasons})" if reasons else ""))
+    return trace, result
+
+
+def resolve_config(config_path: str | None, trace_path: str | None = None) -> Config:
+    """--config FILE, else mlatrace.toml / pyproject.toml [tool.mlatrace] in the cwd."""
+    return load_config(config_path) if config_path else load_config(None)
+
+
+def report_dict(trace_path: str, result: Analysis) -> dict[str, Any]:
+    model = result.model
+    counts = result.counts()
+    return {
+        "schema": REPORT_SCHEMA,
+        "trace": str(trace_path),
+        "summary": {
+            "processes": len(model.processes),
+            "graphs": len(root_graphs(model)),
+            "graphs_total": len(model.graphs),
+            "replays": model.total_replays(),
+            "findings": counts,
+            "suppressed": len(result.suppressed),
+            "problems": len(model.problems),
+        },
+        "processes": [{
+            "file": p.file, "pid": p.pid, "ppid": p.ppid, "rank": p.rank,
+            "root": p.ppid not in {q.pid for q in model.processes},
+            "world_size": p.world_size, "role": p.role, "argv": p.argv, "schema": p.schema,
+            "records": p.records, "dropped": p.dropped, "gaps": p.gaps,
+            "end_reason": (p.end or {}).get("reason"),
+        } for p in model.processes],
+        "graphs": units(model),
+        "findings": [f.to_dict() for f in result.findings],
+        "suppressed": [f.to_dict() for f in result.suppressed],
+        "problems": [{"file": p.file, "line": p.line, "reason": p.reason} for p in model.problems],
+    }
+
+
+def summary_line(data: dict[str, Any]) -> str:
+    s = data["summary"]
+    parts = [_plural(s["processes"], "process", "processes"),
+             _plural(s["graphs"], "graph") + " captured",
+             _plural(s["replays"], "replay")]
+    errors, warnings = s["findings"]["error"], s["findings"]["warning"]
+    if errors or warnings:
+        if errors:
+            parts.append(_plural(errors, "error finding"))
+        if warnings:
+            parts.append(_plural(warnings, "warning finding"))
+    else:
+        parts.append("no findings")
+    if s["problems"]:
+        parts.append(_plural(s["problems"], "problem"))
+    return ", ".join(parts)
+
+
+def _plural(n: int, word: str, plural: str | None = None) -> str:
+    return f"{n} {word if n == 1 else (plural or word + 's')}"
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, list) and len(value) == 3 and all(isinstance(v, int) for v in value):
+        return "(" + ",".join(map(str, value)) + ")"  # a launch grid
+    if isinstance(value, list):
+        return ",".join(_fmt(v) for v in value) or "-"
+    return str(value)
+
+
+def _hex(value: Any) -> str:
+    return hex(value) if isinstance(value, int) else str(value)
+
+
+def _ms(ns: int | None) -> str:
+    return "-" if ns is None else f"{ns / 1e6:.3g} ms"
+
+
+def _quiet(proc: dict, graphs: list[dict]) -> bool:
+    """A process that recorded nothing but its header and end (compile workers, trackers)."""
+    return proc["records"] <= 2 and not proc["dropped"] and not proc["root"] and \
+        not any(g["pid"] == proc["pid"] for g in graphs)
+
+
+def graph_rows(graphs: list[dict]) -> list[tuple[list, list[str]]]:
+    """Table rows of capture units; ranks whose units look the same share one row (TP)."""
+    rows: dict[tuple, list] = {}
+    for g in sorted(graphs, key=lambda g: (g["gid"], g["rank"] if g["rank"] is not None else -1,
+                                           g["pid"] or 0)):
+        frozen, rep = g["frozen"], g["replays"]
+        stage1 = next((k for k in frozen["kernels"] if "stage1" in k.lower()
+                       or "stage_1" in k.lower()), None)
+        grid = frozen["kernels"][stage1]["grids"] if stage1 else None
+        ptrs = {None: "-", True: "stable", False: "[red]drift[/]"}[rep["ptrs_stable"]]
+        gids = str(g["gid"]) + ("" if not g["nested_gids"] else
+                                ">" + ",".join(map(str, g["nested_gids"])))
+        gpu = rep["gpu_ns"]["p50"] if rep["gpu_ns"] else None
+        cells = (gids, _fmt(g["src"]), _fmt(g["key"]), _fmt(g["mode"]),
+                 _fmt(frozen["capture_seq_len_max"]), _fmt(frozen["num_kv_splits"]),
+                 _fmt(grid[0] if grid and len(grid) == 1 else grid), _fmt(frozen["stage2"]),
+                 str(rep["count"]), _fmt(rep["seq_len_max"]), ptrs, _ms(gpu))
+        rows.setdefault(cells, []).append(g["rank"] if g["rank"] is not None else g["pid"])
+    return [(ranks, list(cells)) for cells, ranks in rows.items()]
+
+
+def group_findings(findings: list[dict]) -> list[dict]:
+    """Findings with the same id and message (e.g. one per TP rank) shown as one row."""
+    groups: dict[tuple, dict] = {}
+    for f in findings:
+        key = (f["id"], f["message"])
+        group = groups.setdefault(key, {**f, "count": 0, "ranks": [], "pids": []})
+        group["count"] += 1
+        if f["rank"] not in group["ranks"]:
+            group["ranks"].append(f["rank"])
+        group["pids"].append(f["pid"])
+    return list(groups.values())
+
+
+def print_warnings(console: Any, problems: list) -> None:
+    for p in problems[:50]:
+        console.print(f"[yellow]warning:[/] {p.file}:{p.line}: {p.reason}", highlight=False)
+    if len(problems) > 50:
+        console.print(f"[yellow]warning:[/] ... {len(problems) - 50} more problems", highlight=False)
+
+
+def render(console: Any, data: dict[str, Any], problems: list, verbose: bool) -> None:
+    """The human report: summary line, processes, graphs, findings (rich)."""
+    from rich.table import Table
+
+    errors = data["summary"]["findings"]["error"]
+    style = "bold red" if errors else ("bold yellow" if data["summary"]["findings"]["warning"]
+                                       else "bold green")
+    console.print(f"[{style}]{summary_line(data)}[/]", highlight=False)
+    print_warnings(console, problems)
+    for p in data["processes"]:
+        if p["dropped"]:
+            console.print(f"[yellow]warning:[/] {p['file']}: {p['dropped']} records dropped "
+                          "(seq gaps); replay counts come from process.end, evidence may be "
+                          "missing", highlight=False)
+        if p["end_reason"] is None and p["records"]:
+            console.print(f"[yellow]warning:[/] {p['file']}: no process.end record (killed, "
+                          "or still running); the trace stops at its last flush", highlight=False)
+
+    procs = Table(title="processes", title_justify="left", show_edge=False)
+    for col in ("file", "pid", "ppid", "rank", "role", "records", "dropped", "end"):
+        procs.add_column(col, justify="right" if col in ("pid", "ppid", "rank", "records",
+                                                          "dropped") else "left")
+    quiet = [] if verbose else [p for p in data["processes"] if _quiet(p, data["graphs"])]
+    for p in data["processes"]:
+        if p in quiet and len(quiet) > 1:
+            continue
+        procs.add_row(p["file"], _fmt(p["pid"]), _fmt(p["ppid"]), _fmt(p["rank"]), p["role"],
+                      str(p["records"]), str(p["dropped"]), _fmt(p["end_reason"]))
+    if len(quiet) > 1:
+        roles = sorted({p["role"] for p in quiet})
+        procs.add_row(f"+{len(quiet)} more", "", "", "", "no events: " + ", ".join(roles[:4])
+                      + (", ..." if len(roles) > 4 else ""), str(sum(p["records"] for p in quiet)),
+                      "", "(-v lists them)")
+    console.print(procs)
+
+    graphs = data["graphs"]
+    if graphs:
+        table = Table(title="graphs (what capture froze / what replays saw)", title_justify="left",
+                      show_edge=False)
+        for col in ("ranks", "gid", "src", "key", "mode", "captured at", "splits", "stage-1 grid",
+                    "stage 2", "replays", "max replay len", "ptrs", "gpu p50"):
+            table.add_column(col, overflow="fold")
+        rows = graph_rows(graphs)
+        shown_rows = rows if verbose else rows[:MAX_GRAPH_ROWS]
+        for ranks, cells in shown_rows:
+            table.add_row(_fmt(ranks), *cells)
+        console.print(table)
+        if len(rows) > len(shown_rows):
+            console.print(f"... {len(rows) - len(shown_rows)} more rows (use -v)")
+        shown = graphs
+        if verbose:
+            for g in shown:
+                frozen = g["frozen"]
+                hints = ", ".join(f"{k}={v}" for k, v in frozen["hints"].items()) or "-"
+                ptrs = ", ".join(f"{k}={_hex(v)}" for k, v in frozen["ptrs"].items()) or "-"
+                kernels = "; ".join(
+                    f"{name} grid {_fmt(k['grids'][0] if len(k['grids']) == 1 else k['grids'])}"
+                    + (f" NUM_KV_SPLITS {_fmt(k['num_kv_splits'])}" if k["num_kv_splits"] else "")
+                    for name, k in frozen["kernels"].items()) or "-"
+                console.print(f"  rank {_fmt(g['rank'])} gid {g['gid']} {_fmt(g['key'])}: "
+                              f"ops {_fmt(frozen['ops'])}; hints {hints}; ptrs {ptrs}; "
+                              f"kernels {kernels}; graph nodes {frozen['graph_nodes']}",
+                              highlight=False)
+
+    if data["findings"]:
+        table = Table(title="findings", title_justify="left", show_edge=False)
+        for col in ("id", "severity", "count", "ranks", "message"):
+            table.add_column(col, overflow="fold")
+        for f in group_findings(data["findings"]):
+            sev = "[red]error[/]" if f["severity"] == "error" else "[yellow]warning[/]"
+            table.add_row(f"{f['id']} {f['name']}", sev, str(f["count"]), _fmt(f["ranks"]),
+                          f["message"])
+        console.print(table)
+        if verbose:
+            for f in group_findings(data["findings"]):
+                console.print(f"\n[bold]{f['id']} {f['name']}[/] (pid {_fmt(f['pids'])}, "
+                              f"rank {_fmt(f['ranks'])}, gid {_fmt(f['gid'])})", highlight=False)
+                for e in f["evidence"]:
+                    console.print(f"  {e['file']}:seq {e['seq']} ({e['kind']}) {e['what']}",
+                                  highlight=False)
+                console.print(f"  fix: {f['hint']}", highlight=False)
+        else:
+            console.print("(-v shows evidence and fix hints)")
+    if data["summary"]["suppressed"]:
+        console.print(f"{data['summary']['suppressed']} finding(s) suppressed by the config's allow-list")
+
+
+def make_console(stderr: bool = False) -> Any:
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() else 160
+    return Console(file=stream, width=width, highlight=False)
+
+
+def main(trace: str, as_json: bool = False, verbose: bool = False,
+         config: str | None = None) -> int:
+    """Print the report of TRACE; 0 when made, 2 when the trace (or config) is unusable."""
+    err = make_console(stderr=True)
+    try:
+        cfg = resolve_config(config, trace)
+        _trace, result = load(trace, cfg)
+    except (Unusable, ConfigError) as exc:
+        err.print(f"[red]error:[/] {exc}", highlight=False)
+        return 2
+    data = report_dict(trace, result)
+    if as_json:
+        print_warnings(err, result.problems)
+        sys.stdout.write(json.dumps(data, indent=1, default=str) + "\n")
+        return 0
+    render(make_console(), data, result.problems, verbose)
+    return 0

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Every GPU measurement of the project in one device call (see samples/GPU_NOTES.md).
+# Usage on the H200, from the repo root:  bash samples/gpu_run.sh [steps...]
+# Writes $OUT/gpu_log.txt, $OUT/gpu_results.tgz (traces, tables, plots).
+set -u
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/mlatrace-gpu}
+R=$OUT/r
+mkdir -p "$R"
+LOG=$OUT/gpu_log.txt
+steps=${*:-"env check capture splits traces overhead probes"}
+run_step() {  # name timeout cmd...
+  local name=$1 limit=$2; shift 2
+  echo "=== $name ($(date +%T)) : $*" | tee -a "$LOG"
+  timeout "$limit" "$@" >>"$LOG" 2>&1
+  echo "=== $name rc=$? ($(date +%T))" | tee -a "$LOG"
+}
+for step in $steps; do
+  case $step in
+    env) run_step env 60 bash -c 'nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"' ;;
+    check) run_step gpu_check 240 python3 -m mlatrace.reference.gpu_check ;;
+    capture) run_step capture_triton 120 python3 -m mlatrace run --out "$R/capture_triton" --replay-sample 8 -- python3 samples/gpu_capture_triton.py ;;
+    splits) run_step bench_splits 420 python3 -m mlatrace bench splits --out "$R/splits" ;;
+    traces)
+      for policy in legacy bucketed device; do
+        run_step "trace_$policy" 180 python3 -m mlatrace run --out "$R/serve_$policy" --replay-sample 4 -- \
+          python3 -m mlatrace.reference.serve --policy "$policy" --device cuda --ctx 32768 --steps 64 --batch 2 --heads 16 --layers 4
+      done ;;
+    overhead) run_step bench_overhead 300 python3 -m mlatrace bench overhead ;;
+    probes) run_step bench_probes 180 python3 -m mlatrace bench probes ;;
+    record) run_step bench_record 180 python3 -m mlatrace bench record ;;
+  esac
+done
+tar czf "$OUT/gpu_results.tgz" -C "$R" . 2>>"$LOG"
+ls -la "$OUT" | tee -a "$LOG"

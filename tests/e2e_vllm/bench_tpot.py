@@ -1,0 +1,135 @@
+"""Time per output token of the tiny-model vLLM CPU server, traced vs untraced.
+
+Usage (with the vLLM venv's python):
+
+    /work/vllm-venv/bin/python tests/e2e_vllm/bench_tpot.py --model /work/tiny-mla \
+        [--pairs 2] [--rounds 5] [--max-tokens 64] [--json out.json]
+
+Starts the server `--pairs` times plainly and `--pairs` times under
+`mlatrace run`, alternating (A B A B ...) so that drift of a shared machine
+hits both alike. Each server gets one warm-up request, then `--rounds` rounds
+of the same prompts, one request at a time, streamed: TPOT of a request is
+(time of last token - time of first token) / (tokens - 1), from the client's
+clock on the SSE chunks. Prints the median TPOT of each mode and the ratio.
+The torch.compile cache is shared between the starts (--cache-dir) so that
+start-up is not what varies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run_e2e import HOST, PROMPTS, free_port, serve_cmd, server_env, stop, wait_ready  # noqa: E402
+
+
+def stream_tpot(port: int, model: Path, prompt: str, max_tokens: int) -> tuple[float, int]:
+    """(TPOT in seconds, chunks) of one streamed completion.
+
+    The API server may pack several tokens in one chunk, so the time from the
+    first chunk (the first token, right after prefill) to the last is divided
+    by the tokens generated after the first one, from the usage record.
+    """
+    body = json.dumps({"model": str(model), "prompt": prompt, "max_tokens": max_tokens,
+                       "temperature": 0.0, "ignore_eos": True, "stream": True,
+                       "stream_options": {"include_usage": True}}).encode()
+    req = urllib.request.Request(f"http://{HOST}:{port}/v1/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    stamps: list[float] = []
+    tokens = 0
+    with urllib.request.urlopen(req, timeout=120) as resp:  # noqa: S310 - loopback only
+        for raw in resp:
+            line = raw.strip()
+            if not line.startswith(b"data:") or line == b"data: [DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            if chunk.get("choices") and chunk["choices"][0].get("text") is not None:
+                stamps.append(time.perf_counter())
+            if chunk.get("usage"):
+                tokens = int(chunk["usage"]["completion_tokens"])
+    if len(stamps) < 2 or tokens < 2:
+        raise RuntimeError(f"only {len(stamps)} chunks / {tokens} tokens streamed")
+    return (stamps[-1] - stamps[0]) / (tokens - 1), len(stamps)
+
+
+def one_server(args: argparse.Namespace, traced: bool, cache: Path, trace_root: Path,
+               index: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="mlatrace-bench-") as tmp_s:
+        tmp = Path(tmp_s)
+        env = server_env(tmp)
+        env["VLLM_CACHE_ROOT"] = str(cache)
+        port = free_port()
+        cmd = serve_cmd(args.venv, args.model, port, [])
+        if traced:
+            out = trace_root / f"trace-{index}"
+            cmd = [str(args.venv / "bin" / "python"), "-m", "mlatrace", "run", "--out", str(out),
+                   "--", *cmd]
+        t0 = time.monotonic()
+        with (tmp / "server.log").open("wb") as log:
+            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            try:
+                if not wait_ready(proc, port, 900):
+                    raise RuntimeError((tmp / "server.log").read_text()[-3000:])
+                ready = time.monotonic() - t0
+                stream_tpot(port, args.model, PROMPTS[0], 8)  # warm-up
+                tpots, chunks = [], []
+                for _ in range(args.rounds):
+                    for prompt in PROMPTS:
+                        tpot, n = stream_tpot(port, args.model, prompt, args.max_tokens)
+                        tpots.append(tpot)
+                        chunks.append(n)
+            finally:
+                rc = stop(proc)
+    return {"traced": traced, "ready_s": round(ready, 1), "rc": rc,
+            "tpot_ms": [round(t * 1000, 3) for t in tpots], "chunks": chunks,
+            "median_ms": round(statistics.median(tpots) * 1000, 3)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--model", type=Path, required=True)
+    ap.add_argument("--venv", type=Path, default=Path(sys.prefix))
+    ap.add_argument("--pairs", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--cache-dir", type=Path, default=None,
+                    help="VLLM_CACHE_ROOT shared by all starts (default: a temp dir)")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+
+    with tempfile.TemporaryDirectory(prefix="mlatrace-bench-root-") as root_s:
+        root = Path(root_s)
+        cache = args.cache_dir or root / "vllm-cache"
+        runs = []
+        for i in range(args.pairs):
+            for traced in (False, True):
+                r = one_server(args, traced, cache, root, i)
+                print(f"{'traced  ' if traced else 'untraced'} ready {r['ready_s']:6.1f} s  "
+                      f"median TPOT {r['median_ms']:.3f} ms  rc {r['rc']}", flush=True)
+                runs.append(r)
+    plain = [t for r in runs if not r["traced"] for t in r["tpot_ms"]]
+    traced = [t for r in runs if r["traced"] for t in r["tpot_ms"]]
+    summary = {"untraced_median_ms": round(statistics.median(plain), 3),
+               "traced_median_ms": round(statistics.median(traced), 3),
+               "samples_each": len(plain), "max_tokens": args.max_tokens,
+               "prompts": len(PROMPTS), "rounds": args.rounds, "pairs": args.pairs}
+    summary["ratio"] = round(summary["traced_median_ms"] / summary["untraced_median_ms"], 3)
+    print(f"TPOT median: untraced {summary['untraced_median_ms']} ms, traced "
+          f"{summary['traced_median_ms']} ms, ratio {summary['ratio']} "
+          f"({summary['samples_each']} requests x {args.max_tokens} tokens each mode)")
+    if args.json:
+        args.json.write_text(json.dumps({"summary": summary, "runs": runs}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""The probes on a real CUDA graph capture of Triton kernels (GPU), and its saved trace (CPU).
+
+On a CUDA machine `test_capture_triton_on_gpu` runs samples/gpu_capture_triton.py under
+`mlatrace run` and its checker. Everywhere, `test_saved_capture_trace` runs the same
+checker on the trace saved from the H200 (samples/capture_triton), once it exists.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLE = REPO / "samples" / "gpu_capture_triton.py"
+SAVED = REPO / "samples" / "capture_triton"
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def _env() -> dict:
+    return {**os.environ,
+            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _has_cuda(), reason="needs a CUDA GPU")
+def test_capture_triton_on_gpu(tmp_path):
+    out = tmp_path / "capture_triton"
+    run = subprocess.run([sys.executable, "-m", "mlatrace", "run", "--out", str(out), "--",
+                          sys.executable, str(SAMPLE)], env=_env(), capture_output=True,
+                         text=True, timeout=300, cwd=REPO)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    check = subprocess.run([sys.executable, str(SAMPLE), "--check", str(out)], env=_env(),
+                           capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert check.returncode == 0, check.stdout
+
+
+@pytest.mark.skipif(not any(SAVED.glob("p*.jsonl")),
+                    reason="samples/capture_triton not recorded yet (run it on the H200)")
+def test_saved_capture_trace():
+    check = subprocess.run([sys.executable, str(SAMPLE), "--check", str(SAVED)], env=_env(),
+                           capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert check.returncode == 0, check.stdout

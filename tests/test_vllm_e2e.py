@@ -1,0 +1,87 @@
+"""`mlatrace run -- vllm serve` against a real vLLM on CPU (issue 6).
+
+Needs the vLLM venv built by tests/e2e_vllm/setup_env.sh (default
+/work/vllm-venv, or MLATRACE_VLLM_VENV); skipped when it is absent. The run
+itself happens in that venv (tests/e2e_vllm/run_e2e.py), because vLLM and
+its torch live there; the report is then read back with this environment's
+mlatrace, the light install a CI box analyses traces with.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent / "e2e_vllm"
+VENV = Path(os.environ.get("MLATRACE_VLLM_VENV", "/work/vllm-venv"))
+MODEL = Path(os.environ.get("MLATRACE_TINY_MODEL",
+                            Path.home() / ".cache" / "mlatrace" / "tiny-deepseek-v2-mla"))
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+def _venv_vllm_version() -> str | None:
+    """The venv's vLLM version, or None when there is no usable vLLM venv."""
+    python = VENV / "bin" / "python"
+    if not python.exists():
+        return None
+    proc = subprocess.run([str(python), "-c",
+                           "import importlib.metadata as m; print(m.version('vllm'))"],
+                          capture_output=True, text=True, timeout=60)
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+@pytest.fixture(scope="module")
+def vllm_venv() -> Path:
+    version = _venv_vllm_version()
+    if version is None:
+        pytest.skip(f"no vLLM venv at {VENV} (build it: bash tests/e2e_vllm/setup_env.sh {VENV}; "
+                    "or set MLATRACE_VLLM_VENV)")
+    return VENV
+
+
+@pytest.fixture(scope="module")
+def tiny_model(vllm_venv: Path) -> Path:
+    subprocess.run([str(vllm_venv / "bin" / "python"), str(HERE / "make_tiny_model.py"),
+                    str(MODEL)], check=True, timeout=600)
+    return MODEL
+
+
+def test_vllm_serve_traced_end_to_end(vllm_venv: Path, tiny_model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "trace"
+    result_path = tmp_path / "result.json"
+    proc = subprocess.run([str(vllm_venv / "bin" / "python"), str(HERE / "run_e2e.py"),
+                           "--model", str(tiny_model), "--out", str(out),
+                           "--json", str(result_path)],
+                          capture_output=True, text=True, timeout=1200)
+    print(proc.stdout)
+    assert result_path.exists(), proc.stdout + proc.stderr[-5000:]
+    result = json.loads(result_path.read_text())
+    failed = [c for c in result["checks"] if not c["ok"]]
+    assert not failed and proc.returncode == 0, (
+        "failed checks:\n" + "\n".join(f"  {c['name']}: {c['detail']}" for c in failed)
+        + "\n--- run_e2e output ---\n" + proc.stdout[-5000:] + proc.stderr[-3000:])
+
+    # The three requests' lengths really differ, and the server answered each fully.
+    lengths = [r["prompt_tokens"] for r in result["requests"]]
+    assert len(set(lengths)) == len(lengths) == 3
+    assert all(r["completion_tokens"] == 8 for r in result["requests"])
+
+    # `mlatrace report` from this (light) environment: processes, the MLA calls, no findings.
+    report = subprocess.run([sys.executable, "-m", "mlatrace", "report", str(out)],
+                            capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stdout + report.stderr
+    text = report.stdout
+    lineage = result["facts"]["lineage"]
+    for pid in lineage["api"] + lineage["engine"] + lineage["worker"]:
+        assert str(pid) in text, f"process {pid} missing from the report:\n{text}"
+    assert "forward_mqa" in text, text
+    data = json.loads(subprocess.run([sys.executable, "-m", "mlatrace", "report", "--json",
+                                      str(out)], capture_output=True, text=True,
+                                     timeout=300).stdout)
+    assert data.get("findings") == [], data.get("findings")
