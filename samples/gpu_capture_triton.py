@@ -236,8 +236,11 @@ def check(trace_dir: Path) -> int:
 
     end_seq = max(ends[b["gid"]]["seq"] for b in begins if b["gid"] in ends)
     replays = [r for r in records if r["k"] == "graph.replay" and r["gid"] == gid]
-    expect(bool(replays) and max(r["n"] for r in replays) == summary.get("replays", REPLAYS),
-           f"graph {gid} replayed {max((r['n'] for r in replays), default=0)} times")
+    # With --replay-sample the records are sampled; process.end holds the exact count.
+    end = next((r for r in records if r["k"] == "process.end"), {})
+    counted = end.get("replays", {}).get(str(gid), 0)
+    expect(bool(replays) and counted == summary.get("replays", REPLAYS),
+           f"graph {gid} replayed {counted} times ({len(replays)} replay records kept)")
     expect(not [r for r in launches if r["seq"] > end_seq],
            "no kernel.launch after the captures (replays launch nothing from Python)")
     expect(summary.get("sync_debug") == "silent",

@@ -19,7 +19,12 @@ for step in $steps; do
   case $step in
     env) run_step env 60 bash -c 'nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"' ;;
     check) run_step gpu_check 240 python3 -m mlatrace.reference.gpu_check ;;
-    capture) run_step capture_triton 120 python3 -m mlatrace run --out "$R/capture_triton" --replay-sample 8 -- python3 samples/gpu_capture_triton.py ;;
+    capture) run_step capture_triton 120 python3 -m mlatrace run --out "$R/capture_triton" --replay-sample 8 -- python3 samples/gpu_capture_triton.py
+             run_step capture_check 60 python3 samples/gpu_capture_triton.py --check "$R/capture_triton" ;;
+    doctor) run_step doctor 60 python3 -m mlatrace probes doctor ;;
+    quicksplits) run_step bench_splits_quick 240 python3 -m mlatrace bench splits --quick --out "$R/splits_quick" ;;
+    quicktrace) run_step trace_quick 120 python3 -m mlatrace run --out "$R/serve_quick" --replay-sample 4 -- \
+          python3 -m mlatrace.reference.serve --policy legacy --device cuda --ctx 8192 --steps 16 --check ;;
     splits) run_step bench_splits 420 python3 -m mlatrace bench splits --out "$R/splits" ;;
     traces)
       for policy in legacy bucketed device; do

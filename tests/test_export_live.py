@@ -190,3 +190,39 @@ def test_live_export_of_the_reference_program(tmp_path: Path) -> None:
     if not any(r["k"] == "graph.capture.begin" for recs in procs.values() for r in recs):
         pytest.xfail("the reference probes recorded no capture yet")
     assert any(s["name"].startswith("graph.capture") for s in spans)
+
+
+EXEC_PROGRAM = '''
+import os
+import sys
+
+from mlatrace import record
+
+record.emit("mark", name="before-exec", attrs={})
+os.execv(sys.executable, [sys.executable, "-c",
+         "from mlatrace import record; record.emit('mark', name='after-exec', attrs={})"])
+'''
+
+
+def test_exec_keeps_pid_and_chains_process_spans(tmp_path: Path) -> None:
+    prog = tmp_path / "execs.py"
+    prog.write_text(EXEC_PROGRAM)
+    with Receiver() as rx:
+        done, out, _ = run_traced(tmp_path, "exec", rx.url, cmd=[PYTHON, str(prog)])
+        assert done.returncode == 0, done.stderr
+        spans = rx.wait_for(lambda s: sum(x["name"].startswith("process") for x in s) >= 2)
+    procs = [s for s in spans if s["name"].startswith("process")]
+    assert len(procs) == 2 and len(list(out.glob("p*.jsonl"))) == 2
+    assert procs[0]["resource"]["process.pid"] == procs[1]["resource"]["process.pid"]
+    before = next(s for s in procs if s["events"][0]["attrs"]["mlatrace.name"] == "before-exec")
+    after = next(s for s in procs if s is not before)
+    assert after["parent"] == before["span_id"] and after["trace_id"] == before["trace_id"]
+    # `mlatrace export` of the same trace chains them the same way (span ids by file).
+    with Receiver() as rx:
+        exported = subprocess.run([PYTHON, "-m", "mlatrace.cli", "export", str(out), "--otlp",
+                                   rx.url], capture_output=True, text=True, env=env_with_repo(),
+                                  timeout=60)
+        assert exported.returncode == 0, exported.stderr
+        procs = [s for s in rx.spans if s["name"].startswith("process")]
+    first = next(s for s in procs if s["parent"] is None)
+    assert [s["parent"] for s in procs if s is not first] == [first["span_id"]]

@@ -213,8 +213,7 @@ def test_grpc_protocol(tmp_path: Path) -> None:
     server.start()
     try:
         fixture = write_fixture(tmp_path / "t")
-        done = export(str(tmp_path / "t"), "--otlp", f"http://127.0.0.1:{port}",
-                      "--protocol", "grpc")
+        done = export(str(tmp_path / "t"), "--otlp", f"127.0.0.1:{port}", "--protocol", "grpc")
     finally:
         server.stop(0)
     assert done.returncode == 0, done.stderr

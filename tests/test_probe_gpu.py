@@ -51,3 +51,13 @@ def test_saved_capture_trace():
     check = subprocess.run([sys.executable, str(SAMPLE), "--check", str(SAVED)], env=_env(),
                            capture_output=True, text=True, timeout=120, cwd=REPO)
     assert check.returncode == 0, check.stdout
+
+
+def test_parse_real_h200_dot_dump():
+    """The DOT text torch 2.11 wrote on the H200 (kept under samples/) parses to the launch."""
+    from mlatrace.probe.graph_nodes import parse_dot
+
+    dot = (SAVED / "dot" / "p585-g1.dot").read_text()
+    kernels = parse_dot(dot)
+    assert kernels == [{"name": "_split_kv_decode_stage1_kernel", "grid": [4, 1, 1],
+                        "block": [128, 1, 1], "smem": 16}]

@@ -14,7 +14,7 @@ first flush only at exit, when no new thread may be started. A forked child
 builds its own exporter in an at-fork hook (for its own process span) and leaves
 the parent's untouched. Processes of one run share a trace id derived from the
 run id, and a child's process span is the child of its traced parent's
-(MLATRACE_OTLP_PARENT carries the parent's pid to the child).
+(MLATRACE_OTLP_PARENT carries the parent's pid and span to the child).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ stats: dict[str, int] = {"batches": 0, "records": 0, "spans": 0, "exported": 0,
 _config: tuple[str, str] | None = None
 _live: Any = None
 _hooks = False
-_traced_parent: int | None = None  # our parent's pid when it is traced and exporting too
+_parent: tuple[int, int] | None = None  # (trace id, span id) of our traced parent's process span
 _endpoint_failing = False  # inherited by forked children: they start out knowing
 _quiet = threading.local()  # set on threads where OpenTelemetry works for us: silence its logs
 
@@ -54,7 +54,7 @@ def start_live_export(endpoint: str, service_name: str = "mlatrace") -> None:
     Call after the recorder started. Never raises into the traced program: a missing
     exporter package is reported once on stderr and live export stays off.
     """
-    global _config, _hooks, _traced_parent
+    global _config, _hooks, _parent
     try:
         if importlib.util.find_spec("opentelemetry.exporter.otlp.proto.http") is None:
             sys.stderr.write("mlatrace: --otlp needs opentelemetry-exporter-otlp-proto-http "
@@ -66,8 +66,7 @@ def start_live_export(endpoint: str, service_name: str = "mlatrace") -> None:
         if record.current() is None:
             return
         _config = (endpoint, service_name)
-        if os.environ.get(PARENT_ENV) == str(os.getppid()):
-            _traced_parent = os.getppid()
+        _parent = _parent_from_env()
         _start_here()
         if not _hooks:
             _hooks = True
@@ -78,14 +77,29 @@ def start_live_export(endpoint: str, service_name: str = "mlatrace") -> None:
         stats["errors"] += 1
 
 
+def _parent_from_env() -> tuple[int, int] | None:
+    """The parent's process span, when our parent (or our image before an exec) exports too.
+
+    PARENT_ENV is "pid:span_id:trace_id" (hex ids), set by every exporting process for the
+    processes it starts.
+    """
+    try:
+        pid, span_id, trace_id = os.environ.get(PARENT_ENV, "").split(":")
+        if int(pid) in (os.getppid(), os.getpid()):
+            return int(trace_id, 16), int(span_id, 16)
+    except ValueError:
+        pass
+    return None
+
+
 def _start_here() -> None:
-    """Build this process's exporter and hand the recorder our sink."""
+    """Build this process's exporter, tell our children where its span is, add our sink."""
     global _live
     from mlatrace import record
 
-    os.environ[PARENT_ENV] = str(os.getpid())
     assert _config is not None
     _live = _Live(*_config, header=_recorder_header())
+    os.environ[PARENT_ENV] = f"{os.getpid()}:{_live.span_id:016x}:{_live.trace_id:032x}"
     record.add_sink(_sink)
 
 
@@ -128,10 +142,10 @@ def _after_fork_in_child() -> None:
     The parent's exporter is left alone (its lock may have been held at fork time);
     OpenTelemetry's own fork hook has emptied its queue, so it never sends anything.
     """
-    global _traced_parent, _live
-    _live = None
+    global _parent, _live
+    parent, _live = _live, None
     try:
-        _traced_parent = os.getppid()
+        _parent = (parent.trace_id, parent.span_id) if parent is not None else None
         for key in stats:
             stats[key] = 0
         if _config is not None:
@@ -274,16 +288,15 @@ class _Live:
         self.last_seq = -1
         self.finished = False
         _install_filter()
+        # One trace per run: the parent's, else one derived from the run id (so that
+        # processes of one run that are not each other's children still meet).
         run_id = header.get("run_id") or os.environ.get("MLATRACE_RUN_ID") \
             or os.environ.get("MLATRACE_OUT")
-        ppid = header.get("ppid")
-        parent_traced = ppid is not None and ppid == _traced_parent and ppid != self.pid
-        where = otlp.ProcessIds()
-        if run_id:
-            where = otlp.ProcessIds(
-                trace_id=otlp.derive_id(128, "live", run_id),
-                span_id=otlp.derive_id(64, "live", run_id, self.pid),
-                parent_span_id=otlp.derive_id(64, "live", run_id, ppid) if parent_traced else None)
+        if _parent is not None:
+            where = otlp.ProcessIds(trace_id=_parent[0], parent_span_id=_parent[1])
+        else:
+            where = otlp.ProcessIds(trace_id=otlp.derive_id(128, "live", run_id) if run_id
+                                    else None)
         ids = otlp.FixedIds()
         provider = otlp.make_provider(header, service_name, ids)
         self.exporter = _make_counting_exporter(
@@ -294,6 +307,8 @@ class _Live:
         provider.add_span_processor(self.processor)
         self.builder = otlp.ProcessSpans(provider.get_tracer(otlp.SCOPE), ids, header,
                                          where=where, max_attn_spans=otlp.MAX_ATTN_SPANS_LIVE)
+        context = self.builder.process.get_span_context()
+        self.trace_id, self.span_id = context.trace_id, context.span_id
 
     def feed(self, records: list[dict]) -> None:
         """Turn one flushed batch into spans; replay batches end with it."""

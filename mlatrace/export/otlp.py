@@ -497,7 +497,10 @@ def make_exporter(url: str, protocol: str = "http/protobuf",
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        return OTLPSpanExporter(endpoint=url, timeout=timeout_s)
+        # host:port means plaintext, as collectors listen by default (the exporter would
+        # otherwise read the host as a URL scheme and try TLS)
+        return OTLPSpanExporter(endpoint=url if "://" in url else f"http://{url}",
+                                timeout=timeout_s)
     if protocol != "http/protobuf":
         raise ValueError(f"unknown OTLP protocol {protocol!r} (http/protobuf or grpc)")
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -573,20 +576,26 @@ def build_spans(trace: Any, service_name: str, findings: Sequence[Any] = ()) -> 
     first = next((p.header for p in trace.processes if p.header), None) or {}
     run_id = run.get("run_id") or first.get("run_id") or str(getattr(trace, "root", ""))
     trace_id = derive_id(128, "export", run_id)
-    pids = {p.header.get("pid") for p in trace.processes if p.header}
+    procs = [p for p in trace.processes if p.header]
+    # Span ids by file, not pid: an exec'd image keeps its pid and gets a second file.
+    span_of = {p.name: derive_id(64, "export", run_id, p.name) for p in procs}
+    first_file: dict[Any, str] = {}
+    for p in procs:
+        first_file.setdefault(p.header.get("pid"), p.name)
     carried = assign_findings(trace, findings)
     processes = 0
-    for proc in trace.processes:
+    for proc in procs:
         header = proc.header
-        if not header:
-            continue
         pid, ppid = header.get("pid"), header.get("ppid")
+        if first_file[pid] != proc.name:  # a later image of an exec'd process: after the first
+            parent_file: str | None = first_file[pid]
+        else:
+            parent_file = first_file.get(ppid) if ppid != pid else None
         ids = FixedIds()
         provider = make_provider(header, service_name, ids)
         provider.add_span_processor(SimpleSpanProcessor(memory))
-        where = ProcessIds(trace_id=trace_id, span_id=derive_id(64, "export", run_id, pid),
-                           parent_span_id=(derive_id(64, "export", run_id, ppid)
-                                           if ppid in pids and ppid != pid else None))
+        where = ProcessIds(trace_id=trace_id, span_id=span_of[proc.name],
+                           parent_span_id=span_of.get(parent_file) if parent_file else None)
         builder = ProcessSpans(provider.get_tracer(SCOPE), ids, header, where=where,
                                findings=carried.get(proc.name, []))
         for rec in proc.records():
