@@ -163,7 +163,7 @@ def graph_rows(graphs: list[dict]) -> list[tuple[list, list[str]]]:
                  _fmt(frozen["capture_seq_len_max"]), _fmt(frozen["num_kv_splits"]),
                  _fmt(grid[0] if grid and len(grid) == 1 else grid), _fmt(frozen["stage2"]),
                  str(rep["count"]), _fmt(rep["seq_len_max"]), ptrs, _ms(gpu))
-        rows.setdefault(cells, []).append(g["rank"] if g["rank"] is not None else g["pid"])
+        rows.setdefault(cells, []).append(g["rank"] if g["rank"] is not None else f"pid {g['pid']}")
     return [(ranks, list(cells)) for cells, ranks in rows.items()]
 
 

@@ -215,3 +215,20 @@ def test_checked_in_fixtures():
     assert ids(FIXTURES / "device_tp2") == []
     assert ids(FIXTURES / "pa_v1_beyond") == ["MLT002"]
     assert ids(FIXTURES / "mixed_full") == ["MLT005"]
+
+
+def test_decision_seen_in_wrapper_and_nested_graph_is_one_finding(tmp_path):
+    import json
+
+    root = synth.mla_decode(tmp_path / "t", policy="legacy")
+    path = root / "p1000.jsonl"
+    records = []
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        records.append(record)
+        if record["k"] == "kernel.split" and record.get("gid") == 2:
+            records.append({**record, "gid": 1})  # the wrapper's probe saw it too
+    for seq, record in enumerate(records):
+        record["seq"] = seq
+    path.write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    assert ids(root) == ["MLT001"]

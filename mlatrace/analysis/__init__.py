@@ -48,12 +48,17 @@ def analyze_model(model: TraceModel, config: Config | None = None,
     config = config or Config()
     wanted = {r.upper() for r in rules} if rules else None
     findings, suppressed = [], []
+    seen: set[tuple] = set()
     for rule_id, rule in RULE_FUNCTIONS.items():
         if not config.enabled(rule_id) or (wanted is not None and rule_id not in wanted):
             continue
         for finding in rule(model, config):
             if not finding.evidence:
                 continue  # no finding without evidence
+            identity = _identity(finding)
+            if identity in seen:
+                continue  # the same decision seen in a wrapper and in the graph nested in it
+            seen.add(identity)
             if config.allow and config.allowed(finding, finding.details.get("key")):
                 suppressed.append(finding)
             else:
@@ -61,6 +66,12 @@ def analyze_model(model: TraceModel, config: Config | None = None,
     findings.sort(key=lambda f: (-SEVERITY_ORDER.get(f.severity, 0), f.id,
                                  f.rank if f.rank is not None else -1, f.pid or 0, f.gid or 0))
     return Analysis(model=model, findings=findings, suppressed=suppressed, config=config)
+
+
+def _identity(f: Finding) -> tuple:
+    d = f.details
+    return (f.id, f.pid, f.gid, str(d.get("op")), str(d.get("buffer")), str(d.get("value")),
+            d.get("capturing"), f.message if f.gid is None else None)
 
 
 def analyze(trace: Any, config: Config | None = None, rules: list[str] | None = None) -> Analysis:

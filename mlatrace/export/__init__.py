@@ -10,6 +10,7 @@ Exit codes: 0 exported, 1 the OTLP endpoint failed (refused, timed out, rejected
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -45,6 +46,8 @@ def main(trace: str, otlp: str | None = None, protocol: str = "http/protobuf",
     except TraceError as exc:
         _say(f"error: {exc}")
         return 2
+    if service_name == "mlatrace":  # the default: the standard variable may name the service
+        service_name = os.environ.get("OTEL_SERVICE_NAME") or service_name
     findings = load_findings(opened)
     processes = sum(1 for p in opened.processes if p.header)
     code = 0

@@ -8,13 +8,14 @@ costs those two threads: export failures are swallowed and counted, reported in
 one stderr line when the process ends, and the final flush waits a bounded time
 (almost none once the endpoint is known to be failing).
 
-The exporter is built when export starts (OpenTelemetry's import, ~0.1-0.3 s, is
-paid at process start, not on a step), because a short-lived child may reach its
+The exporter is built when export starts (OpenTelemetry's import, ~0.3 s, is paid
+at process start, not on a step), because a short-lived child may reach its
 first flush only at exit, when no new thread may be started. A forked child
 builds its own exporter in an at-fork hook (for its own process span) and leaves
-the parent's untouched. Processes of one run share a trace id derived from the
-run id, and a child's process span is the child of its traced parent's
-(MLATRACE_OTLP_PARENT carries the parent's pid and span to the child).
+the parent's untouched. A child's process span is the child of its traced
+parent's, in the parent's trace (MLATRACE_OTLP_PARENT carries the parent's pid and
+span to the child, across fork, spawn and exec); processes with no traced parent
+share a trace id derived from the run id.
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ def start_live_export(endpoint: str, service_name: str = "mlatrace") -> None:
 
         if record.current() is None:
             return
+        if service_name == "mlatrace":  # `mlatrace run` has no flag for it: the standard env
+            service_name = os.environ.get("OTEL_SERVICE_NAME") or service_name
         _config = (endpoint, service_name)
         _parent = _parent_from_env()
         _start_here()
@@ -108,12 +111,7 @@ def _recorder_header() -> dict:
     from mlatrace import record
 
     recorder = record.current()
-    header = getattr(recorder, "header", None)
-    if callable(header):
-        header = header()
-    if not isinstance(header, dict):
-        header = recorder._header()  # noqa: SLF001 - until the recorder offers it publicly
-    return header
+    return recorder.header() if recorder is not None else {}
 
 
 def _sink(records: list[dict]) -> None:
@@ -316,16 +314,19 @@ class _Live:
         with self.lock:
             if self.finished:
                 return
-            stats["batches"] += 1
+            first = records[0].get("seq") if records else None
+            if isinstance(first, int) and first <= self.last_seq:  # delivered twice: a sink
+                records = [r for r in records  # registered twice (fork hooks)
+                           if not isinstance(r.get("seq"), int) or r["seq"] > self.last_seq]
+            feed = self.builder.feed
             for rec in records:
-                seq = rec.get("seq")
-                if isinstance(seq, int):
-                    if seq <= self.last_seq:
-                        continue  # delivered twice (a sink registered twice)
-                    self.last_seq = seq
-                stats["records"] += 1
-                self.builder.feed(rec)
-                ended = ended or rec.get("k") == "process.end"
+                feed(rec)
+            if records:
+                last = records[-1].get("seq")
+                self.last_seq = last if isinstance(last, int) else self.last_seq
+                ended = records[-1].get("k") == "process.end"
+            stats["batches"] += 1
+            stats["records"] += len(records)
             self.builder.flush()
         if ended:
             self.finish()

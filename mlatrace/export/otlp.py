@@ -151,7 +151,8 @@ class ProcessIds:
 
 
 class _ReplayBatch:
-    """Consecutive replays of one graph on one thread, exported as one span."""
+    """Consecutive replays of one graph on one thread, exported as one span (running totals:
+    this runs once per replay record, on the flush thread in live export)."""
 
     def __init__(self, gid: Any, start: int) -> None:
         self.gid = gid
@@ -160,41 +161,57 @@ class _ReplayBatch:
         self.count = 0
         self.n_first: Any = None
         self.n_last: Any = None
-        self.gpu_ns: list[int] = []
-        self.seq_len_max: list[int] = []
-        self.num_tokens: list[int] = []
+        self.gpu_timed = 0
+        self.gpu_sum = 0
+        self.gpu_max = 0
+        self.len_min: Any = None
+        self.len_max: Any = None
+        self.tokens_max: Any = None
         self.mode: Any = None
 
     def add(self, rec: dict, ts: int, meta: dict | None, dispatch: dict | None) -> None:
         self.count += 1
-        if self.n_first is None:
-            self.n_first = rec.get("n")
-        self.n_last = rec.get("n")
+        n = rec.get("n")
+        if self.count == 1:
+            self.n_first = n
+        self.n_last = n
         gpu = rec.get("gpu_ns")
-        if isinstance(gpu, int):
-            self.gpu_ns.append(gpu)
-        self.end = max(self.end, ts + (gpu if isinstance(gpu, int) else 0))
-        if meta and isinstance(meta.get("seq_len_max"), int):
-            self.seq_len_max.append(meta["seq_len_max"])
-        if dispatch:
-            if isinstance(dispatch.get("num_tokens"), int):
-                self.num_tokens.append(dispatch["num_tokens"])
+        if type(gpu) is int:
+            self.gpu_timed += 1
+            self.gpu_sum += gpu
+            if gpu > self.gpu_max:
+                self.gpu_max = gpu
+            ts += gpu
+        if ts > self.end:
+            self.end = ts
+        if meta is not None:
+            length = meta.get("seq_len_max")
+            if type(length) is int:
+                if self.len_min is None or length < self.len_min:
+                    self.len_min = length
+                if self.len_max is None or length > self.len_max:
+                    self.len_max = length
+        if dispatch is not None:
+            tokens = dispatch.get("num_tokens")
+            if type(tokens) is int and (self.tokens_max is None or tokens > self.tokens_max):
+                self.tokens_max = tokens
             self.mode = dispatch.get("mode", self.mode)
 
     def attributes(self) -> dict[str, Any]:
-        attrs: dict[str, Any] = {"mlatrace.gid": attr_value(self.gid), "mlatrace.replay.count": self.count}
+        attrs: dict[str, Any] = {"mlatrace.gid": attr_value(self.gid),
+                                 "mlatrace.replay.count": self.count}
         if self.n_first is not None:
             attrs["mlatrace.replay.n_first"] = self.n_first
             attrs["mlatrace.replay.n_last"] = self.n_last
-        if self.gpu_ns:
-            attrs["mlatrace.replay.gpu_ns.sum"] = sum(self.gpu_ns)
-            attrs["mlatrace.replay.gpu_ns.max"] = max(self.gpu_ns)
-            attrs["mlatrace.replay.gpu_ns.timed"] = len(self.gpu_ns)
-        if self.seq_len_max:
-            attrs["mlatrace.replay.seq_len_max.min"] = min(self.seq_len_max)
-            attrs["mlatrace.replay.seq_len_max.max"] = max(self.seq_len_max)
-        if self.num_tokens:
-            attrs["mlatrace.replay.num_tokens.max"] = max(self.num_tokens)
+        if self.gpu_timed:
+            attrs["mlatrace.replay.gpu_ns.sum"] = self.gpu_sum
+            attrs["mlatrace.replay.gpu_ns.max"] = self.gpu_max
+            attrs["mlatrace.replay.gpu_ns.timed"] = self.gpu_timed
+        if self.len_max is not None:
+            attrs["mlatrace.replay.seq_len_max.min"] = self.len_min
+            attrs["mlatrace.replay.seq_len_max.max"] = self.len_max
+        if self.tokens_max is not None:
+            attrs["mlatrace.replay.num_tokens.max"] = self.tokens_max
         if self.mode is not None:
             attrs["mlatrace.dispatch.mode"] = attr_value(self.mode)
         return attrs
@@ -301,7 +318,17 @@ class ProcessSpans:
     def feed(self, rec: dict) -> None:
         """Take the next record of this process (unknown kinds become events, never errors)."""
         kind = rec.get("k")
-        self.counts[kind] = self.counts.get(kind, 0) + 1
+        counts = self.counts
+        counts[kind] = counts.get(kind, 0) + 1
+        if kind == "graph.replay":  # the per-step kinds first: they are most of a trace
+            self._replay(rec)
+            return
+        if kind == "attn.metadata" or kind == "dispatch":
+            ts = self.wall_ns + (rec.get("t") or 0)
+            if ts > self.last_ts:
+                self.last_ts = ts
+            (self.meta if kind == "attn.metadata" else self.dispatch)[rec.get("tid")] = rec
+            return
         handler = _HANDLERS.get(kind)
         if handler is not None:
             handler(self, rec)
@@ -386,16 +413,10 @@ class ProcessSpans:
         self.spans += 1
         span.end(end_time=ts)
 
-    def _metadata(self, rec: dict) -> None:
-        self._ts(rec)
-        self.meta[rec.get("tid")] = rec
-
-    def _dispatch(self, rec: dict) -> None:
-        self._ts(rec)
-        self.dispatch[rec.get("tid")] = rec
-
     def _replay(self, rec: dict) -> None:
-        ts, gid, tid = self._ts(rec), rec.get("gid"), rec.get("tid")
+        ts, gid, tid = self.wall_ns + (rec.get("t") or 0), rec.get("gid"), rec.get("tid")
+        if ts > self.last_ts:
+            self.last_ts = ts
         key = (tid, gid)
         batch = self.batches.get(key)
         if batch is not None and (batch.count >= MAX_REPLAYS_PER_SPAN
@@ -464,15 +485,12 @@ _HANDLERS = {
     "graph.capture.begin": ProcessSpans._capture_begin,
     "graph.capture.end": ProcessSpans._capture_end,
     "graph.nodes": ProcessSpans._nodes,
-    "graph.replay": ProcessSpans._replay,
     "graph.eager_break": ProcessSpans._capture_event,
     "kernel.launch": ProcessSpans._capture_event,
     "kernel.split": ProcessSpans._capture_event,
     "kernel.skip": ProcessSpans._capture_event,
     "sync": ProcessSpans._capture_event,
     "attn.call": ProcessSpans._attn_call,
-    "attn.metadata": ProcessSpans._metadata,
-    "dispatch": ProcessSpans._dispatch,
     "mark": ProcessSpans._process_event,
     "probe.error": ProcessSpans._process_event,
     "process.end": ProcessSpans._process_end,

@@ -214,7 +214,7 @@ class Recorder:
             if self._fd is None:
                 return
             if not self._header_written:
-                self._write_lines([self._header()])
+                self._write_lines([self.header()])
                 self._header_written = True
             batch = []
             pending = self._pending
@@ -256,6 +256,11 @@ class Recorder:
             self._write_lines([end])
             os.close(self._fd)
             self._fd = None
+        for sink in self._sinks:
+            try:
+                sink([end])
+            except Exception:
+                self.sink_errors += 1
 
     def abandon(self) -> None:
         """Forget this recorder in a forked child: the parent owns the file and thread."""
@@ -280,14 +285,15 @@ class Recorder:
                 continue
         raise AssertionError("unreachable")
 
-    def _header(self) -> dict:
+    def header(self) -> dict:
+        """The `process` record that opens this process's file."""
         from mlatrace import __version__
 
         return {
             "k": "process",
             "t": 0,
             "seq": 0,
-            "tid": threading.get_ident(),
+            "tid": threading.main_thread().ident,
             "schema": SCHEMA,
             "pid": self.pid,
             "ppid": self.ppid,

@@ -8,11 +8,14 @@ Usage (with the vLLM venv's python):
 Starts the server `--pairs` times plainly and `--pairs` times under
 `mlatrace run`, alternating (A B A B ...) so that drift of a shared machine
 hits both alike. Each server gets one warm-up request, then `--rounds` rounds
-of the same prompts, one request at a time, streamed: TPOT of a request is
-(time of last token - time of first token) / (tokens - 1), from the client's
-clock on the SSE chunks. Prints the median TPOT of each mode and the ratio.
-The torch.compile cache is shared between the starts (--cache-dir) so that
-start-up is not what varies.
+of the same prompts, one request at a time: each prompt is sent with
+max_tokens=1 and with max_tokens=N (ignore_eos), and TPOT is
+(latency_N - latency_1) / (N - 1): the decode steps alone, prefill and HTTP
+cancelling out. (Streamed chunk times are useless here: at ~3 ms a token the
+API server delivers many tokens in one burst.) vLLM's own per-request TPOT
+histogram (/metrics) is reported beside it. Prints the median TPOT of each
+mode and the ratio. The torch.compile cache is shared between the starts
+(--cache-dir) so that start-up is not what varies.
 """
 
 from __future__ import annotations
@@ -31,33 +34,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run_e2e import HOST, PROMPTS, free_port, serve_cmd, server_env, stop, wait_ready  # noqa: E402
 
 
-def stream_tpot(port: int, model: Path, prompt: str, max_tokens: int) -> tuple[float, int]:
-    """(TPOT in seconds, chunks) of one streamed completion.
-
-    The API server may pack several tokens in one chunk, so the time from the
-    first chunk (the first token, right after prefill) to the last is divided
-    by the tokens generated after the first one, from the usage record.
-    """
+def latency(port: int, model: Path, prompt: str, max_tokens: int) -> float:
+    """Seconds for one non-streamed completion of exactly max_tokens tokens."""
     body = json.dumps({"model": str(model), "prompt": prompt, "max_tokens": max_tokens,
-                       "temperature": 0.0, "ignore_eos": True, "stream": True,
-                       "stream_options": {"include_usage": True}}).encode()
+                       "temperature": 0.0, "ignore_eos": True}).encode()
     req = urllib.request.Request(f"http://{HOST}:{port}/v1/completions", data=body,
                                  headers={"Content-Type": "application/json"})
-    stamps: list[float] = []
-    tokens = 0
+    t0 = time.perf_counter()
     with urllib.request.urlopen(req, timeout=120) as resp:  # noqa: S310 - loopback only
-        for raw in resp:
-            line = raw.strip()
-            if not line.startswith(b"data:") or line == b"data: [DONE]":
-                continue
-            chunk = json.loads(line[5:])
-            if chunk.get("choices") and chunk["choices"][0].get("text") is not None:
-                stamps.append(time.perf_counter())
-            if chunk.get("usage"):
-                tokens = int(chunk["usage"]["completion_tokens"])
-    if len(stamps) < 2 or tokens < 2:
-        raise RuntimeError(f"only {len(stamps)} chunks / {tokens} tokens streamed")
-    return (stamps[-1] - stamps[0]) / (tokens - 1), len(stamps)
+        out = json.loads(resp.read())
+    elapsed = time.perf_counter() - t0
+    if out["usage"]["completion_tokens"] != max_tokens:
+        raise RuntimeError(f"asked {max_tokens} tokens, got {out['usage']}")
+    return elapsed
 
 
 SERVER_METRIC = "vllm:request_time_per_output_token_seconds"
@@ -96,19 +85,19 @@ def one_server(args: argparse.Namespace, traced: bool, cache: Path, trace_root: 
                 if not wait_ready(proc, port, 900):
                     raise RuntimeError((tmp / "server.log").read_text()[-3000:])
                 ready = time.monotonic() - t0
-                stream_tpot(port, args.model, PROMPTS[0], 8)  # warm-up
-                tpots, chunks = [], []
+                latency(port, args.model, PROMPTS[0], args.max_tokens)  # warm-up
+                tpots = []
                 sum0, count0 = scrape(port)
                 for _ in range(args.rounds):
                     for prompt in PROMPTS:
-                        tpot, n = stream_tpot(port, args.model, prompt, args.max_tokens)
-                        tpots.append(tpot)
-                        chunks.append(n)
+                        one = latency(port, args.model, prompt, 1)
+                        full = latency(port, args.model, prompt, args.max_tokens)
+                        tpots.append((full - one) / (args.max_tokens - 1))
                 sum1, count1 = scrape(port)
             finally:
                 rc = stop(proc)
     return {"traced": traced, "ready_s": round(ready, 1), "rc": rc,
-            "tpot_ms": [round(t * 1000, 3) for t in tpots], "chunks": chunks,
+            "tpot_ms": [round(t * 1000, 3) for t in tpots],
             "median_ms": round(statistics.median(tpots) * 1000, 3),
             "server_mean_ms": round((sum1 - sum0) / max(count1 - count0, 1) * 1000, 3)}
 
