@@ -225,7 +225,8 @@ def test_launches_are_what_the_probes_see(monkeypatch):
     seen.clear()
     mla_gluon(q_nope, q_pe, kv_c, o, page_table, seq_info, SM_SCALE, policy="device")
     assert [s[0] for s in seen] == ["stage1", "stage2"]
-    assert seen[0][2] == ((1, 256, 1),) and seen[1][2] == ((1, 16, 8),)
+    assert seen[0][2] == ((1, policies.DEVICE_PROGRAM_BUDGET, 1),)
+    assert seen[1][2] == ((1, 16, 8),)
     for fn in (real1, real2):
         params = inspect.signature(fn).parameters
         assert params["NUM_KV_SPLITS"].kind is inspect.Parameter.KEYWORD_ONLY
@@ -348,6 +349,34 @@ def test_pa_v1_longer_than_captured_is_wrong():
     errors = run_pa([300, 17, 64], 64, torch.float32, "torch")
     assert errors[0] > 0.1                       # tokens past the captured max never read
     assert max(errors[1:]) < 1e-5                # within the captured max: still right
+
+
+# ---------------------------------------------------------------------------------------
+# the split benchmark's plumbing (torch backend on the CPU; the real run needs CUDA)
+# ---------------------------------------------------------------------------------------
+
+
+def test_splits_bench_writes_table_json_and_plot(tmp_path):
+    from mlatrace.bench import splits_bench
+
+    cfg = splits_bench.Config(lengths=(1, 130), sweep=(1, 2), min_replays=1, max_replays=1,
+                              seconds_per_point=0.0, tune=False, device="cpu", sets=2)
+    res = splits_bench.run_bench(cfg, tmp_path, log=lambda line: None)
+    splits_bench.write_outputs(tmp_path, res)
+    table = (tmp_path / "splits.md").read_text()
+    assert "| 1 |" in table and "| 130 |" in table
+    data = json.loads((tmp_path / "splits.json").read_text())
+    assert [row["length"] for row in data["rows"]] == [1, 130]
+    assert set(data["rows"][0]["columns"]) == {"legacy@1", "fixed128", "bucketed", "device"}
+    assert (tmp_path / "splits.png").stat().st_size > 1000
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the no-GPU exit")
+def test_splits_bench_needs_cuda(tmp_path, capsys):
+    from mlatrace.bench import splits_bench
+
+    assert splits_bench.main(str(tmp_path), quick=True) == 2
+    assert "CUDA" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------------

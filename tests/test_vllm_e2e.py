@@ -73,15 +73,16 @@ def test_vllm_serve_traced_end_to_end(vllm_venv: Path, tiny_model: Path, tmp_pat
     assert all(r["completion_tokens"] == 8 for r in result["requests"])
 
     # `mlatrace report` from this (light) environment: processes, the MLA calls, no findings.
-    report = subprocess.run([sys.executable, "-m", "mlatrace", "report", str(out)],
+    report = subprocess.run([sys.executable, "-m", "mlatrace", "report", "-v", str(out)],
                             capture_output=True, text=True, timeout=300)
     assert report.returncode == 0, report.stdout + report.stderr
     text = report.stdout
+    assert "forward_mqa" in text, f"the report does not show the MLA calls:\n{text}"
+    proc = subprocess.run([sys.executable, "-m", "mlatrace", "report", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    data = json.loads(proc.stdout)
     lineage = result["facts"]["lineage"]
+    reported = {p["pid"] for p in data["processes"]}
     for pid in lineage["api"] + lineage["engine"] + lineage["worker"]:
-        assert str(pid) in text, f"process {pid} missing from the report:\n{text}"
-    assert "forward_mqa" in text, text
-    data = json.loads(subprocess.run([sys.executable, "-m", "mlatrace", "report", "--json",
-                                      str(out)], capture_output=True, text=True,
-                                     timeout=300).stdout)
-    assert data.get("findings") == [], data.get("findings")
+        assert int(pid) in reported, f"process {pid} missing from the report: {sorted(reported)}"
+    assert data["findings"] == [], data["findings"]

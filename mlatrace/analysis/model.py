@@ -11,6 +11,7 @@ import gc
 import json
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -205,6 +206,7 @@ class TraceModel:
     # syncs outside capture after the thread started replaying (the decode step path)
     step_syncs: dict[tuple[int | None, Any, Any], SyncSite] = field(default_factory=dict)
     problems: list = field(default_factory=list)
+    worker_cpu_s: list[float] = field(default_factory=list)  # per file worker (bench analyze)
 
     def process(self, pid: int | None) -> ProcessModel | None:
         for proc in self.processes:
@@ -725,6 +727,7 @@ def _finish_model(model: TraceModel, trace: Any, parts: list[TraceModel] | None)
             model.graphs.update(part.graphs)
             model.runtime_eager.update(part.runtime_eager)
             model.step_syncs.update(part.step_syncs)
+            model.worker_cpu_s.extend(part.worker_cpu_s)
             done_files.update(p.file for p in part.processes)
         order = {getattr(p, "name", None): i for i, p in enumerate(trace.processes)}
         model.processes.sort(key=lambda p: order.get(p.file, 0))
@@ -796,12 +799,14 @@ def _build_partial(paths: list[str]) -> TraceModel:
     from mlatrace.trace import open_trace
 
     model = TraceModel(root="")
+    started = time.process_time()
     gc.disable()
     for path in paths:
         trace = open_trace(path)
         for proc_file in trace.processes:
             model.processes.append(_stream_process(model, proc_file))
         model.problems = list(trace.problems) + model.problems
+    model.worker_cpu_s = [time.process_time() - started]
     return model
 
 

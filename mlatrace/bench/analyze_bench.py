@@ -100,12 +100,11 @@ def write_trace(root: Path, events: int) -> int:
 
 
 _CHILD = """
-import contextlib, io, json, resource, sys
-from mlatrace import report
-buf = io.StringIO()
-with contextlib.redirect_stdout(buf):
-    rc = report.main(sys.argv[1], as_json=True)
-data = json.loads(buf.getvalue())
+import json, resource, sys, time
+from mlatrace.report import load, report_dict, resolve_config
+path = sys.argv[1]
+_trace, result = load(path, resolve_config(None))
+text = json.dumps(report_dict(path, result), indent=1, default=str)
 hwm = None
 try:
     with open("/proc/self/status") as f:
@@ -115,8 +114,9 @@ except (OSError, StopIteration):
 if hwm is None:
     hwm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-print(json.dumps({"rc": rc, "peak_mb": hwm, "workers_mb": workers,
-                  "findings": len(data["findings"])}))
+print(json.dumps({"peak_mb": hwm, "workers_mb": workers, "findings": len(result.findings),
+                  "self_cpu_s": time.process_time(), "worker_cpu_s": result.model.worker_cpu_s,
+                  "json_bytes": len(text)}))
 """
 
 
@@ -151,13 +151,17 @@ def main(events: int = 1_000_000, repeat: int = 3) -> int:
     best = min(runs, key=lambda r: r["wall_s"])
     peak = max(r["peak_mb"] for r in runs)
     workers = max(r["workers_mb"] for r in runs)
-    ok = best["wall_s"] <= GOAL_S and peak <= GOAL_MB
+    ok = best["wall_s"] <= GOAL_S and peak <= GOAL_MB  # the wall time, not the estimate
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"trace: {written} events, {RANKS} processes, {size_mb:.0f} MB "
           f"(generated in {gen_s:.1f} s)")
     walls = ", ".join(f"{r['wall_s']:.2f}" for r in runs)
     print(f"report --json, best of {repeat}: {best['wall_s']:.2f} s wall (runs: {walls}; "
           f"goal <= {GOAL_S} s), {best['cpu_s']:.2f} s CPU incl. workers")
+    workers_cpu = best["worker_cpu_s"] or [0.0]
+    critical = best["self_cpu_s"] + max(workers_cpu)
+    print(f"critical path (report process CPU + slowest of {len(best['worker_cpu_s'])} file "
+          f"workers): {critical:.2f} s, i.e. the wall time on an otherwise idle box")
     print(f"peak RSS: report {peak:.0f} MB (goal <= {GOAL_MB:.0f} MB), each file worker "
           f"<= {workers:.0f} MB; {best['findings']} findings")
     print(f"box: {os.cpu_count()} cpus, load average {load:.1f}, python {sys.version.split()[0]}")

@@ -46,6 +46,7 @@ MAX_SETS = 16
 KV_ROW_BYTES = 576 * 2          # bf16 latent + rope per token
 TUNE_BUDGETS = (132, 192, 256, 264, 396)
 TUNE_CONFIGS = ((4, 2), (8, 2), (4, 3), (4, 1))   # (num_warps, num_stages) of stage 1
+TUNE_STAGE2 = ((64, 64), (32, 128), (128, 32), (64, 32))   # (BLOCK_S, BLOCK_DV) of stage 2
 TUNE_MIN_TILES = (1, 2, 4)
 TUNE_MIN_TILES_LENGTHS = (1024, 4096, 16384)
 
@@ -60,6 +61,7 @@ class Config:
     tune: bool
     nhead: int = NHEAD
     device: str = "cuda"
+    sets: int | None = None       # rotation sets per graph; None: enough to overflow L2
 
 
 @dataclass
@@ -68,6 +70,7 @@ class Results:
     read_ceiling_bytes_per_s: float = 0.0
     rows: list[dict] = field(default_factory=list)
     tuning: list[dict] = field(default_factory=list)
+    stage2_tuning: list[dict] = field(default_factory=list)
     min_tiles: list[dict] = field(default_factory=list)
     stages_100k: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)
@@ -212,7 +215,7 @@ def run_bench(cfg: Config, out: Path | None = None, log: Callable[[str], None] =
     timer = Timer(cfg)
     for length in cfg.lengths:
         torch.manual_seed(length)
-        sets = make_sets(length, cfg.nhead, cfg.device)
+        sets = make_sets(length, cfg.nhead, cfg.device, cfg.sets)
         row: dict = dict(length=length, sets=len(sets), columns={}, sweep={})
         for name, (policy, hint_of) in COLUMNS.items():
             row["columns"][name] = timer.per_call_us(mla_calls(sets, policy, hint_of(length),
@@ -244,11 +247,13 @@ def run_bench(cfg: Config, out: Path | None = None, log: Callable[[str], None] =
 
 
 def tune(cfg: Config, timer: Timer, res: Results, log: Callable[[str], None]) -> None:
-    """Device policy at the longest length by launch budget x stage-1 (warps, stages); and
-    its smallest chunk (min tiles per split) at mid lengths. Restores every knob after."""
-    from mlatrace.reference import policies, triton_mla
+    """Device policy at the longest length by launch budget x stage-1 (warps, stages) and by
+    stage-2 tile; its smallest chunk (min tiles per split) at mid lengths. Restores every
+    knob after."""
+    from mlatrace.reference import mla, policies, triton_mla
 
     length = max(cfg.lengths)
+    saved_stage2 = (mla.BLOCK_S, mla.BLOCK_DV)
     sets = make_sets(length, cfg.nhead, cfg.device)
     saved = (policies.DEVICE_PROGRAM_BUDGET, triton_mla.STAGE1_WARPS, triton_mla.STAGE1_STAGES,
              policies.DEVICE_MIN_TILES_PER_SPLIT)
@@ -267,6 +272,12 @@ def tune(cfg: Config, timer: Timer, res: Results, log: Callable[[str], None]) ->
                 log(f"tune {length}: budget {budget:4d} warps {warps} stages {stages}: "
                     f"{t['us']:9.1f} us  {entry['bytes_per_s'] / 1e12:5.2f} TB/s")
         policies.DEVICE_PROGRAM_BUDGET, triton_mla.STAGE1_WARPS, triton_mla.STAGE1_STAGES = saved[:3]
+        for block_s, block_dv in TUNE_STAGE2:
+            mla.BLOCK_S, mla.BLOCK_DV = block_s, block_dv
+            t = timer.per_call_us(mla_calls(sets, "device", 1, "triton"))
+            res.stage2_tuning.append(dict(length=length, block_s=block_s, block_dv=block_dv, **t))
+            log(f"stage 2 {length}: BLOCK_S {block_s:3d} BLOCK_DV {block_dv:3d}: {t['us']:8.1f} us")
+        mla.BLOCK_S, mla.BLOCK_DV = saved_stage2
         del sets
         for length in TUNE_MIN_TILES_LENGTHS:
             sets = make_sets(length, cfg.nhead, cfg.device)
@@ -279,6 +290,7 @@ def tune(cfg: Config, timer: Timer, res: Results, log: Callable[[str], None]) ->
     finally:
         (policies.DEVICE_PROGRAM_BUDGET, triton_mla.STAGE1_WARPS, triton_mla.STAGE1_STAGES,
          policies.DEVICE_MIN_TILES_PER_SPLIT) = saved
+        mla.BLOCK_S, mla.BLOCK_DV = saved_stage2
 
 
 def stage_breakdown(cfg: Config, timer: Timer, length: int, log: Callable[[str], None]) -> dict:
@@ -373,6 +385,20 @@ def markdown(res: Results) -> str:
         s = res.stages_100k
         lines.append(f"Device policy at {s['length']}: stage 1 {s['stage1_us']:.1f} us,"
                      f" stage 2 {s['stage2_us']:.1f} us ({s['splits']} splits launched).")
+    if res.tuning:
+        lines += ["", f"Tuning, device policy at {res.tuning[0]['length']} tokens (us per call):",
+                  "", "| budget | " + " | ".join(f"w{w} s{st}" for w, st in TUNE_CONFIGS) + " |",
+                  "|---:|" + "---:|" * len(TUNE_CONFIGS)]
+        for budget in TUNE_BUDGETS:
+            cells = [next((f"{t['us']:.1f}" for t in res.tuning if t["budget"] == budget
+                           and (t["warps"], t["stages"]) == cfg), "") for cfg in TUNE_CONFIGS]
+            lines.append(f"| {budget} | " + " | ".join(cells) + " |")
+    if res.stage2_tuning:
+        lines += ["", "Stage 2 tile (BLOCK_S x BLOCK_DV): " + ", ".join(
+            f"{t['block_s']}x{t['block_dv']} {t['us']:.1f} us" for t in res.stage2_tuning)]
+    if res.min_tiles:
+        lines += ["", "Device min tiles per split: " + "; ".join(
+            f"{t['length']}: {t['min_tiles']} -> {t['us']:.1f} us" for t in res.min_tiles)]
     return "\n".join(lines) + "\n"
 
 

@@ -132,9 +132,10 @@ def check_mla_torch_backend_in_graph(results: list[dict]) -> None:
                    *buffers.errors(lengths), 1e-2)
 
 
-def check_pa(dtype: torch.dtype, results: list[dict]) -> None:
+def check_pa(dtype: torch.dtype, results: list[dict], max_tokens: int = 32768) -> None:
+    """GQA 32/8, head 128, block 16: eager at the real max, then one graph captured at
+    max_tokens // 4 replayed shorter (right) and longer (wrong past the captured max)."""
     num_heads, num_kv_heads, head_size, block_size = 32, 8, 128, 16
-    max_tokens = 32768
     blocks_per_seq = max_tokens // block_size + 1
     num_seqs = 3
     num_blocks = num_seqs * blocks_per_seq + 5
@@ -153,7 +154,8 @@ def check_pa(dtype: torch.dtype, results: list[dict]) -> None:
                            seq_lens, block_size, max_seq_len, backend="triton")
 
     tol = TOL[dtype]
-    for lengths in ([1, 1000, 32768], [17, 32767, 4096]):                 # eager at the real max
+    eager_sets = ([1, max_tokens // 32 + 1, max_tokens], [17, max_tokens - 1, max_tokens // 8])
+    for lengths in eager_sets:                                           # eager at the real max
         seq_lens.copy_(torch.tensor(lengths, dtype=torch.int32))
         out.fill_(float("nan"))
         call(max(lengths))
@@ -162,13 +164,15 @@ def check_pa(dtype: torch.dtype, results: list[dict]) -> None:
                                         tables, lengths, block_size)
         errs = [rel_err(out[i], ref[i]) for i in range(num_seqs)]
         record(results, "pa_v1", "eager", num_heads, dtype, "eager", lengths, max(errs), 0.0, tol)
-    captured_max = 8192
+    captured_max = max_tokens // 4
     call(captured_max)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         call(captured_max)
-    for lengths, expect_right in (([1, 8192, 5000], True), ([16384, 8192, 1], False)):
+    replay_sets = (([1, captured_max, captured_max * 5 // 8], True),
+                   ([2 * captured_max, captured_max, 1], False))
+    for lengths, expect_right in replay_sets:
         seq_lens.copy_(torch.tensor(lengths, dtype=torch.int32))
         out.fill_(float("nan"))
         graph.replay()
@@ -201,11 +205,96 @@ def _line(r: dict) -> str:
             f" lse {r['lse_err']:.1e}")
 
 
+def compile_report() -> int:
+    """Compile the kernels for sm_90 without a GPU (Triton's bundled ptxas) and print their
+    registers, spill stack, shared memory and global-load mix: what fits per SM, costs
+    no device time. Real launches get 16-byte divisibility hints for pointers and strides
+    that are multiples of 16; the same hints are given here."""
+    import collections
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from mlatrace.reference import triton_mla, triton_pa
+
+    not_aligned = {"stride_pt_b", "stride_bt_s", "max_num_blocks", "nhead"}
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                             "cuobjdump")
+
+    def build(fn, types: dict, const: dict, warps: int, stages: int):
+        sig, attrs = {}, {}
+        for i, name in enumerate(fn.arg_names):
+            if name in const:
+                sig[name] = "constexpr"
+                continue
+            sig[name] = types.get(name, "i32")
+            if sig[name].startswith("*") or (sig[name] == "i32" and name not in not_aligned):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        src = ASTSource(fn, sig, attrs=attrs,
+                        constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
+        return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=warps, num_stages=stages))
+
+    def describe(kernel) -> str:
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(kernel.asm["cubin"])
+            f.flush()
+            usage = subprocess.run([cuobjdump, "--dump-resource-usage", f.name],
+                                   capture_output=True, text=True).stdout
+        regs = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+        ops = collections.Counter(re.findall(r"\b(ld\.global[.\w]*|cp\.async\.cg[.\w]*)",
+                                             kernel.asm["ptx"]))
+        return (f"regs {regs.group(1) if regs else '?'} stack {regs.group(2) if regs else '?'}"
+                f" smem {kernel.metadata.shared // 1024} KiB  "
+                + " ".join(f"{k}:{v}" for k, v in sorted(ops.items())))
+
+    def stage1(dtype: str, warps: int, stages: int, dot_mode: int):
+        types = {n: f"*{dtype}" for n in ("q_nope", "q_pe", "kv_c", "k_pe", "o")}
+        types.update(page_table="*i32", seq_info="*i32", lse_out="*fp32", partial_out="*fp32",
+                     partial_lse="*fp32", sm_scale="fp32")
+        const = dict(NUM_KV_SPLITS=264, BLOCK_N=64, BLOCK_H=16, D_LATENT=512, D_ROPE=64,
+                     DEVICE_PARTITION=True, MIN_TILES=1, DIRECT_OUTPUT=False, RETURN_LSE=False,
+                     DOT_MODE=dot_mode)
+        return build(triton_mla._mla_stage1_kernel, types, const, warps, stages)
+
+    rows = []
+    for warps, stages in ((4, 2), (8, 2), (4, 3), (4, 1)):
+        rows.append((f"stage 1 bf16 w{warps} s{stages}", lambda w=warps, s=stages: stage1(
+            "bf16", w, s, 0)))
+    rows.append(("stage 1 fp32 tf32x3 w4 s2", lambda: stage1("fp32", 4, 2, 2)))
+    rows.append(("stage 2", lambda: build(
+        triton_mla._mla_stage2_kernel,
+        dict(partial_out="*fp32", partial_lse="*fp32", seq_info="*i32", o="*bf16",
+             lse_out="*fp32"),
+        dict(NUM_KV_SPLITS=264, BLOCK_N=64, BLOCK_S=64, BLOCK_DV=64, DEVICE_PARTITION=True,
+             MIN_TILES=1, RETURN_LSE=False), 4, 1)))
+    rows.append(("PA v1 bf16 group 4 head 128", lambda: build(
+        triton_pa._paged_attention_v1_kernel,
+        {**{n: "*bf16" for n in ("out", "query", "key_cache", "value_cache")},
+         "block_tables": "*i32", "seq_lens": "*i32", "scale": "fp32", "v_scale": "fp32"},
+        dict(GROUP=4, BLOCK_G=16, BLOCK_SIZE=16, HEAD_SIZE=128, DOT_MODE=0), 4, 2)))
+    for name, make in rows:
+        try:
+            print(f"{name:30} {describe(make())}", flush=True)
+        except Exception as exc:  # report and go on: one config may not compile
+            print(f"{name:30} FAILED {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="write gpu_check.json here")
     parser.add_argument("--quick", action="store_true", help="fewer lengths, bf16 only")
+    parser.add_argument("--compile-report", action="store_true",
+                        help="no GPU needed: compile for sm_90 and print registers/smem")
     args = parser.parse_args(argv)
+    if args.compile_report:
+        return compile_report()
     if not torch.cuda.is_available():
         print("gpu_check needs a CUDA GPU", file=sys.stderr)
         return 2

@@ -70,6 +70,7 @@ class ProcessFile:
     dropped: int = 0
     records_read: int = 0
     _header_line_ok: bool = field(default=False, repr=False)
+    _header_problem: bool = field(default=False, repr=False)
 
     @property
     def name(self) -> str:
@@ -98,6 +99,7 @@ class ProcessFile:
             return
         record = self._decode(first, 1)
         if record is None:
+            self._header_problem = True
             return
         if record.get("k") != "process":
             self._problem(1, f"missing process header (first record is {record.get('k')!r})")
@@ -132,6 +134,7 @@ class ProcessFile:
         """Stream every readable record in file order, the header first when present."""
         self.gaps = self.dropped = self.records_read = 0
         last_seq: int | None = None
+        decode, errors = _decode_line, _DecodeError
         try:
             f = self.path.open("rb")
         except OSError as exc:
@@ -139,24 +142,29 @@ class ProcessFile:
             return
         with f:
             for lineno, raw in enumerate(f, start=1):
-                if not raw.strip():
-                    continue
                 if lineno == 1 and self._header_line_ok:
                     record = self.header
                 else:
-                    record = self._decode(raw, lineno)
-                if record is None:
-                    continue
+                    try:  # fast path: one decode and three type checks per good line
+                        record = decode(raw)
+                        if (type(record["seq"]) is not int or type(record["t"]) is not int
+                                or "k" not in record):
+                            raise TypeError
+                    except (KeyError, TypeError, IndexError, *errors):
+                        # read_header already reported a bad first line
+                        if raw.strip() and not (lineno == 1 and self._header_problem):
+                            self._decode(raw, lineno)  # slow path: says precisely what is wrong
+                        continue
                 seq = record["seq"]
                 if last_seq is not None:
                     if seq <= last_seq:
                         self._problem(lineno, f"seq {seq} not after {last_seq}; record skipped")
                         continue
-                    if seq > last_seq + 1 and record.get("k") != "process.end":
+                    if seq > last_seq + 1 and record["k"] != "process.end":
                         self.gaps += 1
                         self.dropped += seq - last_seq - 1
                 last_seq = seq
-                if record.get("k") == "process.end":
+                if record["k"] == "process.end":
                     self.end = record
                 self.records_read += 1
                 yield record

