@@ -24,6 +24,10 @@ is unreadable or holds nothing usable (bad --config too).
                   "replays": {"count": int, "seq_len_max": int|null, "seq_len_min": int|null,
                               "ptrs_stable": bool|null,
                               "gpu_ns": {"p50", "p90", "p99", "max", "samples"}|null}}],
+      "attention": [{"file", "pid", "rank", "kind": "attn.call"|"attn.metadata",
+                     "name",                 # the op (forward_mqa, ...) or the backend
+                     "count", "captured", "eager", "layers",   # distinct layer names
+                     "seq_len_min", "seq_len_max", "first": {"file", "seq"}}],
       "findings": [{"id", "name", "severity", "message", "hint", "pid", "rank", "gid",
                     "evidence": [{"file", "seq", "kind", "what"}], "details": {...}}],
       "suppressed": [same as findings],      # matched by the config's allow-list
@@ -94,6 +98,12 @@ def report_dict(trace_path: str, result: Analysis) -> dict[str, Any]:
             "end_reason": (p.end or {}).get("reason"),
         } for p in model.processes],
         "graphs": units(model),
+        "attention": [{
+            "file": p.file, "pid": p.pid, "rank": p.rank, "kind": a.kind, "name": a.name,
+            "count": a.count, "captured": a.captured, "eager": a.count - a.captured,
+            "layers": len(a.layers), "seq_len_min": a.seq_len_min, "seq_len_max": a.seq_len_max,
+            "first": {"file": a.first.file, "seq": a.first.seq},
+        } for p in model.processes for a in p.attention.values()],
         "findings": [f.to_dict() for f in result.findings],
         "suppressed": [f.to_dict() for f in result.suppressed],
         "problems": [{"file": p.file, "line": p.line, "reason": p.reason} for p in model.problems],
@@ -250,6 +260,20 @@ def render(console: Any, data: dict[str, Any], problems: list, verbose: bool) ->
                               f"ops {_fmt(frozen['ops'])}; hints {hints}; ptrs {ptrs}; "
                               f"kernels {kernels}; graph nodes {frozen['graph_nodes']}",
                               highlight=False)
+
+    if data["attention"]:
+        table = Table(title="attention (calls by op, metadata builds by backend)",
+                      title_justify="left", show_edge=False)
+        for col in ("pid", "rank", "record", "op / backend", "count", "captured", "eager",
+                    "layers", "seq len min..max"):
+            table.add_column(col, justify="right" if col in ("count", "captured", "eager",
+                                                              "layers") else "left")
+        for a in data["attention"]:
+            lens = ("-" if a["seq_len_max"] is None
+                    else f"{_fmt(a['seq_len_min'])}..{_fmt(a['seq_len_max'])}")
+            table.add_row(_fmt(a["pid"]), _fmt(a["rank"]), a["kind"], a["name"], str(a["count"]),
+                          str(a["captured"]), str(a["eager"]), str(a["layers"] or "-"), lens)
+        console.print(table)
 
     if data["findings"]:
         table = Table(title="findings", title_justify="left", show_edge=False)

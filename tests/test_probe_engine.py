@@ -452,3 +452,27 @@ def test_graph_node_dump_off_keeps_graphs_untouched(tmp_modules, trace, tmp_path
     graph.capture_end()
     records = finish(trace)
     assert [r["k"] for r in records] == ["graph.capture.begin", "graph.capture.end"]
+
+
+SUPER_SOURCE = '''
+class Base:
+    def forward(self, q, meta, layer=0):
+        return q + 1
+
+class Impl(Base):
+    def forward(self, q, meta, layer=0):
+        return super().forward(q, meta, layer) * 2
+'''
+
+
+def test_override_calling_super_is_recorded_once(tmp_modules, trace, tmp_path):
+    """Like AMXMLAMetadataBuilder.build -> MLACommonMetadataBuilder.build in vLLM 0.32."""
+    module = tmp_modules(SUPER_SOURCE)
+    body = forward_probe(module).replace(f'targets = ["{module}:Impl.forward"]',
+                                         f'targets = ["{module}:Impl.forward", "{module}:Base.forward"]')
+    probe.install([pack_file(tmp_path, body)])
+    mod = importlib.import_module(module)
+    assert mod.Impl().forward(3, [1]) == 8
+    assert mod.Base().forward(3, [1]) == 4
+    calls = [r for r in finish(trace) if r["k"] == "attn.call"]
+    assert len(calls) == 2  # one per outer call, not one per level

@@ -226,7 +226,7 @@ def test_launches_are_what_the_probes_see(monkeypatch):
     mla_gluon(q_nope, q_pe, kv_c, o, page_table, seq_info, SM_SCALE, policy="device")
     assert [s[0] for s in seen] == ["stage1", "stage2"]
     assert seen[0][2] == ((1, policies.DEVICE_PROGRAM_BUDGET, 1),)
-    assert seen[1][2] == ((1, 16, 8),)
+    assert seen[1][2] == ((1, 16, 512 // mla.BLOCK_DV),)
     for fn in (real1, real2):
         params = inspect.signature(fn).parameters
         assert params["NUM_KV_SPLITS"].kind is inspect.Parameter.KEYWORD_ONLY
@@ -248,7 +248,10 @@ TRITON_MLA_CASES = {  # id: (policy, hint, lengths, nhead, dtype)
     "device-direct-and-merged": ("device", 1, [1, 300], 16, "bfloat16"),
     "device-4heads": ("device", 1, [65], 4, "float32"),
     "bucketed-16splits-bf16": ("bucketed", 100, [100, 2], 16, "bfloat16"),
+    "stage2-several-loads": ("fixed:5", 1, [300, 77], 16, "float32"),   # MAX_BLOCK_S = 2
+    "device-stage2-several-loads": ("device", 1, [400, 1], 16, "float32"),
 }
+SMALL_STAGE2_BLOCK = ("stage2-several-loads", "device-stage2-several-loads")
 TRITON_PA_CASES = {  # id: (lengths, captured max, dtype)
     "pa-shorter-fp32": ([1, 100, 33, 256], 256, "float32"),
     "pa-shorter-bf16": ([1, 100, 33, 256], 256, "bfloat16"),
@@ -264,8 +267,14 @@ def run_triton_cases(device: str) -> dict[str, list[float]]:
         q_nope, q_pe, kv_c, page_table, seq_info = make_mla_inputs(len(lengths), nhead, lengths,
                                                                    dt, device)
         o = torch.full((len(lengths), nhead, 512), float("nan"), dtype=dt, device=device)
-        _, lse = mla_gluon(q_nope, q_pe, kv_c, o, page_table, seq_info, SM_SCALE,
-                           min_kv_seq_len=hint, policy=policy, return_lse=True, backend="triton")
+        saved_block = mla.MAX_BLOCK_S
+        mla.MAX_BLOCK_S = 2 if case_id in SMALL_STAGE2_BLOCK else saved_block
+        try:
+            _, lse = mla_gluon(q_nope, q_pe, kv_c, o, page_table, seq_info, SM_SCALE,
+                               min_kv_seq_len=hint, policy=policy, return_lse=True,
+                               backend="triton")
+        finally:
+            mla.MAX_BLOCK_S = saved_block
         ref, ref_lse = mla_reference(q_nope, q_pe, kv_c, page_table, lengths, SM_SCALE)
         lse_err = (lse.double() - ref_lse).abs().max().item()
         results[case_id] = [rel_err(o, ref), lse_err]

@@ -40,8 +40,10 @@ def test_report_json_schema_is_stable():
     assert result.exit_code == 0
     data = json.loads(result.stdout)
     assert data["schema"] == "mlatrace.report/1"
-    assert set(data) == {"schema", "trace", "summary", "processes", "graphs", "findings",
-                         "suppressed", "problems"}
+    assert set(data) == {"schema", "trace", "summary", "processes", "graphs", "attention",
+                         "findings", "suppressed", "problems"}
+    calls = {(a["kind"], a["name"]): a for a in data["attention"]}
+    assert calls[("attn.call", "forward_mqa")]["captured"] >= 1
     assert data["summary"] == {"processes": 1, "graphs": 1, "graphs_total": 2, "replays": 3,
                                "findings": {"error": 1, "warning": 0}, "suppressed": 0,
                                "problems": 0}

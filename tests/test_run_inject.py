@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from mlatrace.trace import open_trace
 
 PROGS = Path(__file__).parent / "progs"
@@ -69,10 +71,10 @@ def test_command_not_found(tmp_path: Path) -> None:
     assert run_traced(tmp_path / "t", "/no/such/program") == 127
 
 
-def _start_sleeper(out: Path, *args: str) -> tuple[subprocess.Popen, int]:
+def _start_sleeper(out: Path, *args: str, sigterm: str = "") -> tuple[subprocess.Popen, int]:
     launcher = subprocess.Popen([*MLATRACE, "run", "--out", str(out), "--", sys.executable,
                                  str(PROGS / "sleeper.py"), *args], stdout=subprocess.PIPE,
-                                text=True)
+                                text=True, env=dict(os.environ, SLEEPER_SIGTERM=sigterm))
     child_pid = int(launcher.stdout.readline())
     time.sleep(0.6)  # a few flushes happen
     return launcher, child_pid
@@ -101,6 +103,24 @@ def test_sigterm_to_launcher_reaches_child(tmp_path: Path) -> None:
     assert proc.end is not None and proc.end["reason"] == "SIGTERM"
     run = json.loads((out / "run.json").read_text())
     assert run["forwarded_signals"] == ["SIGTERM"] and run["exit_code"] == 143
+
+
+@pytest.mark.parametrize("mode", ["handler", "reset"])
+def test_sigterm_flushes_when_the_program_handles_it(tmp_path: Path, mode: str) -> None:
+    """The program's own SIGTERM handler runs after a flush; a reset to the default too."""
+    out = tmp_path / "t"
+    launcher, child_pid = _start_sleeper(out, sigterm=mode)
+    os.kill(child_pid, signal.SIGTERM)
+    code = launcher.wait(timeout=30)
+    (proc,) = open_trace(out).processes
+    records = list(proc.records())
+    ticks = [r for r in records if r["k"] == "mark" and r["name"] == "tick"]
+    assert len(ticks) >= 10 and proc.end is not None
+    if mode == "handler":
+        assert code == 0 and any(r.get("name") == "own_handler_ran" for r in records)
+        assert proc.end["reason"] == "exit"
+    else:
+        assert code == 128 + signal.SIGTERM and proc.end["reason"] == "SIGTERM"
 
 
 def test_existing_sitecustomize_still_runs(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ MAX_DISTINCT = 16          # distinct values kept per frozen item / per pointer 
 GPU_HIST_BITS = 8          # GPU-time histogram keeps 8 significant bits (<0.8% error)
 MAX_SYNC_SITES = 64
 MAX_NODES = 256            # distinct (name, grid) graph nodes kept per graph
+MAX_LAYERS = 512           # distinct layer names counted per attention op
 
 PREFILL_MARKERS = ("flash_attn_varlen", "prefill", "varlen")
 DECODE_MARKERS = ("paged_attention", "decode", "mla_gluon")
@@ -31,6 +32,33 @@ class Ref:
     file: str
     seq: int
     kind: str
+
+
+@dataclass
+class AttentionStats:
+    """Attention calls (attn.call, by op) or metadata builds (attn.metadata, by backend) of
+    one process: how many, captured or eager, which layers, what sequence lengths."""
+
+    kind: str
+    name: str
+    first: Ref
+    count: int = 0
+    captured: int = 0
+    layers: set = field(default_factory=set)
+    seq_len_min: int | None = None
+    seq_len_max: int | None = None
+
+    def add(self, rec: dict, captured: bool) -> None:
+        self.count += 1
+        self.captured += captured
+        layer = rec.get("layer")
+        if layer is not None and len(self.layers) < MAX_LAYERS:
+            self.layers.add(str(layer))
+        low, high = _int(rec.get("seq_len_min")), _int(rec.get("seq_len_max"))
+        if low is not None:
+            self.seq_len_min = low if self.seq_len_min is None else min(self.seq_len_min, low)
+        if high is not None:
+            self.seq_len_max = high if self.seq_len_max is None else max(self.seq_len_max, high)
 
 
 @dataclass
@@ -51,6 +79,7 @@ class ProcessModel:
     gaps: int = 0
     dropped: int = 0
     first_replay_seq: int | None = None
+    attention: dict[str, AttentionStats] = field(default_factory=dict)
 
 
 @dataclass
@@ -511,7 +540,15 @@ class _ProcessBuilder:
         if stack and gid in stack:
             del stack[stack.index(gid):]
 
+    def _count_attention(self, rec: dict, kind: str, name: str) -> None:
+        key = f"{kind}:{name}"
+        stats = self.proc.attention.get(key)
+        if stats is None:
+            stats = self.proc.attention[key] = AttentionStats(kind, name, self._ref(rec, kind))
+        stats.add(rec, bool(rec.get("capturing")))
+
     def attn_metadata(self, rec: dict) -> None:
+        self._count_attention(rec, "attn.metadata", str(rec.get("backend")))
         self.metadata[rec.get("tid")] = rec
         gid = self._capture_gid(rec) if rec.get("capturing") else None
         if gid is not None:
@@ -532,6 +569,7 @@ class _ProcessBuilder:
                 entry[0] += 1
 
     def attn_call(self, rec: dict) -> None:
+        self._count_attention(rec, "attn.call", str(rec.get("op")))
         gid = self._capture_gid(rec)
         if gid is None:
             self._eager(rec, str(rec.get("op")), "attn.call")

@@ -44,9 +44,9 @@ NHEAD = 16                      # Kimi-K3 TP8-like small-head decode
 ROTATION_BYTES = 200 << 20      # rotate input sets until this much data (> L2) is touched
 MAX_SETS = 16
 KV_ROW_BYTES = 576 * 2          # bf16 latent + rope per token
-TUNE_BUDGETS = (132, 192, 256, 264, 396)
-TUNE_CONFIGS = ((4, 2), (8, 2), (4, 3), (4, 1))   # (num_warps, num_stages) of stage 1
-TUNE_STAGE2 = ((64, 64), (32, 128), (128, 32), (64, 32))   # (BLOCK_S, BLOCK_DV) of stage 2
+TUNE_BUDGETS = (132, 198, 264)
+TUNE_CONFIGS = ((8, 5), (4, 5), (8, 3), (4, 2))   # (num_warps, num_stages) of stage 1
+TUNE_STAGE2 = ((512, 16), (512, 32), (64, 16), (64, 64))   # (MAX_BLOCK_S, BLOCK_DV), stage 2
 TUNE_MIN_TILES = (1, 2, 4)
 TUNE_MIN_TILES_LENGTHS = (1024, 4096, 16384)
 
@@ -253,7 +253,7 @@ def tune(cfg: Config, timer: Timer, res: Results, log: Callable[[str], None]) ->
     from mlatrace.reference import mla, policies, triton_mla
 
     length = max(cfg.lengths)
-    saved_stage2 = (mla.BLOCK_S, mla.BLOCK_DV)
+    saved_stage2 = (mla.MAX_BLOCK_S, mla.BLOCK_DV)
     sets = make_sets(length, cfg.nhead, cfg.device)
     saved = (policies.DEVICE_PROGRAM_BUDGET, triton_mla.STAGE1_WARPS, triton_mla.STAGE1_STAGES,
              policies.DEVICE_MIN_TILES_PER_SPLIT)
@@ -273,11 +273,12 @@ def tune(cfg: Config, timer: Timer, res: Results, log: Callable[[str], None]) ->
                     f"{t['us']:9.1f} us  {entry['bytes_per_s'] / 1e12:5.2f} TB/s")
         policies.DEVICE_PROGRAM_BUDGET, triton_mla.STAGE1_WARPS, triton_mla.STAGE1_STAGES = saved[:3]
         for block_s, block_dv in TUNE_STAGE2:
-            mla.BLOCK_S, mla.BLOCK_DV = block_s, block_dv
+            mla.MAX_BLOCK_S, mla.BLOCK_DV = block_s, block_dv
             t = timer.per_call_us(mla_calls(sets, "device", 1, "triton"))
             res.stage2_tuning.append(dict(length=length, block_s=block_s, block_dv=block_dv, **t))
-            log(f"stage 2 {length}: BLOCK_S {block_s:3d} BLOCK_DV {block_dv:3d}: {t['us']:8.1f} us")
-        mla.BLOCK_S, mla.BLOCK_DV = saved_stage2
+            log(f"stage 2 {length}: MAX_BLOCK_S {block_s:3d} BLOCK_DV {block_dv:3d}:"
+                f" {t['us']:8.1f} us")
+        mla.MAX_BLOCK_S, mla.BLOCK_DV = saved_stage2
         del sets
         for length in TUNE_MIN_TILES_LENGTHS:
             sets = make_sets(length, cfg.nhead, cfg.device)
@@ -290,7 +291,7 @@ def tune(cfg: Config, timer: Timer, res: Results, log: Callable[[str], None]) ->
     finally:
         (policies.DEVICE_PROGRAM_BUDGET, triton_mla.STAGE1_WARPS, triton_mla.STAGE1_STAGES,
          policies.DEVICE_MIN_TILES_PER_SPLIT) = saved
-        mla.BLOCK_S, mla.BLOCK_DV = saved_stage2
+        mla.MAX_BLOCK_S, mla.BLOCK_DV = saved_stage2
 
 
 def stage_breakdown(cfg: Config, timer: Timer, length: int, log: Callable[[str], None]) -> dict:
@@ -318,7 +319,8 @@ def stage_breakdown(cfg: Config, timer: Timer, length: int, log: Callable[[str],
             **common))
         stage2.append(lambda s=s, part=part, lse=lse, common=common: mla.launch_stage2(
             mla.STAGE2_NAME, grid2, partial_out=part, partial_lse=lse, seq_info=s["seq_info"],
-            o=s["o"], lse_out=None, BLOCK_S=mla.BLOCK_S, BLOCK_DV=mla.BLOCK_DV, **common))
+            o=s["o"], lse_out=None, BLOCK_S=mla.stage2_block_s(splits), BLOCK_DV=mla.BLOCK_DV,
+            **common))
     t1 = timer.per_call_us(stage1)
     t2 = timer.per_call_us(stage2)
     nbytes = mla_bytes(length, cfg.nhead)
@@ -394,7 +396,7 @@ def markdown(res: Results) -> str:
                            and (t["warps"], t["stages"]) == cfg), "") for cfg in TUNE_CONFIGS]
             lines.append(f"| {budget} | " + " | ".join(cells) + " |")
     if res.stage2_tuning:
-        lines += ["", "Stage 2 tile (BLOCK_S x BLOCK_DV): " + ", ".join(
+        lines += ["", "Stage 2 tile (MAX_BLOCK_S x BLOCK_DV): " + ", ".join(
             f"{t['block_s']}x{t['block_dv']} {t['us']:.1f} us" for t in res.stage2_tuning)]
     if res.min_tiles:
         lines += ["", "Device min tiles per split: " + "; ".join(

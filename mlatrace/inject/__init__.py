@@ -95,18 +95,49 @@ def _flush_before_exec() -> None:
 
 
 def _flush_on_sigterm() -> None:
-    """Default SIGTERM kills without atexit: flush, then die of SIGTERM as before."""
+    """Flush on SIGTERM, whoever handles it.
+
+    Default SIGTERM kills without atexit, and serving engines install their own
+    handlers (and reset them to the default on shutdown, just before a parent
+    SIGKILLs them). So `signal.signal` is wrapped: a SIGTERM handler the program
+    installs runs after a flush, and the default becomes flush-then-die. The
+    program still sees its own handler through `signal.signal`/`getsignal`.
+    """
     if threading.current_thread() is not threading.main_thread():
         return
-    try:
-        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-            return
+    real_signal, real_getsignal = signal.signal, signal.getsignal
+    originals: dict[object, object] = {}
 
+    def flushing(handler: object) -> object:
         def on_sigterm(signum: int, frame: object) -> None:
-            record.stop("SIGTERM")
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
+            if handler is signal.SIG_DFL:
+                record.stop("SIGTERM")
+                real_signal(signal.SIGTERM, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            record.flush_now()
+            handler(signum, frame)  # type: ignore[operator]
 
-        signal.signal(signal.SIGTERM, on_sigterm)
+        originals[on_sigterm] = handler
+        return on_sigterm
+
+    def mlatrace_signal(signalnum: int, handler: object) -> object:
+        if signalnum == signal.SIGTERM and (handler is signal.SIG_DFL or callable(handler)):
+            handler = flushing(handler)
+        previous = real_signal(signalnum, handler)
+        return originals.get(previous, previous)
+
+    def mlatrace_getsignal(signalnum: int) -> object:
+        current = real_getsignal(signalnum)
+        return originals.get(current, current)
+
+    try:
+        current = real_getsignal(signal.SIGTERM)
+        if current is signal.SIG_DFL or callable(current):
+            real_signal(signal.SIGTERM, flushing(current))
     except (ValueError, OSError):
-        pass
+        return
+    mlatrace_signal.__wrapped__ = real_signal  # type: ignore[attr-defined]
+    mlatrace_getsignal.__wrapped__ = real_getsignal  # type: ignore[attr-defined]
+    signal.signal = mlatrace_signal  # type: ignore[assignment]
+    signal.getsignal = mlatrace_getsignal  # type: ignore[assignment]

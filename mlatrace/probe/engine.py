@@ -80,6 +80,9 @@ class ProbeRuntime:
         self.reported: set[str] = set()
         self.patched: list[str] = []
         self.skipped: dict[str, str] = {}
+        # An override that calls super() (AMXMLAMetadataBuilder.build ->
+        # MLACommonMetadataBuilder.build) is one call: only the outermost is recorded.
+        self.local = threading.local()
 
     def fail(self, target: str, exc: BaseException) -> None:
         """Disable this probe after its first failure and say so once."""
@@ -222,20 +225,34 @@ def _make_wrapper(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
 
         return handler_wrapper
 
+    local = runtime.local
+
     if when == "call":
         def call_wrapper(wrapped, instance, args, kwargs):
-            if not runtime.disabled and state.active:
-                try:
-                    emit(kind, **extract(CallView(instance, args, kwargs, positions, defaults)))
-                except Exception as exc:
-                    runtime.fail(target, exc)
-            return wrapped(*args, **kwargs)
+            if runtime.disabled or not state.active or getattr(local, "inside", False):
+                return wrapped(*args, **kwargs)
+            try:
+                emit(kind, **extract(CallView(instance, args, kwargs, positions, defaults)))
+            except Exception as exc:
+                runtime.fail(target, exc)
+            local.inside = True
+            try:
+                return wrapped(*args, **kwargs)
+            finally:
+                local.inside = False
 
         return call_wrapper
 
     def return_wrapper(wrapped, instance, args, kwargs):
-        if runtime.disabled or not state.active:
+        if runtime.disabled or not state.active or getattr(local, "inside", False):
             return wrapped(*args, **kwargs)
+        local.inside = True
+        try:
+            return _record_around(wrapped, instance, args, kwargs)
+        finally:
+            local.inside = False
+
+    def _record_around(wrapped, instance, args, kwargs):
         view = CallView(instance, args, kwargs, positions, defaults)
         early = None
         if when == "both":

@@ -31,6 +31,7 @@ FLUSH_INTERVAL_S = 0.2
 FLUSH_EVERY_RECORDS = 512
 MAX_PENDING = 200_000
 YIELD_EVERY_RECORDS = 64
+CLOSE_TIMEOUT_S = 2.0
 
 _VERSION_PACKAGES = {
     "torch": ("torch",),
@@ -208,36 +209,53 @@ class Recorder:
         """Also hand every flushed batch of records to `sink` (on the flush thread)."""
         self._sinks.append(sink)
 
-    def flush(self) -> None:
-        """Write everything queued so far (called by the flush thread, exit and signals)."""
-        with self._write_lock:
-            if self._fd is None:
-                return
-            if not self._header_written:
-                self._write_lines([self.header()])
-                self._header_written = True
-            batch = []
-            pending = self._pending
-            for _ in range(len(pending)):
-                batch.append(pending.popleft())
-            if batch:
-                self._last_seq = batch[-1][0]
-                records = [self._as_dict(item) for item in batch]
-                self._write_lines(records)
-                for sink in self._sinks:
-                    try:
-                        sink(records)
-                    except Exception:
-                        self.sink_errors += 1
+    def flush(self, timeout_s: float = -1) -> None:
+        """Write everything queued so far (called by the flush thread, exit and signals).
 
-    def close(self, reason: str = "exit") -> None:
-        """Flush, write `process.end` and close the file. Idempotent."""
+        A signal handler passes a timeout: the signal may interrupt this very thread
+        inside a flush, and waiting for its own lock would never end.
+        """
+        if not self._write_lock.acquire(timeout=timeout_s):
+            return
+        try:
+            self._flush_locked()
+        finally:
+            self._write_lock.release()
+
+    def _flush_locked(self) -> None:
+        if self._fd is None:
+            return
+        if not self._header_written:
+            self._write_lines([self.header()])
+            self._header_written = True
+        batch = []
+        pending = self._pending
+        for _ in range(len(pending)):
+            batch.append(pending.popleft())
+        if batch:
+            self._last_seq = batch[-1][0]
+            records = [self._as_dict(item) for item in batch]
+            self._write_lines(records)
+            for sink in self._sinks:
+                try:
+                    sink(records)
+                except Exception:
+                    self.sink_errors += 1
+
+    def close(self, reason: str = "exit", timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Flush, write `process.end` and close the file. Idempotent.
+
+        Bounded wait for the writer: close may run in a signal handler that
+        interrupted this thread's own flush.
+        """
         if self._closed:
             return
         self._closed = True
         self._wake.set()
-        self.flush()
-        with self._write_lock:
+        if not self._write_lock.acquire(timeout=timeout_s):
+            return
+        try:
+            self._flush_locked()
             if self._fd is None:
                 return
             end = {
@@ -256,6 +274,8 @@ class Recorder:
             self._write_lines([end])
             os.close(self._fd)
             self._fd = None
+        finally:
+            self._write_lock.release()
         for sink in self._sinks:
             try:
                 sink([end])
@@ -395,6 +415,13 @@ def set_probes(names: list[str]) -> None:
     if recorder is not None:
         recorder.probes = list(names)
         recorder.started()
+
+
+def flush_now(timeout_s: float = 0.2) -> None:
+    """Write what is queued now (a signal arrived); skipped if the writer stays busy."""
+    recorder = _recorder
+    if recorder is not None:
+        recorder.flush(timeout_s)
 
 
 def note_probe_error() -> None:

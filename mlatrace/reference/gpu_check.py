@@ -257,13 +257,13 @@ def compile_report() -> int:
         types = {n: f"*{dtype}" for n in ("q_nope", "q_pe", "kv_c", "k_pe", "o")}
         types.update(page_table="*i32", seq_info="*i32", lse_out="*fp32", partial_out="*fp32",
                      partial_lse="*fp32", sm_scale="fp32")
-        const = dict(NUM_KV_SPLITS=264, BLOCK_N=64, BLOCK_H=16, D_LATENT=512, D_ROPE=64,
+        const = dict(NUM_KV_SPLITS=132, BLOCK_N=64, BLOCK_H=16, D_LATENT=512, D_ROPE=64,
                      DEVICE_PARTITION=True, MIN_TILES=1, DIRECT_OUTPUT=False, RETURN_LSE=False,
                      DOT_MODE=dot_mode)
         return build(triton_mla._mla_stage1_kernel, types, const, warps, stages)
 
     rows = []
-    for warps, stages in ((4, 2), (8, 2), (4, 3), (4, 1)):
+    for warps, stages in ((8, 5), (4, 5), (8, 3), (4, 2)):
         rows.append((f"stage 1 bf16 w{warps} s{stages}", lambda w=warps, s=stages: stage1(
             "bf16", w, s, 0)))
     rows.append(("stage 1 fp32 tf32x3 w4 s2", lambda: stage1("fp32", 4, 2, 2)))
@@ -271,7 +271,7 @@ def compile_report() -> int:
         triton_mla._mla_stage2_kernel,
         dict(partial_out="*fp32", partial_lse="*fp32", seq_info="*i32", o="*bf16",
              lse_out="*fp32"),
-        dict(NUM_KV_SPLITS=264, BLOCK_N=64, BLOCK_S=64, BLOCK_DV=64, DEVICE_PARTITION=True,
+        dict(NUM_KV_SPLITS=132, BLOCK_N=64, BLOCK_S=256, BLOCK_DV=16, DEVICE_PARTITION=True,
              MIN_TILES=1, RETURN_LSE=False), 4, 1)))
     rows.append(("PA v1 bf16 group 4 head 128", lambda: build(
         triton_pa._paged_attention_v1_kernel,

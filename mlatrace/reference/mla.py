@@ -34,10 +34,12 @@ D_ROPE = 64
 KV_ROW = D_LATENT + D_ROPE
 STAGE1_NAME = "_mla_stage1_kernel"
 STAGE2_NAME = "_mla_stage2_kernel"
-BLOCK_S = 64
-"""Splits stage 2 loads and reduces at once."""
-BLOCK_DV = 64
-"""Output columns per stage-2 program (512 // 64 = 8 programs per head)."""
+MAX_BLOCK_S = 512
+"""Most splits stage 2 loads and reduces at once (BLOCK_S = next power of 2 of the splits,
+capped here): one round trip to memory for every policy's split count."""
+BLOCK_DV = 16
+"""Output columns per stage-2 program (512 // 16 = 32 programs per head): many small
+programs, so the merge is one short latency-bound step."""
 
 BACKENDS = ("auto", "torch", "triton")
 
@@ -94,10 +96,18 @@ def mla_gluon(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_c: torch.Tensor, o: t
     stage2_grid = (batch, nhead, D_LATENT // BLOCK_DV)
     launch_stage2(STAGE2_NAME, stage2_grid, partial_out=partial_out, partial_lse=partial_lse,
                   seq_info=seq_info, o=o, lse_out=lse_out, NUM_KV_SPLITS=num_splits,
-                  BLOCK_N=BLOCK_N, BLOCK_S=BLOCK_S, BLOCK_DV=BLOCK_DV,
+                  BLOCK_N=BLOCK_N, BLOCK_S=stage2_block_s(num_splits), BLOCK_DV=BLOCK_DV,
                   DEVICE_PARTITION=device_partition, MIN_TILES_PER_SPLIT=min_tiles,
                   backend=backend)
     return o, lse_out
+
+
+def stage2_block_s(num_splits: int) -> int:
+    """Splits per stage-2 load: the next power of 2 of `num_splits`, at most MAX_BLOCK_S."""
+    block = 1
+    while block < min(num_splits, MAX_BLOCK_S):
+        block *= 2
+    return block
 
 
 def resolve_backend(backend: str, like: torch.Tensor) -> str:

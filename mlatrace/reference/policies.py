@@ -30,9 +30,10 @@ HEAD_BLOCK = 16
 LEGACY_PROGRAM_BUDGET = 256
 """Workgroup budget of AITER's legacy formula: 256 // (batch*qlen*head_blocks)."""
 
-DEVICE_PROGRAM_BUDGET = 264
-"""Stage-1 programs the `device` policy launches per step: 2 per SM of a 132-SM H200 (the
-bf16 stage-1 kernel fits 2 per SM: 210 registers x 128 threads, 92 KiB shared memory)."""
+DEVICE_PROGRAM_BUDGET = 132
+"""Stage-1 programs the `device` policy launches per step: one per SM of a 132-SM H200,
+where the double-buffered bf16 stage-1 kernel (165 KiB shared memory) runs one per SM;
+at 100K that is 131 active splits of 12 tiles, one wave."""
 
 DEVICE_MIN_TILES_PER_SPLIT = 1
 """Smallest chunk, in BLOCK_N tiles, the `device` partition gives one split."""

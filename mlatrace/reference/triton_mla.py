@@ -16,11 +16,20 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from mlatrace.reference.mla import D_LATENT, D_ROPE
 
-STAGE1_WARPS = 4
-STAGE1_STAGES = 2
+STAGE1_WARPS = 8
+STAGE1_STAGES = 5
+"""16-bit caches: 8 warps and 5 stages compile (Triton 3.9, sm_90) to 128 registers and two
+73.7 KiB KV buffers (165 KiB shared): the next tile's load overlaps this tile's dots, one
+program per SM. 4 warps / 2 stages (the first H200 run) had one buffer, so every tile's
+load latency was exposed: 2.44 TB/s at 100K with 2 programs per SM."""
+SAFE_WARPS = 4
+SAFE_STAGES = 2
+"""Used for float32 caches (tf32x3 tiles need the shared memory) and as the fallback when
+a Triton version does not fit the default config in shared memory."""
 STAGE2_WARPS = 4
 
 
@@ -137,7 +146,8 @@ def _mla_stage2_kernel(
     BLOCK_DV: tl.constexpr, DEVICE_PARTITION: tl.constexpr, MIN_TILES: tl.constexpr,
     RETURN_LSE: tl.constexpr,
 ):
-    """One (batch, head, column block): LSE-weighted merge, BLOCK_S splits per load."""
+    """One (batch, head, column block): online LSE-weighted merge, BLOCK_S splits per load
+    (all of them when BLOCK_S >= splits: one round trip to memory)."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     dblock = tl.program_id(2)
@@ -151,33 +161,28 @@ def _mla_stage2_kernel(
         offs_s = tl.arange(0, BLOCK_S)
         offs_d = dblock * BLOCK_DV + tl.arange(0, BLOCK_DV)
         lse_base = partial_lse + b * stride_pl_b + h
-        top = tl.full([BLOCK_S], float("-inf"), tl.float32)
-        for s0 in range(0, active, BLOCK_S):
-            lse = tl.load(lse_base + (s0 + offs_s) * stride_pl_s, mask=s0 + offs_s < active,
-                          other=float("-inf"))
-            top = tl.maximum(top, lse)
-        top_all = tl.max(top, 0)
-        safe_top = tl.where(top_all > float("-inf"), top_all, 0.0)
-
-        acc = tl.zeros([BLOCK_DV], tl.float32)
-        total = tl.zeros([BLOCK_S], tl.float32)
         out_base = partial_out + b * stride_po_b + h * stride_po_h
+        top = float("-inf")
+        total = 0.0
+        acc = tl.zeros([BLOCK_DV], tl.float32)
         for s0 in range(0, active, BLOCK_S):
             split_ok = s0 + offs_s < active
             lse = tl.load(lse_base + (s0 + offs_s) * stride_pl_s, mask=split_ok,
                           other=float("-inf"))
-            weight = tl.where(lse > float("-inf"), tl.exp(lse - safe_top), 0.0)
             part = tl.load(out_base + (s0 + offs_s)[:, None] * stride_po_s + offs_d[None, :],
                            mask=split_ok[:, None], other=0.0)
-            acc += tl.sum(weight[:, None] * part, 0)
-            total += weight
-        total_all = tl.sum(total, 0)
-        merged = tl.where(total_all > 0.0, acc / tl.where(total_all > 0.0, total_all, 1.0), 0.0)
+            new_top = tl.maximum(top, tl.max(lse, 0))
+            safe_top = tl.where(new_top > float("-inf"), new_top, 0.0)
+            rescale = tl.where(top > float("-inf"), tl.exp(top - safe_top), 0.0)
+            weight = tl.where(lse > float("-inf"), tl.exp(lse - safe_top), 0.0)
+            acc = acc * rescale + tl.sum(weight[:, None] * part, 0)
+            total = total * rescale + tl.sum(weight, 0)
+            top = new_top
+        merged = tl.where(total > 0.0, acc / tl.where(total > 0.0, total, 1.0), 0.0)
         tl.store(o + b * stride_o_b + h * stride_o_h + offs_d, merged.to(o.dtype.element_ty))
         if RETURN_LSE:
             if dblock == 0:
-                lse_all = tl.where(total_all > 0.0,
-                                   safe_top + tl.log(tl.where(total_all > 0.0, total_all, 1.0)),
+                lse_all = tl.where(total > 0.0, top + tl.log(tl.where(total > 0.0, total, 1.0)),
                                    float("-inf"))
                 tl.store(lse_out + b * nhead + h, lse_all)
 
@@ -207,19 +212,29 @@ def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tens
     ppo, ppl = (partial_out.stride(), partial_lse.stride()) if not direct else ((0, 0, 0, 0),
                                                                                (0, 0, 0))
     lse_arg = lse_out if lse_out is not None else o
-    _mla_stage1_kernel[grid](
-        q_nope, q_pe, kv_c, k_pe, page_table, seq_info, float(sm_scale),
-        o, lse_arg, partial_out, partial_lse,
-        q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1),
-        kv_c.stride(0), k_pe.stride(0), page_table.stride(0),
-        o.stride(0), o.stride(1), ppo[0], ppo[1], ppo[2], ppl[0], ppl[1],
-        q_nope.shape[1],
-        NUM_KV_SPLITS=num_splits, BLOCK_N=block_n, BLOCK_H=block_h,
-        D_LATENT=D_LATENT, D_ROPE=D_ROPE, DEVICE_PARTITION=device_partition,
-        MIN_TILES=min_tiles, DIRECT_OUTPUT=direct, RETURN_LSE=lse_out is not None,
-        DOT_MODE=dot_mode(kv_c),
-        num_warps=STAGE1_WARPS, num_stages=STAGE1_STAGES,
-    )
+    mode = dot_mode(kv_c)
+
+    def launch(num_warps: int, num_stages: int) -> None:
+        _mla_stage1_kernel[grid](
+            q_nope, q_pe, kv_c, k_pe, page_table, seq_info, float(sm_scale),
+            o, lse_arg, partial_out, partial_lse,
+            q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1),
+            kv_c.stride(0), k_pe.stride(0), page_table.stride(0),
+            o.stride(0), o.stride(1), ppo[0], ppo[1], ppo[2], ppl[0], ppl[1],
+            q_nope.shape[1],
+            NUM_KV_SPLITS=num_splits, BLOCK_N=block_n, BLOCK_H=block_h,
+            D_LATENT=D_LATENT, D_ROPE=D_ROPE, DEVICE_PARTITION=device_partition,
+            MIN_TILES=min_tiles, DIRECT_OUTPUT=direct, RETURN_LSE=lse_out is not None,
+            DOT_MODE=mode, num_warps=num_warps, num_stages=num_stages,
+        )
+
+    if mode == 2:
+        launch(SAFE_WARPS, SAFE_STAGES)
+        return
+    try:
+        launch(STAGE1_WARPS, STAGE1_STAGES)
+    except OutOfResources:
+        launch(SAFE_WARPS, SAFE_STAGES)
 
 
 def stage2(grid: tuple[int, int, int], *, partial_out: torch.Tensor,
