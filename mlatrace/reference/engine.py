@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 import math
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -39,6 +40,16 @@ from mlatrace.reference import graph, policies
 from mlatrace.reference.mla import D_LATENT, D_ROPE, KV_ROW, mla_gluon, mla_reference
 
 GRAPH_MODES = ("full", "breakable", "none")
+
+
+def unprobed_num_kv_splits(policy: str, batch: int, qlen: int, nhead: int,
+                           min_kv_seq_len: int) -> int:
+    """The split count mla_gluon picks, for introspection and display.
+
+    Calls the policy past any probe wrapper: the `reference` pack records each call of
+    `policies.num_kv_splits` as a `kernel.split`, and only mla_gluon's own call is one.
+    """
+    return inspect.unwrap(policies.num_kv_splits)(policy, batch, qlen, nhead, min_kv_seq_len)
 
 
 class CUDAGraphMode:
@@ -185,7 +196,7 @@ class ReferenceMLAImpl:
                   attn_metadata.seq_info, self.scale, min_kv_seq_len=attn_metadata.min_kv_seq_len,
                   policy=self.policy, backend=self.backend)
         self.num_calls += 1
-        self.last_num_kv_splits[layer.layer_idx] = policies.num_kv_splits(
+        self.last_num_kv_splits[layer.layer_idx] = unprobed_num_kv_splits(
             self.policy, batch, 1, num_heads, attn_metadata.min_kv_seq_len)
         return o, None
 

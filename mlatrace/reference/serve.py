@@ -26,7 +26,12 @@ from collections.abc import Iterator
 import torch
 
 from mlatrace.reference import policies
-from mlatrace.reference.engine import GRAPH_MODES, EngineConfig, ReferenceModelRunner
+from mlatrace.reference.engine import (
+    GRAPH_MODES,
+    EngineConfig,
+    ReferenceModelRunner,
+    unprobed_num_kv_splits,
+)
 
 CHECK_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 5e-2, torch.float16: 1e-2}
 """Max |out - ref| / max |ref| per step, by engine dtype."""
@@ -168,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         step_ms.append((time.perf_counter() - t0) * 1e3)
-        needed = policies.num_kv_splits(args.policy, args.batch, 1, args.heads, int(lens.min()))
+        needed = unprobed_num_kv_splits(args.policy, args.batch, 1, args.heads, int(lens.min()))
         used = used_splits(runner, args, frozen)
         line = (f"step {step:3d}  seq_len max {int(lens.max()):7d}  splits used {used:3d} "
                 f"(the real length needs {needed:3d})  {step_ms[-1]:8.2f} ms")
