@@ -26,7 +26,7 @@ import math
 
 import torch
 
-from mlatrace.reference import policies
+from mlatrace.reference import graph, policies
 from mlatrace.reference.policies import BLOCK_N, HEAD_BLOCK
 
 D_LATENT = 512
@@ -126,7 +126,11 @@ def launch_stage1(name: str, grid: tuple[int, int, int], *, q_nope: torch.Tensor
                   partial_out: torch.Tensor | None, partial_lse: torch.Tensor | None,
                   NUM_KV_SPLITS: int, BLOCK_N: int, BLOCK_H: int, DEVICE_PARTITION: bool,
                   MIN_TILES_PER_SPLIT: int, backend: str) -> None:
-    """Stage 1 over `grid` = (batch, NUM_KV_SPLITS, head blocks); partials=None writes `o`."""
+    """Stage 1 over `grid` = (batch, NUM_KV_SPLITS, head blocks); partials=None writes `o`.
+
+    The device work goes through `graph.launch`, so a reference HostGraph capture on CPU
+    records it with these host decisions frozen, as a CUDA graph does.
+    """
     args = dict(q_nope=q_nope, q_pe=q_pe, kv_c=kv_c, k_pe=k_pe, page_table=page_table,
                 seq_info=seq_info, sm_scale=sm_scale, o=o, lse_out=lse_out,
                 partial_out=partial_out, partial_lse=partial_lse, num_splits=NUM_KV_SPLITS,
@@ -135,9 +139,9 @@ def launch_stage1(name: str, grid: tuple[int, int, int], *, q_nope: torch.Tensor
     if backend == "triton":
         from mlatrace.reference import triton_mla
 
-        triton_mla.stage1(grid, **args, block_h=BLOCK_H)
+        graph.launch(triton_mla.stage1, grid, **args, block_h=BLOCK_H)
     else:
-        stage1_torch(**args)
+        graph.launch(stage1_torch, **args)
 
 
 def launch_stage2(name: str, grid: tuple[int, int, int], *, partial_out: torch.Tensor,
@@ -152,9 +156,9 @@ def launch_stage2(name: str, grid: tuple[int, int, int], *, partial_out: torch.T
     if backend == "triton":
         from mlatrace.reference import triton_mla
 
-        triton_mla.stage2(grid, **args, block_s=BLOCK_S, block_dv=BLOCK_DV)
+        graph.launch(triton_mla.stage2, grid, **args, block_s=BLOCK_S, block_dv=BLOCK_DV)
     else:
-        stage2_torch(**args)
+        graph.launch(stage2_torch, **args)
 
 
 def skip_stage2(name: str, reason: str) -> None:

@@ -20,6 +20,7 @@ import math
 
 import torch
 
+from mlatrace.reference import graph
 from mlatrace.reference.mla import resolve_backend
 from mlatrace.reference.policies import cdiv
 
@@ -34,7 +35,8 @@ def paged_attention_v1(out: torch.Tensor, query: torch.Tensor, key_cache: torch.
                        v_scale: float = 1.0, *, backend: str = "auto") -> torch.Tensor:
     """Decode attention into `out`; reads at most cdiv(max_seq_len, block_size) blocks per sequence."""
     if alibi_slopes is not None or kv_cache_dtype != "auto":
-        raise NotImplementedError("reference PA v1: no ALiBi, kv_cache_dtype='auto' only")
+        raise ValueError("reference PA v1 supports neither ALiBi nor an fp8 KV cache "
+                         "(alibi_slopes=None, kv_cache_dtype='auto' only)")
     num_seqs, num_heads, head_size = query.shape
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
@@ -46,11 +48,11 @@ def paged_attention_v1(out: torch.Tensor, query: torch.Tensor, key_cache: torch.
     if resolve_backend(backend, query) == "triton":
         from mlatrace.reference import triton_pa
 
-        triton_pa.paged_attention(out, query, key_cache, value_cache, num_kv_heads,
+        graph.launch(triton_pa.paged_attention, out, query, key_cache, value_cache, num_kv_heads,
                                   scale * k_scale, block_tables, seq_lens, block_size,
                                   max_num_blocks, v_scale)
         return out
-    _paged_attention_torch(out, query, key_cache, value_cache, num_kv_heads, scale * k_scale,
+    graph.launch(_paged_attention_torch, out, query, key_cache, value_cache, num_kv_heads, scale * k_scale,
                            block_tables, seq_lens, block_size, max_num_blocks, v_scale)
     return out
 
