@@ -161,11 +161,25 @@ def test_interp_uninstall_restores_the_launch_path(kernels, trace):
     assert (InterpretedFunction.__dict__["run"], JITFunction.__dict__["run"]) == originals
 
 
-def test_launch_hook_is_added_to_the_hook_chain_and_removed(trace):
+def test_launch_hook_is_off_by_default(trace):
+    """With any launch hook set Triton builds launch metadata for every launch: opt-in."""
     import triton.knobs as knobs
 
     from mlatrace.probe.triton_launch import LaunchHook
 
+    probe.install(packs("triton_launch"))
+    import triton.runtime.jit  # noqa: F401
+
+    assert not [h for h in knobs.runtime.launch_enter_hook.calls if isinstance(h, LaunchHook)]
+    probe.uninstall()
+
+
+def test_launch_hook_is_added_to_the_hook_chain_and_removed(trace, monkeypatch):
+    import triton.knobs as knobs
+
+    from mlatrace.probe.triton_launch import LaunchHook
+
+    monkeypatch.setenv("MLATRACE_TRITON_LAUNCH_HOOK", "1")
     probe.install(packs("triton_launch"))
     import triton.runtime.jit  # noqa: F401
 

@@ -166,7 +166,9 @@ class TritonRun(Handler):
         emit = record.emit
         local = _local
         capturing, current_gid = graphs.capturing, graphs.current_gid
-        if self.options.get("launch_hook", True) and info.attr == "run" \
+        use_hook = os.environ.get("MLATRACE_TRITON_LAUNCH_HOOK", "") not in ("", "0") \
+            or bool(self.options.get("launch_hook", False))
+        if use_hook and info.attr == "run" \
                 and "interpreter" not in info.target and self.hook is None:
             self.hook = LaunchHook(runtime, name_filter)
             self.hook.install()
