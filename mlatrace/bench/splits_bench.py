@@ -44,8 +44,12 @@ NHEAD = 16                      # Kimi-K3 TP8-like small-head decode
 ROTATION_BYTES = 200 << 20      # rotate input sets until this much data (> L2) is touched
 MAX_SETS = 16
 KV_ROW_BYTES = 576 * 2          # bf16 latent + rope per token
-TUNE_BUDGETS = (132, 198, 264)
-TUNE_CONFIGS = ((8, 5), (4, 5), (8, 3), (4, 2))   # (num_warps, num_stages) of stage 1
+TUNE_CONFIGS = (  # stage 1 of the device policy: (budget, TILE_N, warps, stages, prefetch)
+    (132, 64, 8, 3, True), (132, 64, 8, 5, False), (132, 64, 8, 4, True),
+    (264, 64, 8, 3, True), (264, 64, 4, 3, True), (264, 64, 4, 2, False),
+    (264, 32, 4, 3, True), (264, 32, 8, 3, True), (132, 32, 8, 5, True),
+)
+TUNE_PDL_LENGTHS = (1, 4096, 100_000)
 TUNE_STAGE2 = ((512, 16), (512, 32), (64, 16), (64, 64))   # (MAX_BLOCK_S, BLOCK_DV), stage 2
 TUNE_MIN_TILES = (1, 2, 4)
 TUNE_MIN_TILES_LENGTHS = (1024, 4096, 16384)
@@ -72,6 +76,7 @@ class Results:
     tuning: list[dict] = field(default_factory=list)
     stage2_tuning: list[dict] = field(default_factory=list)
     min_tiles: list[dict] = field(default_factory=list)
+    pdl: list[dict] = field(default_factory=list)
     stages_100k: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)
 
@@ -246,32 +251,49 @@ def run_bench(cfg: Config, out: Path | None = None, log: Callable[[str], None] =
     return res
 
 
+def stage1_knobs() -> tuple:
+    from mlatrace.reference import policies, triton_mla
+
+    return (policies.DEVICE_PROGRAM_BUDGET, triton_mla.STAGE1_TILE_N, triton_mla.STAGE1_WARPS,
+            triton_mla.STAGE1_STAGES, triton_mla.STAGE1_PREFETCH)
+
+
+def set_stage1_knobs(knobs: tuple) -> None:
+    from mlatrace.reference import policies, triton_mla
+
+    (policies.DEVICE_PROGRAM_BUDGET, triton_mla.STAGE1_TILE_N, triton_mla.STAGE1_WARPS,
+     triton_mla.STAGE1_STAGES, triton_mla.STAGE1_PREFETCH) = knobs
+
+
 def tune(cfg: Config, timer: Timer, res: Results, log: Callable[[str], None]) -> None:
-    """Device policy at the longest length by launch budget x stage-1 (warps, stages) and by
-    stage-2 tile; its smallest chunk (min tiles per split) at mid lengths. Restores every
-    knob after."""
+    """Device policy at the longest length by stage-1 config (launch budget, inner tile,
+    warps, stages, page-table prefetch) and by stage-2 tile; stage 2 as a programmatic
+    dependent launch or not at a few lengths; its smallest chunk (min tiles per split) at
+    mid lengths. Restores every knob after."""
     from mlatrace.reference import mla, policies, triton_mla
 
     length = max(cfg.lengths)
     saved_stage2 = (mla.MAX_BLOCK_S, mla.BLOCK_DV)
+    saved_pdl = triton_mla.USE_PDL
     sets = make_sets(length, cfg.nhead, cfg.device)
-    saved = (policies.DEVICE_PROGRAM_BUDGET, triton_mla.STAGE1_WARPS, triton_mla.STAGE1_STAGES,
-             policies.DEVICE_MIN_TILES_PER_SPLIT)
+    saved = stage1_knobs()
+    saved_min_tiles = policies.DEVICE_MIN_TILES_PER_SPLIT
     try:
-        for budget in TUNE_BUDGETS:
-            for warps, stages in TUNE_CONFIGS:
-                policies.DEVICE_PROGRAM_BUDGET = budget
-                triton_mla.STAGE1_WARPS, triton_mla.STAGE1_STAGES = warps, stages
-                try:
-                    t = timer.per_call_us(mla_calls(sets, "device", 1, "triton"))
-                except Exception as exc:  # a config that does not compile: record and go on
-                    t = dict(us=float("nan"), error=f"{type(exc).__name__}: {exc}"[:300])
-                entry = dict(length=length, budget=budget, warps=warps, stages=stages, **t,
-                             bytes_per_s=mla_bytes(length, cfg.nhead) / (t["us"] * 1e-6))
-                res.tuning.append(entry)
-                log(f"tune {length}: budget {budget:4d} warps {warps} stages {stages}: "
-                    f"{t['us']:9.1f} us  {entry['bytes_per_s'] / 1e12:5.2f} TB/s")
-        policies.DEVICE_PROGRAM_BUDGET, triton_mla.STAGE1_WARPS, triton_mla.STAGE1_STAGES = saved[:3]
+        for knobs in TUNE_CONFIGS:
+            set_stage1_knobs(knobs)
+            try:
+                t = timer.per_call_us(mla_calls(sets, "device", 1, "triton"))
+            except Exception as exc:  # a config that does not compile: record and go on
+                t = dict(us=float("nan"), error=f"{type(exc).__name__}: {exc}"[:300])
+            budget, tile_n, warps, stages, prefetch = knobs
+            entry = dict(length=length, budget=budget, tile_n=tile_n, warps=warps,
+                         stages=stages, prefetch=prefetch, **t,
+                         bytes_per_s=mla_bytes(length, cfg.nhead) / (t["us"] * 1e-6))
+            res.tuning.append(entry)
+            log(f"tune {length}: budget {budget:4d} tile {tile_n:3d} warps {warps} stages"
+                f" {stages} prefetch {int(prefetch)}: {t['us']:9.1f} us"
+                f"  {entry['bytes_per_s'] / 1e12:5.2f} TB/s {t.get('error', '')}")
+        set_stage1_knobs(saved)
         for block_s, block_dv in TUNE_STAGE2:
             mla.MAX_BLOCK_S, mla.BLOCK_DV = block_s, block_dv
             t = timer.per_call_us(mla_calls(sets, "device", 1, "triton"))
@@ -280,6 +302,15 @@ def tune(cfg: Config, timer: Timer, res: Results, log: Callable[[str], None]) ->
                 f" {t['us']:8.1f} us")
         mla.MAX_BLOCK_S, mla.BLOCK_DV = saved_stage2
         del sets
+        for length in TUNE_PDL_LENGTHS:
+            sets = make_sets(length, cfg.nhead, cfg.device)
+            for pdl in (False, True):
+                triton_mla.USE_PDL = pdl
+                t = timer.per_call_us(mla_calls(sets, "device", 1, "triton"))
+                res.pdl.append(dict(length=length, pdl=pdl, **t))
+                log(f"pdl {length}: {int(pdl)}: {t['us']:8.1f} us")
+            triton_mla.USE_PDL = saved_pdl
+            del sets
         for length in TUNE_MIN_TILES_LENGTHS:
             sets = make_sets(length, cfg.nhead, cfg.device)
             for min_tiles in TUNE_MIN_TILES:
@@ -289,9 +320,10 @@ def tune(cfg: Config, timer: Timer, res: Results, log: Callable[[str], None]) ->
                 log(f"min tiles {length}: {min_tiles}: {t['us']:8.1f} us")
             del sets
     finally:
-        (policies.DEVICE_PROGRAM_BUDGET, triton_mla.STAGE1_WARPS, triton_mla.STAGE1_STAGES,
-         policies.DEVICE_MIN_TILES_PER_SPLIT) = saved
+        set_stage1_knobs(saved)
+        policies.DEVICE_MIN_TILES_PER_SPLIT = saved_min_tiles
         mla.MAX_BLOCK_S, mla.BLOCK_DV = saved_stage2
+        triton_mla.USE_PDL = saved_pdl
 
 
 def stage_breakdown(cfg: Config, timer: Timer, length: int, log: Callable[[str], None]) -> dict:
@@ -388,13 +420,16 @@ def markdown(res: Results) -> str:
         lines.append(f"Device policy at {s['length']}: stage 1 {s['stage1_us']:.1f} us,"
                      f" stage 2 {s['stage2_us']:.1f} us ({s['splits']} splits launched).")
     if res.tuning:
-        lines += ["", f"Tuning, device policy at {res.tuning[0]['length']} tokens (us per call):",
-                  "", "| budget | " + " | ".join(f"w{w} s{st}" for w, st in TUNE_CONFIGS) + " |",
-                  "|---:|" + "---:|" * len(TUNE_CONFIGS)]
-        for budget in TUNE_BUDGETS:
-            cells = [next((f"{t['us']:.1f}" for t in res.tuning if t["budget"] == budget
-                           and (t["warps"], t["stages"]) == cfg), "") for cfg in TUNE_CONFIGS]
-            lines.append(f"| {budget} | " + " | ".join(cells) + " |")
+        lines += ["", f"Tuning, device policy at {res.tuning[0]['length']} tokens (us per call;"
+                  " stage 1 budget, inner tile, warps, stages, page-table prefetch):", "",
+                  "| budget | tile | warps | stages | prefetch | us | TB/s |",
+                  "|---:|---:|---:|---:|---:|---:|---:|"]
+        for t in res.tuning:
+            lines.append(f"| {t['budget']} | {t['tile_n']} | {t['warps']} | {t['stages']} |"
+                         f" {int(t['prefetch'])} | {t['us']:.1f} | {t['bytes_per_s'] / 1e12:.2f} |")
+    if res.pdl:
+        lines += ["", "Stage 2 as a programmatic dependent launch (device policy): " + "; ".join(
+            f"{t['length']}: {'on' if t['pdl'] else 'off'} {t['us']:.1f} us" for t in res.pdl)]
     if res.stage2_tuning:
         lines += ["", "Stage 2 tile (MAX_BLOCK_S x BLOCK_DV): " + ", ".join(
             f"{t['block_s']}x{t['block_dv']} {t['us']:.1f} us" for t in res.stage2_tuning)]

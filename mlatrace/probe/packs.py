@@ -59,7 +59,7 @@ class ProbeSpec:
     handler: str | None
     options: dict[str, Any]
     source: str                      # "file:line" of the [[probe]] header
-    extract: Any = None              # compiled fields: CallView -> dict
+    extract: Any = None              # compiled fields (FieldsProgram): CallView -> dict
     uses_result: bool = False
     arg_names: list[str] = field(default_factory=list)   # args.<name> the fields read
 
@@ -68,6 +68,10 @@ class ProbeSpec:
         return f"{self.pack}.{self.name}"
 
     def fields_of(self, view: CallView) -> dict[str, Any]:
+        bound = getattr(view, "bound", None)
+        if bound is not None and bound[0] is self:
+            # Compiled for this target by the engine: no lookups by parameter name.
+            return bound[1](view.instance, view.args, view.kwargs, view.result)
         return self.extract(view) if self.extract is not None else {}
 
 

@@ -18,13 +18,22 @@ reduce only lists, tuples, numpy arrays and torch tensors on the CPU; on any oth
 device they yield None. ``ptr`` is ``data_ptr()`` (an int, no read), ``shape`` is
 the tensor's shape as a list. Values that are not plain JSON (tensors, arbitrary
 objects) become None, enums become their name.
+
+How it runs: an expression is parsed into a small tree, and the tree is turned into
+a chain of closures (never into source text). A probe's fields compile into a
+``FieldsProgram``; ``bind()`` specializes it to one target once it is patched (the
+position of every ``args.<name>`` is known from the target's signature, attribute
+chains become one ``operator.attrgetter``, literals sit in a dict template that is
+copied per call, and results whose type is known to be JSON-safe skip ``plain()``),
+so that a probed call costs a few closure calls and no per-call lookups by name.
 """
 
 from __future__ import annotations
 
 import enum
+import operator
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from mlatrace.probe import graphs
@@ -39,18 +48,23 @@ class PathError(ValueError):
 
 
 class CallView:
-    """What one probed call exposes to expressions (built on every probed call: slots)."""
+    """What one probed call exposes to expressions and handlers (slots: built per call).
 
-    __slots__ = ("instance", "args", "kwargs", "positions", "defaults", "result")
+    ``bound`` is (spec, extract) when the engine has compiled the probe's fields for
+    this very target: ``ProbeSpec.fields_of`` then calls ``extract`` directly.
+    """
+
+    __slots__ = ("instance", "args", "kwargs", "positions", "defaults", "result", "bound")
 
     def __init__(self, instance: Any, args: tuple, kwargs: dict, positions: dict[str, int],
-                 defaults: dict[str, Any], result: Any = None) -> None:
+                 defaults: dict[str, Any], result: Any = None, bound: Any = None) -> None:
         self.instance = instance
         self.args = args
         self.kwargs = kwargs
         self.positions = positions      # parameter name -> index into args
         self.defaults = defaults        # parameter defaults of the real target
         self.result = result
+        self.bound = bound
 
     def arg(self, name: str) -> Any:
         if name in self.kwargs:
@@ -62,6 +76,10 @@ class CallView:
 
 
 Evaluator = Callable[[CallView], Any]
+# A compiled expression: (instance, args, kwargs, result) -> value. Bound to a target,
+# args is the call's own tuple (self included for a method: indices are shifted); in
+# view mode (compile_expr, unbound programs) args is the CallView and kwargs is None.
+Compiled = Callable[[Any, Any, Any, Any], Any]
 
 _TOKEN = re.compile(r"""\s*(?:
     (?P<float>-?\d+\.\d*(?:[eE][-+]?\d+)?)
@@ -86,6 +104,16 @@ def _tokenize(text: str) -> list[tuple[str, str]]:
     return tokens
 
 
+# Parse tree nodes (plain tuples):
+#   ("const", value)
+#   ("path", root, name, steps)   root: "arg" (name set), "self", "result";
+#                                 steps: (("attr", NAME) | ("item", key), ...)
+#   ("call0", func)               a function without argument
+#   ("call1", func, node)
+#   ("alt", (node, node, ...))    first value that is not None
+Node = tuple
+
+
 class _Parser:
     def __init__(self, text: str) -> None:
         self.tokens = _tokenize(text)
@@ -104,7 +132,7 @@ class _Parser:
         self.i += 1
         return token
 
-    def parse(self) -> Evaluator:
+    def parse(self) -> Node:
         if not self.tokens:
             raise PathError("empty expression")
         node = self.alternatives()
@@ -112,7 +140,7 @@ class _Parser:
             raise PathError(f"unexpected {self.peek()[1]!r} after the expression")
         return node
 
-    def alternatives(self) -> Evaluator:
+    def alternatives(self) -> Node:
         """a | b | c: the first value that is not None."""
         options = [self.expr()]
         while (token := self.peek()) is not None and token[1] == "|":
@@ -120,62 +148,48 @@ class _Parser:
             options.append(self.expr())
         if len(options) == 1:
             return options[0]
-        choices = tuple(options)
+        return ("alt", tuple(options))
 
-        def first(view: CallView) -> Any:
-            for option in choices:
-                value = option(view)
-                if value is not None:
-                    return value
-            return None
-
-        return first
-
-    def expr(self) -> Evaluator:
+    def expr(self) -> Node:
         kind, value = self.take()
         if kind == "str":
-            text = value[1:-1]
-            return lambda view: text
+            return ("const", value[1:-1])
         if kind == "int":
-            number = int(value)
-            return lambda view: number
+            return ("const", int(value))
         if kind == "float":
-            real = float(value)
-            return lambda view: real
+            return ("const", float(value))
         if kind != "name":
             raise PathError(f"unexpected {value!r}")
         if value in ("true", "false", "null"):
-            constant = {"true": True, "false": False, "null": None}[value]
-            return lambda view: constant
+            return ("const", {"true": True, "false": False, "null": None}[value])
         nxt = self.peek()
         if nxt is not None and nxt[1] == "(":
             return self.call(value)
         return self.path(value)
 
-    def call(self, func: str) -> Evaluator:
+    def call(self, func: str) -> Node:
         if func not in FUNCS:
             raise PathError(f"unknown function {func}() (known: {', '.join(FUNCS)})")
         self.take("op", "(")
         if func in _NO_ARG_FUNCS:
             self.take("op", ")")
-            return {"capturing": _capturing, "gid": _gid, "dummy": _dummy,
-                    "layer": _layer}[func]
+            return ("call0", func)
         inner = self.alternatives()
         self.take("op", ")")
-        apply = _FUNC_IMPL[func]
-        return lambda view: apply(inner(view))
+        return ("call1", func, inner)
 
-    def path(self, root: str) -> Evaluator:
+    def path(self, root: str) -> Node:
         steps: list[tuple[str, Any]] = []
+        name = None
         if root == "args":
             self.take("op", ".")
             name = self.take("name")[1]
-            get_root: Callable[[CallView], Any] = lambda view: view.arg(name)  # noqa: E731
+            kind = "arg"
         elif root == "self":
-            get_root = lambda view: view.instance  # noqa: E731
+            kind = "self"
         elif root == "result":
             self.uses_result = True
-            get_root = lambda view: view.result  # noqa: E731
+            kind = "result"
         else:
             raise PathError(f"a path starts with args.<name>, self or result, not {root!r}")
         while (token := self.peek()) is not None and token[1] in (".", "["):
@@ -183,53 +197,259 @@ class _Parser:
             if token[1] == ".":
                 steps.append(("attr", self.take("name")[1]))
             else:
-                kind, value = self.take()
-                if kind == "int":
+                kind_, value = self.take()
+                if kind_ == "int":
                     steps.append(("item", int(value)))
-                elif kind == "str":
+                elif kind_ == "str":
                     steps.append(("item", value[1:-1]))
                 else:
                     raise PathError(f"an index is an int or a quoted key, not {value!r}")
                 self.take("op", "]")
-        frozen = tuple(steps)
-
-        def evaluate(view: CallView) -> Any:
-            value = get_root(view)
-            for step, key in frozen:
-                if value is None:
-                    return None
-                try:
-                    value = getattr(value, key) if step == "attr" else value[key]
-                except (AttributeError, KeyError, IndexError, TypeError):
-                    return None
-            return value
-
-        return evaluate
+        return ("path", kind, name, tuple(steps))
 
 
-def compile_expr(text: str) -> tuple[Evaluator, bool]:
-    """Parse one expression; returns (evaluator, uses_result). PathError on bad input."""
+def parse_expr(text: str) -> tuple[Node, bool]:
+    """Parse one expression into its tree; returns (node, uses_result). PathError if bad."""
     if not isinstance(text, str):
         raise PathError(f"an expression is a string, not {type(text).__name__}")
     parser = _Parser(text)
-    evaluator = parser.parse()
-    return evaluator, parser.uses_result
+    node = parser.parse()
+    return node, parser.uses_result
 
 
-def _capturing(view: CallView) -> bool:
-    return graphs.capturing()
+def compile_expr(text: str) -> tuple[Evaluator, bool]:
+    """Parse one expression; returns (evaluator, uses_result). PathError on bad input.
+
+    The evaluator takes a CallView and returns the raw value (no ``plain()``).
+    """
+    node, uses_result = parse_expr(text)
+    compiled = _build(node, None, _RAW)
+
+    def evaluate(view: CallView) -> Any:
+        return compiled(view.instance, view, None, view.result)
+
+    return evaluate, uses_result
 
 
-def _gid(view: CallView) -> int | None:
-    return graphs.current_gid()
+# --------------------------------------------------------------------- compiling
+
+_CAUGHT = (AttributeError, KeyError, IndexError, TypeError)
+_RAW, _PLAIN = 0, 1        # how a compiled expression finishes: as is, or through plain()
+_NULLARY = {"capturing": "capturing", "gid": "current_gid", "dummy": "in_dummy_run",
+            "layer": "current_layer"}
+# Functions whose results are JSON-safe already (shape is checked item by item).
+_SAFE_FUNCS = ("ptr", "len", "dtype", "isnone", "notnone")
+_MISSING = object()
 
 
-def _dummy(view: CallView) -> bool:
-    return graphs.in_dummy_run()
+class _Binding:
+    """Where a target keeps each parameter: index into the call's args, and its default."""
+
+    __slots__ = ("positions", "defaults", "offset")
+
+    def __init__(self, positions: dict[str, int], defaults: dict[str, Any], offset: int) -> None:
+        self.positions = positions
+        self.defaults = defaults
+        self.offset = offset
+
+    def arg(self, name: str) -> tuple[int | None, Any]:
+        index = self.positions.get(name)
+        return (None if index is None else index + self.offset), self.defaults.get(name)
 
 
-def _layer(view: CallView) -> object:
-    return graphs.current_layer()
+def _chain(steps: tuple) -> Callable[[Any], Any] | None:
+    """One callable walking the steps from a value that is not None (None: no steps).
+
+    It raises one of _CAUGHT where the walk yields None: getattr/item access on a None
+    met along the way raises too, except for attributes None itself has (``__class__``),
+    which get an explicit None check as the step-by-step walk did.
+    """
+    if not steps:
+        return None
+    getters = tuple(operator.attrgetter(key) if step == "attr" else operator.itemgetter(key)
+                    for step, key in steps)
+    if any(step == "attr" and hasattr(None, key) for step, key in steps[1:]):
+        def walk_checked(value: Any) -> Any:
+            for get in getters:
+                if value is None:
+                    return None
+                value = get(value)
+            return value
+
+        return walk_checked
+    if all(step == "attr" for step, _ in steps):
+        return operator.attrgetter(".".join(key for _, key in steps))
+    if len(getters) == 1:
+        return getters[0]
+
+    def walk(value: Any) -> Any:
+        for get in getters:
+            value = get(value)
+        return value
+
+    return walk
+
+
+def _finisher(finish: Any) -> tuple[int, Any]:
+    """(mode, post): 0 as is, 1 through plain(), 2 through post(value)."""
+    if finish is _RAW:
+        return 0, None
+    if finish is _PLAIN:
+        return 1, None
+    return 2, finish
+
+
+def _build(node: Node, binding: _Binding | None, finish: Any) -> Compiled:
+    """Turn a parse tree into a closure chain; finish is _RAW, _PLAIN or a callable."""
+    tag = node[0]
+    if tag == "const":
+        return _build_const(node[1], finish)
+    if tag == "path":
+        return _build_path(node[1], node[2], node[3], binding, finish)
+    if tag == "call0":
+        return _build_call0(node[1], finish)
+    if tag == "call1":
+        func = node[1]
+        return _build(node[2], binding, _compose(func, finish))
+    if tag == "alt":
+        return _build_alt(tuple(_build(option, binding, _RAW) for option in node[1]), finish)
+    raise AssertionError(f"unknown node {tag}")
+
+
+def _compose(func: str, finish: Any) -> Callable[[Any], Any]:
+    """The function applied to an inner value, followed by the outer finish."""
+    if func == "shape" and finish is _PLAIN:
+        return _shape_plain
+    apply = _FUNC_IMPL[func]
+    if finish is _RAW or (finish is _PLAIN and func in _SAFE_FUNCS):
+        return apply
+    if finish is _PLAIN:
+        def apply_plain(value: Any) -> Any:
+            return plain(apply(value))
+
+        return apply_plain
+
+    def apply_then(value: Any) -> Any:
+        return finish(apply(value))
+
+    return apply_then
+
+
+def _build_const(value: Any, finish: Any) -> Compiled:
+    mode, post = _finisher(finish)
+    if mode == 1:
+        value = plain(value)
+    if mode == 2:
+        return lambda instance, args, kwargs, result: post(value)
+    return lambda instance, args, kwargs, result: value
+
+
+def _build_call0(func: str, finish: Any) -> Compiled:
+    fn = getattr(graphs, _NULLARY[func])
+    mode, post = _finisher(finish)
+    if mode == 0 or (mode == 1 and func != "layer"):
+        return lambda instance, args, kwargs, result: fn()
+    if mode == 1:
+        return lambda instance, args, kwargs, result: plain(fn())
+    return lambda instance, args, kwargs, result: post(fn())
+
+
+def _build_alt(options: tuple, finish: Any) -> Compiled:
+    mode, post = _finisher(finish)
+    scalars = _SCALAR_TYPES
+
+    def first(instance: Any, args: Any, kwargs: Any, result: Any) -> Any:
+        value = None
+        for option in options:
+            value = option(instance, args, kwargs, result)
+            if value is not None:
+                break
+        if mode == 1:
+            return value if type(value) in scalars else plain(value)
+        if mode == 2:
+            return post(value)
+        return value
+
+    return first
+
+
+def _build_path(root: str, name: str | None, steps: tuple, binding: _Binding | None,
+                finish: Any) -> Compiled:
+    chain = _chain(steps)
+    mode, post = _finisher(finish)
+    scalars = _SCALAR_TYPES
+    caught = _CAUGHT
+
+    if root == "arg" and binding is not None:
+        index, default = binding.arg(name)
+        if index is None:
+            def from_kwargs(instance: Any, args: tuple, kwargs: dict, result: Any) -> Any:
+                value = kwargs.get(name, default)
+                if value is not None and chain is not None:
+                    try:
+                        value = chain(value)
+                    except caught:
+                        value = None
+                if mode == 1:
+                    return value if type(value) in scalars else plain(value)
+                if mode == 2:
+                    return post(value)
+                return value
+
+            return from_kwargs
+
+        def from_args(instance: Any, args: tuple, kwargs: dict, result: Any) -> Any:
+            if name in kwargs:
+                value = kwargs[name]
+            elif len(args) > index:
+                value = args[index]
+            else:
+                value = default
+            if value is not None and chain is not None:
+                try:
+                    value = chain(value)
+                except caught:
+                    value = None
+            if mode == 1:
+                return value if type(value) in scalars else plain(value)
+            if mode == 2:
+                return post(value)
+            return value
+
+        return from_args
+
+    if root == "arg":
+        def from_view(instance: Any, view: CallView, kwargs: Any, result: Any) -> Any:
+            value = view.arg(name)
+            if value is not None and chain is not None:
+                try:
+                    value = chain(value)
+                except caught:
+                    value = None
+            if mode == 1:
+                return value if type(value) in scalars else plain(value)
+            if mode == 2:
+                return post(value)
+            return value
+
+        return from_view
+
+    from_result = root == "result"
+
+    def from_instance_or_result(instance: Any, args: Any, kwargs: Any, result: Any) -> Any:
+        value = result if from_result else instance
+        if value is not None and chain is not None:
+            try:
+                value = chain(value)
+            except caught:
+                value = None
+        if mode == 1:
+            return value if type(value) in scalars else plain(value)
+        if mode == 2:
+            return post(value)
+        return value
+
+    return from_instance_or_result
 
 
 def _is_tensor(value: Any) -> bool:
@@ -353,33 +573,110 @@ def plain(value: Any) -> Any:
     return None
 
 
-def compile_fields(fields: dict[str, Any], where: Callable[[str, str], str]
-                   ) -> tuple[Callable[[CallView], dict[str, Any]], bool]:
-    """Compile a (nested) mapping of name -> expression into one extractor.
+def _shape_plain(value: Any) -> list | None:
+    """plain(_shape(value)) without a second walk when the items are ints (the usual)."""
+    shape = getattr(value, "shape", None)
+    if shape is None or not isinstance(shape, tuple):
+        return None
+    items = list(shape)
+    for item in items:
+        if type(item) is not int:
+            return plain(items)
+    return items
 
-    ``where(name, expr)`` returns a "file:line" prefix for error messages.
-    Returns (extract, uses_result).
+
+class FieldsProgram:
+    """A probe's compiled fields: a (nested) mapping of name -> expression.
+
+    Called with a CallView it evaluates by parameter name (any target). ``bind()``
+    returns the same extraction specialized to one target,
+    ``extract(instance, args, kwargs, result) -> dict``.
     """
-    compiled: list[tuple[str, Any]] = []
+
+    def __init__(self, entries: tuple, uses_result: bool) -> None:
+        self.entries = entries            # ((name, node | entries), ...)
+        self.uses_result = uses_result
+        self._by_view = _assemble(entries, None)
+
+    def __call__(self, view: CallView) -> dict[str, Any]:
+        return self._by_view(view.instance, view, None, view.result)
+
+    def bind(self, positions: dict[str, int], defaults: dict[str, Any],
+             offset: int = 0) -> Callable[[Any, tuple, dict, Any], dict[str, Any]]:
+        """The extraction for a target whose parameters sit at positions (+offset in args)."""
+        return _assemble(self.entries, _Binding(positions, defaults, offset))
+
+    def names(self) -> list[str]:
+        """The top-level field names, in order."""
+        return [name for name, _ in self.entries]
+
+
+def _assemble(entries: tuple, binding: _Binding | None) -> Callable[..., dict[str, Any]]:
+    """One closure building the record's fields: a template copy, then the computed ones."""
+    template: dict[str, Any] = {}
+    nullary: list[tuple[str, Callable[[], Any]]] = []
+    computed: list[tuple[str, Compiled]] = []
+    for name, item in entries:
+        template[name] = None              # fixes the key order of the output
+        if not isinstance(item, tuple) or not item or isinstance(item[0], tuple):
+            computed.append((name, _assemble(item, binding)))
+        elif item[0] == "const":
+            template[name] = plain(item[1])
+        elif item[0] == "call0" and item[1] != "layer":
+            nullary.append((name, getattr(graphs, _NULLARY[item[1]])))
+        else:
+            computed.append((name, _build(item, binding, _PLAIN)))
+    calls0 = tuple(nullary)
+    calls = tuple(computed)
+    copy = template.copy
+
+    if not calls0:
+        def extract(instance: Any, args: Any, kwargs: Any, result: Any) -> dict[str, Any]:
+            out = copy()
+            for key, compiled in calls:
+                out[key] = compiled(instance, args, kwargs, result)
+            return out
+
+        return extract
+
+    def extract_with_state(instance: Any, args: Any, kwargs: Any, result: Any
+                           ) -> dict[str, Any]:
+        out = copy()
+        for key, call in calls0:
+            out[key] = call()
+        for key, compiled in calls:
+            out[key] = compiled(instance, args, kwargs, result)
+        return out
+
+    return extract_with_state
+
+
+def _parse_fields(fields: dict[str, Any], where: Callable[[str, str], str]
+                  ) -> tuple[tuple, bool]:
+    entries: list[tuple[str, Any]] = []
     uses_result = False
     for name, spec in fields.items():
         if isinstance(spec, dict):
-            sub, sub_uses = compile_fields(spec, where)
-            compiled.append((name, ("nested", sub)))
+            sub, sub_uses = _parse_fields(spec, where)
+            entries.append((name, sub))
             uses_result = uses_result or sub_uses
             continue
         try:
-            evaluator, uses = compile_expr(spec)
+            node, uses = parse_expr(spec)
         except PathError as exc:
             raise PathError(f"{where(name, str(spec))}: field {name!r}: {exc}") from None
-        compiled.append((name, ("expr", evaluator)))
+        entries.append((name, node))
         uses_result = uses_result or uses
-    items: Sequence[tuple[str, Any]] = tuple(compiled)
+    return tuple(entries), uses_result
 
-    def extract(view: CallView) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for name, (kind, fn) in items:
-            out[name] = fn(view) if kind == "nested" else plain(fn(view))
-        return out
 
-    return extract, uses_result
+def compile_fields(fields: dict[str, Any], where: Callable[[str, str], str]
+                   ) -> tuple[FieldsProgram, bool]:
+    """Compile a (nested) mapping of name -> expression into one extractor.
+
+    ``where(name, expr)`` returns a "file:line" prefix for error messages.
+    Returns (extract, uses_result): ``extract(view)`` gives the fields of one call,
+    ``extract.bind(positions, defaults, offset)`` the same for one patched target.
+    """
+    entries, uses_result = _parse_fields(fields, where)
+    return FieldsProgram(entries, uses_result), uses_result

@@ -120,6 +120,80 @@ def _json_default(obj: object) -> object:
 _ENCODER = json.JSONEncoder(separators=(",", ":"), default=_json_default)
 
 
+def _fast_encoder() -> Callable[[Any], str] | None:
+    """_ENCODER.encode without its per-call set-up: one C encoder made once, reused.
+
+    JSONEncoder.encode builds a new C encoder (and a circular-reference table) for
+    every record; this one is built once, without the table (a circular record raises
+    RecursionError here, and the caller then encodes it with _ENCODER, which gives the
+    error it always gave). None when the C encoder is missing or its output differs.
+    """
+    try:
+        from json.encoder import c_make_encoder, encode_basestring_ascii
+
+        if c_make_encoder is None:
+            return None
+        make = c_make_encoder(None, _json_default, encode_basestring_ascii, None, ":", ",",
+                              False, False, True)
+        join = "".join
+
+        def encode(obj: Any) -> str:
+            return join(make(obj, 0))
+
+        sample = {"k": "x\u00e9\n", "t": 1, "a": [1, 2.5, None, True, False, (3, 4)],
+                  "b": {"c": float("inf"), "d": {}}, "e": {2, 1}, "f": b"x", "g": object}
+        if encode(sample) != _ENCODER.encode(sample):
+            return None
+        return encode
+    except Exception:
+        return None
+
+
+_FAST_ENCODE = _fast_encoder()
+_RESERVED = frozenset(("k", "t", "seq", "tid"))
+_ESCAPE = json.encoder.encode_basestring_ascii
+_clock = time.perf_counter_ns
+_thread_id = threading.get_ident
+
+
+def _encode(record: dict) -> str:
+    """One record as a JSON line (raises as _ENCODER.encode does)."""
+    if _FAST_ENCODE is not None:
+        try:
+            return _FAST_ENCODE(record)
+        except Exception:
+            pass
+    return _ENCODER.encode(record)
+
+
+def _encode_item(item: tuple) -> str | None:
+    """A queued (seq, t, tid, kind, fields) as the line _encode(_as_dict(item)) gives.
+
+    The four leading keys are formatted here and only the fields go through the
+    encoder; None where that shortcut does not apply (the caller takes the dict path).
+    """
+    seq, t, tid, kind, fields = item
+    if _FAST_ENCODE is None or type(kind) is not str or type(fields) is not dict \
+            or not _RESERVED.isdisjoint(fields):
+        return None
+    try:
+        body = _FAST_ENCODE(fields)
+    except Exception:
+        return None
+    head = f'{{"k":{_ESCAPE(kind)},"t":{t},"seq":{seq},"tid":{tid}'
+    return head + "}" if body == "{}" else head + "," + body[1:]
+
+
+def _line_of(record: dict) -> str:
+    """A record's JSON line; a record.error line (same t/seq/tid) if it cannot be encoded."""
+    try:
+        return _encode(record)
+    except Exception as exc:  # keep seq so the reader does not see a phantom drop
+        return json.dumps({"k": "record.error", "t": record.get("t", 0),
+                           "seq": record.get("seq", 0), "tid": record.get("tid", 0),
+                           "kind": str(record.get("k")), "error": repr(exc)[:200]})
+
+
 class Recorder:
     """Buffers this process's records and writes them to `<out_dir>/p<pid>.jsonl`."""
 
@@ -178,8 +252,7 @@ class Recorder:
             next(self._seq)  # the gap in seq is how readers see the drop
             self.dropped += 1
             return
-        pending.append((next(self._seq), time.perf_counter_ns() - self.t0,
-                        threading.get_ident(), kind, fields))
+        pending.append((next(self._seq), _clock() - self.t0, _thread_id(), kind, fields))
         if len(pending) == FLUSH_EVERY_RECORDS:
             self._wake.set()
 
@@ -234,6 +307,9 @@ class Recorder:
             batch.append(pending.popleft())
         if batch:
             self._last_seq = batch[-1][0]
+            if not self._sinks:
+                self._write_items(batch)    # no dicts needed: encode the queued tuples
+                return
             records = [self._as_dict(item) for item in batch]
             self._write_lines(records)
             for sink in self._sinks:
@@ -335,22 +411,28 @@ class Recorder:
     @staticmethod
     def _as_dict(item: tuple) -> dict:
         seq, t, tid, kind, fields = item
-        record = {"k": kind, "t": t, "seq": seq, "tid": tid}
-        record.update(fields)
-        return record
+        return {"k": kind, "t": t, "seq": seq, "tid": tid, **fields}
 
     def _write_lines(self, records: list[dict]) -> None:
         lines = []
-        encode = _ENCODER.encode
         for i, record in enumerate(records):
             if i and not i % YIELD_EVERY_RECORDS:
                 time.sleep(0)  # hand the GIL back: the traced program never waits on encoding
-            try:
-                lines.append(encode(record))
-            except Exception as exc:  # keep seq so the reader does not see a phantom drop
-                lines.append(json.dumps({"k": "record.error", "t": record.get("t", 0),
-                                         "seq": record.get("seq", 0), "tid": record.get("tid", 0),
-                                         "kind": str(record.get("k")), "error": repr(exc)[:200]}))
+            lines.append(_line_of(record))
+        self._write_text(lines)
+
+    def _write_items(self, items: list[tuple]) -> None:
+        """Write queued (seq, t, tid, kind, fields) tuples: the lines _write_lines would."""
+        lines = []
+        as_dict = self._as_dict
+        for i, item in enumerate(items):
+            if i and not i % YIELD_EVERY_RECORDS:
+                time.sleep(0)  # hand the GIL back: the traced program never waits on encoding
+            line = _encode_item(item)
+            lines.append(line if line is not None else _line_of(as_dict(item)))
+        self._write_text(lines)
+
+    def _write_text(self, lines: list[str]) -> None:
         data = ("\n".join(lines) + "\n").encode()
         fd = self._fd
         while data and fd is not None:
@@ -380,6 +462,13 @@ _hooks_registered = False
 
 def emit(kind: str, **fields: Any) -> None:
     """Record one event of `kind` in this process's trace; a no-op when not tracing."""
+    recorder = _recorder
+    if recorder is not None:
+        recorder.add(kind, fields)
+
+
+def emit_fields(kind: str, fields: dict) -> None:
+    """emit(kind, **fields) for fields already in a dict, which the recorder keeps as is."""
     recorder = _recorder
     if recorder is not None:
         recorder.add(kind, fields)

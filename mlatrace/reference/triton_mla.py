@@ -21,16 +21,25 @@ from triton.runtime.errors import OutOfResources
 from mlatrace.reference.mla import D_LATENT, D_ROPE
 
 STAGE1_WARPS = 8
-STAGE1_STAGES = 5
-"""16-bit caches: 8 warps and 5 stages compile (Triton 3.9, sm_90) to 128 registers and two
-73.7 KiB KV buffers (165 KiB shared): the next tile's load overlaps this tile's dots, one
-program per SM. 4 warps / 2 stages (the first H200 run) had one buffer, so every tile's
-load latency was exposed: 2.44 TB/s at 100K with 2 programs per SM."""
+STAGE1_STAGES = 3
+"""16-bit caches, measured on the H200 (run 3, device policy at 100K, budget 132): 8 warps,
+3 stages with the page-table prefetch (STAGE1_PREFETCH) 45.7 us; 8 warps / 5 stages
+without it 50.4 us; 4 warps / 2 stages at budget 264 47.6 us; 32-row tiles 45.3-67.5 us.
+Triton 3.9 compiles 8/3 + prefetch to 139 registers and two 73.7 KiB KV buffers (164
+KiB shared): one program per SM."""
 SAFE_WARPS = 4
 SAFE_STAGES = 2
 """Used for float32 caches (tf32x3 tiles need the shared memory) and as the fallback when
 a Triton version does not fit the default config in shared memory."""
 STAGE2_WARPS = 4
+STAGE1_TILE_N = 64
+"""KV rows per inner-loop tile of stage 1 (divides policies.BLOCK_N)."""
+STAGE1_PREFETCH = True
+"""Load the next tile's page-table entries one iteration ahead (by hand)."""
+USE_PDL = True
+"""Launch stage 2 as a programmatic dependent launch (Hopper, CUDA only): its launch and
+its seq_info read overlap stage 1, so the second graph node costs little when stage 2 has
+nothing to merge (one active split) and less otherwise."""
 
 
 @triton.jit
@@ -52,11 +61,28 @@ def _mla_stage1_kernel(
     NUM_KV_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
     D_LATENT: tl.constexpr, D_ROPE: tl.constexpr, DEVICE_PARTITION: tl.constexpr,
     MIN_TILES: tl.constexpr, DIRECT_OUTPUT: tl.constexpr, RETURN_LSE: tl.constexpr, DOT_MODE: tl.constexpr,
+    TILE_N: tl.constexpr = 64, PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
-    """One (batch, split, head block): online softmax over the split's KV range."""
+    """One (batch, split, head block): online softmax over the split's KV range.
+
+    The partition works in BLOCK_N tiles (the policies' integers); the inner loop walks
+    TILE_N rows at a time (TILE_N divides BLOCK_N). PREFETCH loads the next tile's
+    page-table entries one iteration ahead, so the KV loads never wait on them. PDL lets
+    stage 2 (launched as a programmatic dependent) start while this grid runs."""
     b = tl.program_id(0)
     split = tl.program_id(1)
     hblock = tl.program_id(2)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+    heads = hblock * BLOCK_H + tl.arange(0, BLOCK_H)
+    head_ok = heads < nhead
+    offs_d = tl.arange(0, D_LATENT)
+    offs_r = tl.arange(0, D_ROPE)
+    # q does not depend on the length: its loads are in flight while seq_info arrives.
+    qn = tl.load(q_nope + b * stride_qn_b + heads[:, None] * stride_qn_h + offs_d[None, :],
+                 mask=head_ok[:, None], other=0.0)
+    qp = tl.load(q_pe + b * stride_qp_b + heads[:, None] * stride_qp_h + offs_r[None, :],
+                 mask=head_ok[:, None], other=0.0)
     seq_len = tl.load(seq_info + b)
     if DEVICE_PARTITION:
         active, chunk = _device_partition(seq_len, NUM_KV_SPLITS, BLOCK_N, MIN_TILES)
@@ -66,24 +92,24 @@ def _mla_stage1_kernel(
     if split < active:
         start = split * chunk
         end = tl.minimum(start + chunk, seq_len)
-
-        heads = hblock * BLOCK_H + tl.arange(0, BLOCK_H)
-        head_ok = heads < nhead
-        offs_d = tl.arange(0, D_LATENT)
-        offs_r = tl.arange(0, D_ROPE)
-        qn = tl.load(q_nope + b * stride_qn_b + heads[:, None] * stride_qn_h + offs_d[None, :],
-                     mask=head_ok[:, None], other=0.0)
-        qp = tl.load(q_pe + b * stride_qp_b + heads[:, None] * stride_qp_h + offs_r[None, :],
-                     mask=head_ok[:, None], other=0.0)
         qk_scale = sm_scale * 1.4426950408889634  # scores in log2 units: exp2 below
 
         m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_H], tl.float32)
         acc = tl.zeros([BLOCK_H, D_LATENT], tl.float32)
-        for start_n in range(start, end, BLOCK_N):
-            offs_n = start_n + tl.arange(0, BLOCK_N)
+        pt_row = page_table + b * stride_pt_b
+        if PREFETCH:
+            first = start + tl.arange(0, TILE_N)
+            next_slots = tl.load(pt_row + first, mask=first < end, other=0)
+        for start_n in range(start, end, TILE_N):
+            offs_n = start_n + tl.arange(0, TILE_N)
             row_ok = offs_n < end
-            slots = tl.load(page_table + b * stride_pt_b + offs_n, mask=row_ok, other=0)
+            if PREFETCH:
+                slots = next_slots
+                ahead = offs_n + TILE_N
+                next_slots = tl.load(pt_row + ahead, mask=ahead < end, other=0)
+            else:
+                slots = tl.load(pt_row + offs_n, mask=row_ok, other=0)
             slots = slots.to(tl.int64)
             latent = tl.load(kv_c + slots[:, None] * stride_kv + offs_d[None, :],
                              mask=row_ok[:, None], other=0.0)
@@ -144,10 +170,14 @@ def _mla_stage2_kernel(
     nhead,
     NUM_KV_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
     BLOCK_DV: tl.constexpr, DEVICE_PARTITION: tl.constexpr, MIN_TILES: tl.constexpr,
-    RETURN_LSE: tl.constexpr,
+    RETURN_LSE: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """One (batch, head, column block): online LSE-weighted merge, BLOCK_S splits per load
-    (all of them when BLOCK_S >= splits: one round trip to memory)."""
+    (all of them when BLOCK_S >= splits: one round trip to memory).
+
+    With PDL this grid is a programmatic dependent of stage 1: it may start while stage 1
+    runs, reads seq_info (which stage 1 never writes) meanwhile, and waits for stage 1's
+    completion and memory (gdc_wait) before touching the partials or `o`."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     dblock = tl.program_id(2)
@@ -156,6 +186,8 @@ def _mla_stage2_kernel(
         active, _ = _device_partition(seq_len, NUM_KV_SPLITS, BLOCK_N, MIN_TILES)
     else:
         active = NUM_KV_SPLITS
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     # With one active split stage 1 already wrote o (device partition only).
     if active > 1:
         offs_s = tl.arange(0, BLOCK_S)
@@ -196,6 +228,12 @@ def dot_mode(cache: torch.Tensor) -> int:
     return 2 if cache.dtype == torch.float32 else 0
 
 
+def pdl_enabled(like: torch.Tensor) -> bool:
+    """Programmatic dependent launch of stage 2: CUDA devices of compute capability >= 9."""
+    return (USE_PDL and like.is_cuda
+            and torch.cuda.get_device_capability(like.device)[0] >= 9)
+
+
 def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tensor,
            kv_c: torch.Tensor, k_pe: torch.Tensor, page_table: torch.Tensor,
            seq_info: torch.Tensor, sm_scale: float, o: torch.Tensor,
@@ -213,6 +251,7 @@ def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tens
                                                                                (0, 0, 0))
     lse_arg = lse_out if lse_out is not None else o
     mode = dot_mode(kv_c)
+    tile_n = min(STAGE1_TILE_N, block_n) if mode != 2 else block_n
 
     def launch(num_warps: int, num_stages: int) -> None:
         _mla_stage1_kernel[grid](
@@ -225,7 +264,8 @@ def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tens
             NUM_KV_SPLITS=num_splits, BLOCK_N=block_n, BLOCK_H=block_h,
             D_LATENT=D_LATENT, D_ROPE=D_ROPE, DEVICE_PARTITION=device_partition,
             MIN_TILES=min_tiles, DIRECT_OUTPUT=direct, RETURN_LSE=lse_out is not None,
-            DOT_MODE=mode, num_warps=num_warps, num_stages=num_stages,
+            DOT_MODE=mode, TILE_N=tile_n, PREFETCH=STAGE1_PREFETCH and mode != 2,
+            PDL=pdl_enabled(kv_c) and not direct, num_warps=num_warps, num_stages=num_stages,
         )
 
     if mode == 2:
@@ -243,6 +283,7 @@ def stage2(grid: tuple[int, int, int], *, partial_out: torch.Tensor,
            device_partition: bool, min_tiles: int, block_s: int, block_dv: int) -> None:
     """Launch stage 2 on grid (batch, nhead, 512 // BLOCK_DV)."""
     assert o.stride(-1) == 1 and partial_out.stride(-1) == 1
+    pdl = pdl_enabled(partial_out)
     _mla_stage2_kernel[grid](
         partial_out, partial_lse, seq_info, o, lse_out if lse_out is not None else o,
         partial_out.stride(0), partial_out.stride(1), partial_out.stride(2),
@@ -250,5 +291,6 @@ def stage2(grid: tuple[int, int, int], *, partial_out: torch.Tensor,
         o.shape[1],
         NUM_KV_SPLITS=num_splits, BLOCK_N=block_n, BLOCK_S=block_s, BLOCK_DV=block_dv,
         DEVICE_PARTITION=device_partition, MIN_TILES=min_tiles,
-        RETURN_LSE=lse_out is not None, num_warps=STAGE2_WARPS,
+        RETURN_LSE=lse_out is not None, PDL=pdl, num_warps=STAGE2_WARPS,
+        **({"launch_pdl": True} if pdl else {}),
     )

@@ -8,7 +8,9 @@
 # test ~2 min (vLLM cold start ~80-110 s, mostly torch.compile warm-up).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-export MLATRACE_VLLM_VENV="${MLATRACE_VLLM_VENV:-/work/vllm-venv}"
+default_venv=/work/vllm-venv
+[ -d "$default_venv" ] || [ -w /work ] || default_venv="$HOME/.cache/mlatrace/vllm-venv"
+export MLATRACE_VLLM_VENV="${MLATRACE_VLLM_VENV:-$default_venv}"
 PYTHON="${PYTHON:-}"
 if [ -z "$PYTHON" ]; then
     if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
