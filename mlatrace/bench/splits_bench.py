@@ -45,11 +45,11 @@ ROTATION_BYTES = 200 << 20      # rotate input sets until this much data (> L2) 
 MAX_SETS = 16
 KV_ROW_BYTES = 576 * 2          # bf16 latent + rope per token
 TUNE_CONFIGS = (  # stage 1 of the device policy: (budget, TILE_N, warps, stages, prefetch)
-    (132, 64, 8, 3, True), (132, 64, 8, 5, False), (132, 64, 8, 4, True),
-    (264, 64, 8, 3, True), (264, 64, 4, 3, True), (264, 64, 4, 2, False),
-    (264, 32, 4, 3, True), (264, 32, 8, 3, True), (132, 32, 8, 5, True),
+    (132, 64, 8, 3, True), (132, 64, 8, 5, False), (264, 64, 4, 2, False),
+    (264, 32, 4, 3, True), (132, 32, 4, 3, True), (264, 32, 4, 2, True),
 )
-TUNE_PDL_LENGTHS = (1, 4096, 100_000)
+TUNE_PDL_LENGTHS = (1, 512, 4096, 100_000)
+TUNE_SHORT_LENGTH = 512
 TUNE_STAGE2 = ((512, 16), (512, 32), (64, 16), (64, 64))   # (MAX_BLOCK_S, BLOCK_DV), stage 2
 TUNE_MIN_TILES = (1, 2, 4)
 TUNE_MIN_TILES_LENGTHS = (1024, 4096, 16384)
@@ -77,6 +77,10 @@ class Results:
     stage2_tuning: list[dict] = field(default_factory=list)
     min_tiles: list[dict] = field(default_factory=list)
     pdl: list[dict] = field(default_factory=list)
+    short: list[dict] = field(default_factory=list)
+    contiguous: dict = field(default_factory=dict)
+    gather_ceiling_bytes_per_s: float = 0.0
+    contiguous_copy_bytes_per_s: float = 0.0
     stages_100k: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)
 
@@ -194,6 +198,38 @@ def read_ceiling(device: str) -> float:
     return 2 * nbytes / statistics.median(times)
 
 
+def gather_ceiling(device: str, rows: int = 100_000) -> tuple[float, float]:
+    """Bytes read plus written per second of `index_select` of `rows` permuted 1152-byte
+    rows (the KV layout at page size 1), and of a contiguous copy of the same bytes (the
+    scattering penalty of the memory system at this size; medians of 20)."""
+    import torch
+
+    if device != "cuda":
+        return 0.0, 0.0
+    src = torch.randn(rows + 64, 576, device=device).to(torch.bfloat16)
+    idx = torch.randperm(rows + 64, device=device)[:rows]
+    dst = torch.empty(rows, 576, dtype=torch.bfloat16, device=device)
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device=device)
+
+    def timed(fn: Callable[[], object]) -> float:
+        for _ in range(3):
+            fn()
+        times = []
+        for _ in range(20):
+            flush.zero_()                      # evict src from L2
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / 1000)
+        return 2 * rows * KV_ROW_BYTES / statistics.median(times)
+
+    scattered = timed(lambda: torch.index_select(src, 0, idx, out=dst))
+    contiguous = timed(lambda: dst.copy_(src[:rows]))
+    return scattered, contiguous
+
+
 def mla_bytes(length: int, nhead: int) -> int:
     """Fewest bytes one call must move: KV rows + page-table entries read, q read, o written."""
     return length * (KV_ROW_BYTES + 4) + nhead * 576 * 2 + nhead * 512 * 2
@@ -217,6 +253,13 @@ def run_bench(cfg: Config, out: Path | None = None, log: Callable[[str], None] =
                        torch=torch.__version__, triton=_triton_version())
     res.read_ceiling_bytes_per_s = read_ceiling(cfg.device)
     log(f"read ceiling (1 GiB copy, read+write): {res.read_ceiling_bytes_per_s / 1e12:.2f} TB/s")
+    try:
+        res.gather_ceiling_bytes_per_s, res.contiguous_copy_bytes_per_s = gather_ceiling(cfg.device)
+    except Exception as exc:  # a diagnostic only
+        log(f"scattered-row ceiling failed: {type(exc).__name__}: {exc}")
+    log(f"scattered-row ceiling (index_select of 100K permuted 1152-byte rows, read+write):"
+        f" {res.gather_ceiling_bytes_per_s / 1e12:.2f} TB/s; contiguous copy of the same"
+        f" bytes {res.contiguous_copy_bytes_per_s / 1e12:.2f} TB/s")
     timer = Timer(cfg)
     for length in cfg.lengths:
         torch.manual_seed(length)
@@ -243,7 +286,10 @@ def run_bench(cfg: Config, out: Path | None = None, log: Callable[[str], None] =
         if out is not None:
             _write_json(out, res)
     if cfg.tune and cfg.device == "cuda":
-        tune(cfg, timer, res, log)
+        try:
+            tune(cfg, timer, res, log)
+        except Exception as exc:  # diagnostics only: keep the table and plot
+            log(f"tuning stopped: {type(exc).__name__}: {exc}")
         if out is not None:
             _write_json(out, res)
     if cfg.device == "cuda":
@@ -270,6 +316,8 @@ def tune(cfg: Config, timer: Timer, res: Results, log: Callable[[str], None]) ->
     warps, stages, page-table prefetch) and by stage-2 tile; stage 2 as a programmatic
     dependent launch or not at a few lengths; its smallest chunk (min tiles per split) at
     mid lengths. Restores every knob after."""
+    import torch
+
     from mlatrace.reference import mla, policies, triton_mla
 
     length = max(cfg.lengths)
@@ -303,14 +351,46 @@ def tune(cfg: Config, timer: Timer, res: Results, log: Callable[[str], None]) ->
         mla.MAX_BLOCK_S, mla.BLOCK_DV = saved_stage2
         del sets
         for length in TUNE_PDL_LENGTHS:
+            # PDL off / on for the device policy, and for the best fixed split (sweep).
             sets = make_sets(length, cfg.nhead, cfg.device)
-            for pdl in (False, True):
-                triton_mla.USE_PDL = pdl
+            for mode in ("off", "all"):
+                triton_mla.USE_PDL = mode
                 t = timer.per_call_us(mla_calls(sets, "device", 1, "triton"))
-                res.pdl.append(dict(length=length, pdl=pdl, **t))
-                log(f"pdl {length}: {int(pdl)}: {t['us']:8.1f} us")
+                # the best split of the main table at this length (all of the sweep if none)
+                candidates = [r["best_splits"] for r in res.rows if r["length"] == length]
+                best = min((timer.per_call_us(mla_calls(sets, f"fixed:{n}", length, "triton"))["us"], n)
+                           for n in (candidates or cfg.sweep))
+                res.pdl.append(dict(length=length, pdl=mode, **t, best_fixed_us=best[0],
+                                    best_fixed_splits=best[1]))
+                log(f"pdl {length}: {mode}: device {t['us']:8.1f} us, best fixed {best[0]:.1f} us"
+                    f" (S={best[1]})")
             triton_mla.USE_PDL = saved_pdl
             del sets
+        # Short lengths: is the device policy's extra cost its idle stage-1 programs
+        # (budget) or its wide stage-2 tile (MAX_BLOCK_S)?
+        sets = make_sets(TUNE_SHORT_LENGTH, cfg.nhead, cfg.device)
+        for label, budget, block_s in (("default", saved[0], saved_stage2[0]),
+                                       ("budget 16", 16, saved_stage2[0]),
+                                       ("MAX_BLOCK_S 16", saved[0], 16)):
+            policies.DEVICE_PROGRAM_BUDGET, mla.MAX_BLOCK_S = budget, block_s
+            t = timer.per_call_us(mla_calls(sets, "device", 1, "triton"))
+            res.short.append(dict(length=TUNE_SHORT_LENGTH, label=label, budget=budget,
+                                  max_block_s=block_s, **t))
+            log(f"short {TUNE_SHORT_LENGTH}: {label}: {t['us']:8.1f} us")
+        policies.DEVICE_PROGRAM_BUDGET, mla.MAX_BLOCK_S = saved[0], saved_stage2[0]
+        del sets
+        # The kernel without scattering: the same 100K rows through an identity page table.
+        length = max(cfg.lengths)
+        sets = make_sets(length, cfg.nhead, cfg.device)
+        for st in sets:
+            st["page_table"] = torch.arange(st["page_table"].shape[1], dtype=torch.int32,
+                                            device=cfg.device).reshape(1, -1)
+        t = timer.per_call_us(mla_calls(sets, "device", 1, "triton"))
+        res.contiguous = dict(length=length, **t,
+                              bytes_per_s=mla_bytes(length, cfg.nhead) / (t["us"] * 1e-6))
+        log(f"device at {length}, contiguous pages: {t['us']:.1f} us"
+            f" ({res.contiguous['bytes_per_s'] / 1e12:.2f} TB/s)")
+        del sets
         for length in TUNE_MIN_TILES_LENGTHS:
             sets = make_sets(length, cfg.nhead, cfg.device)
             for min_tiles in TUNE_MIN_TILES:
@@ -428,8 +508,23 @@ def markdown(res: Results) -> str:
             lines.append(f"| {t['budget']} | {t['tile_n']} | {t['warps']} | {t['stages']} |"
                          f" {int(t['prefetch'])} | {t['us']:.1f} | {t['bytes_per_s'] / 1e12:.2f} |")
     if res.pdl:
-        lines += ["", "Stage 2 as a programmatic dependent launch (device policy): " + "; ".join(
-            f"{t['length']}: {'on' if t['pdl'] else 'off'} {t['us']:.1f} us" for t in res.pdl)]
+        lines += ["", "Stage 2 as a programmatic dependent launch (PDL off / on for every policy):"
+                  " " + "; ".join(f"{t['length']} {t['pdl']}: device {t['us']:.1f} us, best fixed"
+                                  f" {t['best_fixed_us']:.1f} us (S={t['best_fixed_splits']})"
+                                  for t in res.pdl)]
+    if res.short:
+        lines += ["", f"Device policy at {res.short[0]['length']} tokens: " + "; ".join(
+            f"{t['label']} (budget {t['budget']}, MAX_BLOCK_S {t['max_block_s']}) {t['us']:.1f} us"
+            for t in res.short)]
+    if res.gather_ceiling_bytes_per_s:
+        lines += ["", "Scattered-row ceiling (index_select of 100K permuted 1152-byte rows,"
+                  f" read+write): {res.gather_ceiling_bytes_per_s / 1e12:.2f} TB/s; a"
+                  f" contiguous copy of the same 115 MB: {res.contiguous_copy_bytes_per_s / 1e12:.2f}"
+                  " TB/s."]
+    if res.contiguous:
+        c = res.contiguous
+        lines += [f"Device policy at {c['length']} with a contiguous (identity) page table:"
+                  f" {c['us']:.1f} us ({c['bytes_per_s'] / 1e12:.2f} TB/s)."]
     if res.stage2_tuning:
         lines += ["", "Stage 2 tile (MAX_BLOCK_S x BLOCK_DV): " + ", ".join(
             f"{t['block_s']}x{t['block_dv']} {t['us']:.1f} us" for t in res.stage2_tuning)]

@@ -259,7 +259,9 @@ def compile_report() -> int:
                      partial_lse="*fp32", sm_scale="fp32")
         const = dict(NUM_KV_SPLITS=132, BLOCK_N=64, BLOCK_H=16, D_LATENT=512, D_ROPE=64,
                      DEVICE_PARTITION=True, MIN_TILES=1, DIRECT_OUTPUT=False, RETURN_LSE=False,
-                     DOT_MODE=dot_mode)
+                     DOT_MODE=dot_mode,
+                     TILE_N=64 if dot_mode == 2 else min(triton_mla.STAGE1_TILE_N, 64),
+                     PREFETCH=triton_mla.STAGE1_PREFETCH and dot_mode != 2, PDL=True)
         return build(triton_mla._mla_stage1_kernel, types, const, warps, stages)
 
     rows = []

@@ -9,6 +9,10 @@ Partition (mirrors `policies.kv_split_range` and `policies.device_partition`):
   writes a partial, an empty one with LSE -inf.
 - device: chunk = whole tiles, active = non-empty chunks; programs at or beyond `active`
   exit at once, one active split writes `o` directly, and stage 2 merges only `active`.
+
+Stage 2 of the device partition is a programmatic dependent launch on Hopper (USE_PDL):
+stage 1 triggers it at once, stage 2 reads seq_info while stage 1 runs and waits
+(gdc_wait) before it reads a partial or writes `o`.
 """
 
 from __future__ import annotations
@@ -22,11 +26,12 @@ from mlatrace.reference.mla import D_LATENT, D_ROPE
 
 STAGE1_WARPS = 8
 STAGE1_STAGES = 3
-"""16-bit caches, measured on the H200 (run 3, device policy at 100K, budget 132): 8 warps,
-3 stages with the page-table prefetch (STAGE1_PREFETCH) 45.7 us; 8 warps / 5 stages
-without it 50.4 us; 4 warps / 2 stages at budget 264 47.6 us; 32-row tiles 45.3-67.5 us.
-Triton 3.9 compiles 8/3 + prefetch to 139 registers and two 73.7 KiB KV buffers (164
-KiB shared): one program per SM."""
+"""16-bit caches, measured on the H200 (GPU_NOTES runs 3b/3c, device policy at 100K, budget
+132): 8 warps, 3 stages with the page-table prefetch (STAGE1_PREFETCH) 45.7/46.0 us;
+8 warps / 5 stages without it 50.4/50.5 us; 4 warps / 2 stages at budget 264 47.6/47.5 us;
+32-row tiles 45.1-67.5 us. Triton 3.9 compiles 8/3 + prefetch to 139 registers and two
+73.7 KiB KV buffers (164 KiB shared): one program per SM. An identity page table takes the
+same time (45.5 us): stage 1 is bound by its per-tile critical path, not by the scatter."""
 SAFE_WARPS = 4
 SAFE_STAGES = 2
 """Used for float32 caches (tf32x3 tiles need the shared memory) and as the fallback when
@@ -36,10 +41,13 @@ STAGE1_TILE_N = 64
 """KV rows per inner-loop tile of stage 1 (divides policies.BLOCK_N)."""
 STAGE1_PREFETCH = True
 """Load the next tile's page-table entries one iteration ahead (by hand)."""
-USE_PDL = True
+USE_PDL = "device"
 """Launch stage 2 as a programmatic dependent launch (Hopper, CUDA only): its launch and
 its seq_info read overlap stage 1, so the second graph node costs little when stage 2 has
-nothing to merge (one active split) and less otherwise."""
+nothing to merge (one active split). "device": for the device partition only (the
+default, what samples/bench measures: device 7.5 -> 6.6 us at length 1, 46.2 -> 45.9 us at
+100K); "all": every policy (fixed splits gain 0-0.7 us too, GPU_NOTES run 3c); "off"."""
+PDL_MODES = ("off", "device", "all")
 
 
 @triton.jit
@@ -228,10 +236,12 @@ def dot_mode(cache: torch.Tensor) -> int:
     return 2 if cache.dtype == torch.float32 else 0
 
 
-def pdl_enabled(like: torch.Tensor) -> bool:
-    """Programmatic dependent launch of stage 2: CUDA devices of compute capability >= 9."""
-    return (USE_PDL and like.is_cuda
-            and torch.cuda.get_device_capability(like.device)[0] >= 9)
+def pdl_enabled(like: torch.Tensor, device_partition: bool) -> bool:
+    """Programmatic dependent launch of stage 2 (USE_PDL), on CUDA devices of compute
+    capability >= 9 only."""
+    assert USE_PDL in PDL_MODES, USE_PDL
+    wanted = USE_PDL == "all" or (USE_PDL == "device" and device_partition)
+    return wanted and like.is_cuda and torch.cuda.get_device_capability(like.device)[0] >= 9
 
 
 def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tensor,
@@ -265,7 +275,8 @@ def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tens
             D_LATENT=D_LATENT, D_ROPE=D_ROPE, DEVICE_PARTITION=device_partition,
             MIN_TILES=min_tiles, DIRECT_OUTPUT=direct, RETURN_LSE=lse_out is not None,
             DOT_MODE=mode, TILE_N=tile_n, PREFETCH=STAGE1_PREFETCH and mode != 2,
-            PDL=pdl_enabled(kv_c) and not direct, num_warps=num_warps, num_stages=num_stages,
+            PDL=pdl_enabled(kv_c, device_partition) and not direct, num_warps=num_warps,
+            num_stages=num_stages,
         )
 
     if mode == 2:
@@ -283,7 +294,7 @@ def stage2(grid: tuple[int, int, int], *, partial_out: torch.Tensor,
            device_partition: bool, min_tiles: int, block_s: int, block_dv: int) -> None:
     """Launch stage 2 on grid (batch, nhead, 512 // BLOCK_DV)."""
     assert o.stride(-1) == 1 and partial_out.stride(-1) == 1
-    pdl = pdl_enabled(partial_out)
+    pdl = pdl_enabled(partial_out, device_partition)
     _mla_stage2_kernel[grid](
         partial_out, partial_lse, seq_info, o, lse_out if lse_out is not None else o,
         partial_out.stride(0), partial_out.stride(1), partial_out.stride(2),
