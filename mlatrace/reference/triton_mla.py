@@ -237,11 +237,12 @@ def dot_mode(cache: torch.Tensor) -> int:
 
 
 def pdl_enabled(like: torch.Tensor, device_partition: bool) -> bool:
-    """Programmatic dependent launch of stage 2 (USE_PDL), on CUDA devices of compute
-    capability >= 9 only."""
+    """Programmatic dependent launch of stage 2 (USE_PDL), on NVIDIA devices of compute
+    capability >= 9 only (ROCm reports gfx9 parts as capability 9 too: never there)."""
     assert USE_PDL in PDL_MODES, USE_PDL
     wanted = USE_PDL == "all" or (USE_PDL == "device" and device_partition)
-    return wanted and like.is_cuda and torch.cuda.get_device_capability(like.device)[0] >= 9
+    return (wanted and like.is_cuda and torch.version.hip is None
+            and torch.cuda.get_device_capability(like.device)[0] >= 9)
 
 
 def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tensor,
