@@ -476,3 +476,75 @@ def test_override_calling_super_is_recorded_once(tmp_modules, trace, tmp_path):
     assert mod.Base().forward(3, [1]) == 4
     calls = [r for r in finish(trace) if r["k"] == "attn.call"]
     assert len(calls) == 2  # one per outer call, not one per level
+
+
+RECURSIVE_SOURCE = '''
+def chunks(n, size=2):
+    return 1 if n <= size else chunks(n - size, size) + 1
+
+class Impl:
+    def forward(self, q, meta, layer=0):
+        """Doc of forward."""
+        return q * 2
+'''
+
+
+def test_function_replacement_looks_like_the_original_and_records_each_call_form(
+        tmp_modules, trace, tmp_path):
+    import inspect
+
+    module = tmp_modules(RECURSIVE_SOURCE)
+    mod = importlib.import_module(module)
+    original = mod.Impl.__dict__["forward"]
+    body = forward_probe(module) + f'''
+    [[probe]]
+    name = "chunks"
+    targets = ["{module}:chunks"]
+    params = ["n", "size"]
+    kind = "mark"
+    [probe.fields]
+    n = "args.n"
+    size = "args.size"
+    '''
+    probe.install([pack_file(tmp_path, body)])
+    patched = mod.Impl.__dict__["forward"]
+    assert patched is not original and patched.__wrapped__ is original
+    assert (patched.__name__, patched.__qualname__, patched.__doc__) == (
+        "forward", "Impl.forward", "Doc of forward.")
+    assert inspect.signature(mod.Impl.forward) == inspect.signature(original)
+    impl = mod.Impl()
+    assert impl.forward(1, [1]) == 2
+    assert mod.Impl.forward(impl, 2, meta=[1, 2], layer=5) == 4     # through the class
+    assert impl.forward(q=3, meta=[]) == 6
+    assert mod.chunks(7) == 4                     # recursive: only the outermost call
+    records = finish(trace)
+    calls = [(r["q"], r["layer"], r["n"]) for r in records if r["k"] == "attn.call"]
+    assert calls == [(1, 0, 1), (2, 5, 2), (3, 0, 0)]
+    assert [(r["n"], r["size"]) for r in records if r["k"] == "mark"] == [(7, 2)]
+
+
+def test_written_lines_are_what_the_json_encoder_gives(tmp_modules, tmp_path):
+    """The recorder formats the record head itself: the bytes must not change."""
+    out = tmp_path / "trace"
+    record.start(str(out))
+    try:
+        record.emit("attn.call", op="forward_mqa", layer=3, capturing=False, gid=None,
+                    dtype="torch.float32", hints={"min_kv_seq_len": 1, "f": 1.5e300},
+                    ptrs={"seq_info": 2**47}, shapes={"q": [4, 16, 576]}, s="é\n\"x")
+        record.emit("mark")                                   # no fields
+        record.emit("mark", t=5, attrs={"a": (1, 2)})         # a reserved key: dict path
+        record.emit("odd", attrs={"nan": float("nan"), "set": {2, 1}, "b": b"x"})
+        loop: list = []
+        loop.append(loop)
+        record.emit("mark", attrs=loop)                       # circular: record.error
+    finally:
+        record.stop()
+    (path,) = out.glob("p*.jsonl")
+    lines = path.read_text().splitlines()[1:-1]
+    parsed = [json.loads(line) for line in lines]
+    reference = json.JSONEncoder(separators=(",", ":"))
+    assert [reference.encode(p) for p in parsed[:4]] == lines[:4]
+    assert [p["k"] for p in parsed] == ["attn.call", "mark", "mark", "odd", "record.error"]
+    assert parsed[2]["t"] == 5 and list(parsed[2]) == ["k", "t", "seq", "tid", "attrs"]
+    assert parsed[4]["error"].startswith("ValueError('Circular reference detected')")
+    assert [p["seq"] for p in parsed] == [1, 2, 3, 4, 5]

@@ -215,3 +215,63 @@ def test_graph_node_dump_parsing():
         {"name": "fill_kernel", "grid": [2, 1, 1], "block": [256, 1, 1], "smem": 16},
     ]
     assert parse_dot("digraph dot {}") == []
+
+
+# --- compiled for a target (FieldsProgram.bind): the same values as by name -------------
+
+BOUND_EXPRESSIONS = [
+    "args.q", "args.layer", "args.meta", "args.not_a_param", "shape(args.q)", "dtype(args.q)",
+    "ptr(args.q)", "len(args.q)", "len(args.meta.seq_lens_cpu)", "args.meta.table['a'][1]",
+    "args.meta.table['zz']", "args.meta.decode.min_kv_seq_len", "args.meta.decode.__class__",
+    "args.meta.__class__.__name__", "args.meta.nothing | 5", "args.q | args.meta | null",
+    "max(args.meta.missing | args.meta.seq_lens_cpu)", "min(args.meta.seq_lens_cpu)",
+    "sum(args.q)", "isnone(args.meta.decode)", "notnone(args.q)", "shape(args.meta)",
+    "dtype(args.meta.seq_lens_cpu)", "ptr(args.meta)", "len(shape(args.q))",
+    "shape(args.q) | 1", "result[0]", "result", "self.table", "len(self.table)", "self",
+    "capturing()", "gid()", "dummy()", "layer()", "gid() | 7", "'lit'", "3", "1.5", "null",
+]
+
+
+def _calls():
+    """(args, kwargs) of calls to f(q, meta, layer=3): positional, keyword, defaulted."""
+    q = torch.zeros(2, 16, 576)
+    yield (q, Meta(), 5), {}
+    yield (q,), {"meta": Meta()}
+    yield (), {"q": [4, 1, 7], "meta": Meta(), "layer": 9}
+    yield (None, None), {}
+    yield ((1, 2),), {}
+    yield (q, Meta()), {"extra": 1}
+
+
+@pytest.mark.parametrize("text", BOUND_EXPRESSIONS)
+def test_bound_expressions_agree_with_evaluation_by_name(text):
+    names = {"q": 0, "meta": 1, "layer": 2}
+    program, _ = compile_fields({"v": text, "n": {"v": text}}, lambda n, e: "f:1")
+    direct = program.bind(names, {"layer": 3}, 0)
+    shifted = program.bind(names, {"layer": 3}, 1)        # a method: self sits in args[0]
+    instance = Meta()
+    for args, kwargs in _calls():
+        expected = program(CallView(instance, args, kwargs, names, {"layer": 3}, ("r", 1)))
+        assert direct(instance, args, kwargs, ("r", 1)) == expected, (text, args, kwargs)
+        assert shifted(instance, (instance, *args), kwargs, ("r", 1)) == expected
+        assert expected["n"] == {"v": expected["v"]}
+
+
+def test_a_none_met_along_a_path_stops_it_even_for_attributes_none_has():
+    # None has __class__; the walk must still stop at the None, as evaluation by name does.
+    program, _ = compile_fields({"c": "args.meta.decode.__class__"}, lambda n, e: "f:1")
+    assert program.bind({"meta": 0}, {}, 0)(None, (Meta(),), {}, None) == {"c": None}
+
+
+def test_bound_fields_keep_the_declared_key_order_and_fresh_nested_dicts():
+    fields = {"op": "'x'", "state": {"gid": "gid()", "n": "len(args.q)"}, "layer": "args.layer",
+              "capturing": "capturing()", "hints": {"n": "len(args.q)"}, "empty": {}}
+    program, _ = compile_fields(fields, lambda n, e: "f:1")
+    extract = program.bind({"q": 0, "layer": 1}, {}, 0)
+    first = extract(None, ([1, 2], 4), {}, None)
+    second = extract(None, ([1], 4), {}, None)
+    assert list(first) == ["op", "state", "layer", "capturing", "hints", "empty"]
+    assert first == {"op": "x", "state": {"gid": None, "n": 2}, "layer": 4, "capturing": False,
+                     "hints": {"n": 2}, "empty": {}}
+    assert second["hints"] == {"n": 1} and first["hints"] == {"n": 2}
+    assert first["empty"] is not second["empty"]

@@ -294,18 +294,33 @@ def _make_function(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
 
         return _like(handler_probe, original)
 
+    if when == "call" and method:
+        def call_probe_method(*args: Any, **kwargs: Any) -> Any:
+            if runtime.disabled or not state.active or local.inside:
+                return original(*args, **kwargs)
+            try:
+                add(kind, extract(args[0] if args else None, args, kwargs, None))
+            except Exception as exc:
+                runtime.fail(target, exc)
+            local.inside = True
+            try:
+                return original(*args, **kwargs) if kwargs else original(*args)
+            finally:
+                local.inside = False
+
+        return _like(call_probe_method, original)
+
     if when == "call":
         def call_probe(*args: Any, **kwargs: Any) -> Any:
             if runtime.disabled or not state.active or local.inside:
                 return original(*args, **kwargs)
             try:
-                add(kind, extract((args[0] if args else None) if method else None,
-                                  args, kwargs, None))
+                add(kind, extract(None, args, kwargs, None))
             except Exception as exc:
                 runtime.fail(target, exc)
             local.inside = True
             try:
-                return original(*args, **kwargs)
+                return original(*args, **kwargs) if kwargs else original(*args)
             finally:
                 local.inside = False
 

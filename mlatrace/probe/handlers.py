@@ -445,7 +445,7 @@ class AttnForward(Handler):
 
     def before(self, view: Any, info: Any) -> Any:
         fields = self.fields(view)
-        record.emit(self.spec.kind or "attn.call", **fields)
+        record.emit_fields(self.spec.kind or "attn.call", fields)
         graphs.enter_layer(fields.get("layer"))
         return True
 
@@ -474,7 +474,7 @@ class DummyRun(Handler):
     """A runner's _dummy_run: record it, and mark metadata built inside it as dummy."""
 
     def before(self, view: Any, info: Any) -> Any:
-        record.emit(self.spec.kind or "runner.dummy_run", **self.fields(view))
+        record.emit_fields(self.spec.kind or "runner.dummy_run", self.fields(view))
         graphs.enter_dummy_run()
         return True
 

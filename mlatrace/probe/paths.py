@@ -234,12 +234,12 @@ def compile_expr(text: str) -> tuple[Evaluator, bool]:
 # --------------------------------------------------------------------- compiling
 
 _CAUGHT = (AttributeError, KeyError, IndexError, TypeError)
-_RAW, _PLAIN = 0, 1        # how a compiled expression finishes: as is, or through plain()
+# How a compiled expression finishes its value: as is, through plain(), through a
+# function (post), or through one of the functions inlined in the hottest closure.
+_RAW, _PLAIN, _POST, _PTR, _SHAPE, _DTYPE, _LEN = range(7)
 _NULLARY = {"capturing": "capturing", "gid": "current_gid", "dummy": "in_dummy_run",
             "layer": "current_layer"}
-# Functions whose results are JSON-safe already (shape is checked item by item).
-_SAFE_FUNCS = ("ptr", "len", "dtype", "isnone", "notnone")
-_MISSING = object()
+_INLINE = {"ptr": _PTR, "dtype": _DTYPE, "len": _LEN}   # results JSON-safe already
 
 
 class _Binding:
@@ -290,17 +290,17 @@ def _chain(steps: tuple) -> Callable[[Any], Any] | None:
     return walk
 
 
-def _finisher(finish: Any) -> tuple[int, Any]:
-    """(mode, post): 0 as is, 1 through plain(), 2 through post(value)."""
-    if finish is _RAW:
-        return 0, None
-    if finish is _PLAIN:
-        return 1, None
-    return 2, finish
+def _finisher(finish: Any, inline: bool = False) -> tuple[int, Any]:
+    """(mode, post) for a closure; without inline support, inlined modes become posts."""
+    if callable(finish):
+        return _POST, finish
+    if finish in (_RAW, _PLAIN) or inline:
+        return finish, None
+    return _POST, _MODE_FUNC[finish]
 
 
 def _build(node: Node, binding: _Binding | None, finish: Any) -> Compiled:
-    """Turn a parse tree into a closure chain; finish is _RAW, _PLAIN or a callable."""
+    """Turn a parse tree into a closure chain; finish: a mode (_RAW, _PLAIN...) or callable."""
     tag = node[0]
     if tag == "const":
         return _build_const(node[1], finish)
@@ -309,37 +309,41 @@ def _build(node: Node, binding: _Binding | None, finish: Any) -> Compiled:
     if tag == "call0":
         return _build_call0(node[1], finish)
     if tag == "call1":
-        func = node[1]
-        return _build(node[2], binding, _compose(func, finish))
+        return _build(node[2], binding, _compose(node[1], finish))
     if tag == "alt":
         return _build_alt(tuple(_build(option, binding, _RAW) for option in node[1]), finish)
     raise AssertionError(f"unknown node {tag}")
 
 
-def _compose(func: str, finish: Any) -> Callable[[Any], Any]:
-    """The function applied to an inner value, followed by the outer finish."""
-    if func == "shape" and finish is _PLAIN:
-        return _shape_plain
-    apply = _FUNC_IMPL[func]
-    if finish is _RAW or (finish is _PLAIN and func in _SAFE_FUNCS):
-        return apply
-    if finish is _PLAIN:
+def _compose(func: str, finish: Any) -> Any:
+    """What finishes the inner value of func(inner), given how func's value finishes."""
+    if finish in (_RAW, _PLAIN):
+        if func in _INLINE:
+            return _INLINE[func]
+        if func == "shape":
+            return _SHAPE if finish == _PLAIN else _shape
+        apply = _FUNC_IMPL[func]
+        if finish == _RAW or func in ("isnone", "notnone"):
+            return apply
+
         def apply_plain(value: Any) -> Any:
             return plain(apply(value))
 
         return apply_plain
+    outer = finish if callable(finish) else _MODE_FUNC[finish]
+    inner = _FUNC_IMPL[func]
 
     def apply_then(value: Any) -> Any:
-        return finish(apply(value))
+        return outer(inner(value))
 
     return apply_then
 
 
 def _build_const(value: Any, finish: Any) -> Compiled:
     mode, post = _finisher(finish)
-    if mode == 1:
+    if mode == _PLAIN:
         value = plain(value)
-    if mode == 2:
+    if mode == _POST:
         return lambda instance, args, kwargs, result: post(value)
     return lambda instance, args, kwargs, result: value
 
@@ -347,9 +351,9 @@ def _build_const(value: Any, finish: Any) -> Compiled:
 def _build_call0(func: str, finish: Any) -> Compiled:
     fn = getattr(graphs, _NULLARY[func])
     mode, post = _finisher(finish)
-    if mode == 0 or (mode == 1 and func != "layer"):
+    if mode == _RAW or (mode == _PLAIN and func != "layer"):
         return lambda instance, args, kwargs, result: fn()
-    if mode == 1:
+    if mode == _PLAIN:
         return lambda instance, args, kwargs, result: plain(fn())
     return lambda instance, args, kwargs, result: post(fn())
 
@@ -364,9 +368,9 @@ def _build_alt(options: tuple, finish: Any) -> Compiled:
             value = option(instance, args, kwargs, result)
             if value is not None:
                 break
-        if mode == 1:
+        if mode == _PLAIN:
             return value if type(value) in scalars else plain(value)
-        if mode == 2:
+        if mode == _POST:
             return post(value)
         return value
 
@@ -376,48 +380,31 @@ def _build_alt(options: tuple, finish: Any) -> Compiled:
 def _build_path(root: str, name: str | None, steps: tuple, binding: _Binding | None,
                 finish: Any) -> Compiled:
     chain = _chain(steps)
-    mode, post = _finisher(finish)
     scalars = _SCALAR_TYPES
     caught = _CAUGHT
 
     if root == "arg" and binding is not None:
         index, default = binding.arg(name)
-        if index is None:
-            def from_kwargs(instance: Any, args: tuple, kwargs: dict, result: Any) -> Any:
-                value = kwargs.get(name, default)
-                if value is not None and chain is not None:
-                    try:
-                        value = chain(value)
-                    except caught:
-                        value = None
-                if mode == 1:
-                    return value if type(value) in scalars else plain(value)
-                if mode == 2:
-                    return post(value)
-                return value
+        if index is not None:
+            return _from_args(name, index, default, chain, finish)
+        mode, post = _finisher(finish)
 
-            return from_kwargs
-
-        def from_args(instance: Any, args: tuple, kwargs: dict, result: Any) -> Any:
-            if name in kwargs:
-                value = kwargs[name]
-            elif len(args) > index:
-                value = args[index]
-            else:
-                value = default
+        def from_kwargs(instance: Any, args: tuple, kwargs: dict, result: Any) -> Any:
+            value = kwargs.get(name, default)
             if value is not None and chain is not None:
                 try:
                     value = chain(value)
                 except caught:
                     value = None
-            if mode == 1:
+            if mode == _PLAIN:
                 return value if type(value) in scalars else plain(value)
-            if mode == 2:
+            if mode == _POST:
                 return post(value)
             return value
 
-        return from_args
+        return from_kwargs
 
+    mode, post = _finisher(finish)
     if root == "arg":
         def from_view(instance: Any, view: CallView, kwargs: Any, result: Any) -> Any:
             value = view.arg(name)
@@ -426,9 +413,9 @@ def _build_path(root: str, name: str | None, steps: tuple, binding: _Binding | N
                     value = chain(value)
                 except caught:
                     value = None
-            if mode == 1:
+            if mode == _PLAIN:
                 return value if type(value) in scalars else plain(value)
-            if mode == 2:
+            if mode == _POST:
                 return post(value)
             return value
 
@@ -443,13 +430,123 @@ def _build_path(root: str, name: str | None, steps: tuple, binding: _Binding | N
                 value = chain(value)
             except caught:
                 value = None
-        if mode == 1:
+        if mode == _PLAIN:
             return value if type(value) in scalars else plain(value)
-        if mode == 2:
+        if mode == _POST:
             return post(value)
         return value
 
     return from_instance_or_result
+
+
+def _from_args(name: str, index: int, default: Any, chain: Any, finish: Any) -> Compiled:
+    """The hot case: args.<name>... of a bound target; plain/ptr/shape/dtype inlined."""
+    mode, post = _finisher(finish, inline=True)
+    scalars = _SCALAR_TYPES
+    caught = _CAUGHT
+
+    def arg_plain(instance: Any, args: tuple, kwargs: dict, result: Any) -> Any:
+        if kwargs and name in kwargs:
+            value = kwargs[name]
+        elif len(args) > index:
+            value = args[index]
+        else:
+            value = default
+        if value is not None and chain is not None:
+            try:
+                value = chain(value)
+            except caught:
+                return None
+        return value if type(value) in scalars else plain(value)
+
+    def arg_ptr(instance: Any, args: tuple, kwargs: dict, result: Any) -> Any:
+        if kwargs and name in kwargs:
+            value = kwargs[name]
+        elif len(args) > index:
+            value = args[index]
+        else:
+            value = default
+        if value is None:
+            return None
+        if chain is not None:
+            try:
+                value = chain(value)
+            except caught:
+                return None
+        data_ptr = getattr(value, "data_ptr", None)
+        if data_ptr is None:
+            return None
+        try:
+            pointer = data_ptr()
+            return pointer if type(pointer) is int else int(pointer)
+        except Exception:
+            return None
+
+    def arg_shape(instance: Any, args: tuple, kwargs: dict, result: Any) -> Any:
+        if kwargs and name in kwargs:
+            value = kwargs[name]
+        elif len(args) > index:
+            value = args[index]
+        else:
+            value = default
+        if value is None:
+            return None
+        if chain is not None:
+            try:
+                value = chain(value)
+            except caught:
+                return None
+        shape = getattr(value, "shape", None)
+        if shape is None or not isinstance(shape, tuple):
+            return None
+        items = list(shape)
+        for item in items:
+            if type(item) is not int:
+                return plain(items)
+        return items
+
+    def arg_dtype(instance: Any, args: tuple, kwargs: dict, result: Any) -> Any:
+        if kwargs and name in kwargs:
+            value = kwargs[name]
+        elif len(args) > index:
+            value = args[index]
+        else:
+            value = default
+        if value is None:
+            return None
+        if chain is not None:
+            try:
+                value = chain(value)
+            except caught:
+                return None
+        dtype = getattr(value, "dtype", None)
+        if dtype is None:
+            return None
+        if type(dtype) is _torch_dtype[0]:
+            name_of = _dtype_names.get(dtype)
+            return name_of if name_of is not None else _dtype_name(dtype)
+        return _dtype_name(dtype)
+
+    def arg_other(instance: Any, args: tuple, kwargs: dict, result: Any) -> Any:
+        if kwargs and name in kwargs:
+            value = kwargs[name]
+        elif len(args) > index:
+            value = args[index]
+        else:
+            value = default
+        if value is not None and chain is not None:
+            try:
+                value = chain(value)
+            except caught:
+                value = None
+        if mode == _POST:
+            return post(value)
+        if mode == _LEN:
+            return None if value is None else _len(value)
+        return value
+
+    return {_PLAIN: arg_plain, _PTR: arg_ptr, _SHAPE: arg_shape,
+            _DTYPE: arg_dtype}.get(mode, arg_other)
 
 
 def _is_tensor(value: Any) -> bool:
@@ -509,6 +606,20 @@ def _reduce(name: str) -> Callable[[Any], Any]:
             return None
 
     return apply
+
+
+_torch_dtype: list[Any] = [None]        # torch.dtype, once one was seen
+_dtype_names: dict[Any, str] = {}      # torch.dtype -> str(dtype): a few dozen singletons
+
+
+def _dtype_name(dtype: Any) -> str:
+    """str(dtype), remembered for torch dtypes (str() of one costs ~70 ns)."""
+    name = str(dtype)
+    kind = type(dtype)
+    if kind is _torch_dtype[0] or (kind.__name__ == "dtype" and kind.__module__ == "torch"):
+        _torch_dtype[0] = kind
+        _dtype_names[dtype] = name
+    return name
 
 
 def _dtype(value: Any) -> str | None:
@@ -585,6 +696,10 @@ def _shape_plain(value: Any) -> list | None:
     return items
 
 
+_MODE_FUNC: dict[int, Callable[[Any], Any]] = {_PTR: _ptr, _SHAPE: _shape_plain,
+                                              _DTYPE: _dtype, _LEN: _len}
+
+
 class FieldsProgram:
     """A probe's compiled fields: a (nested) mapping of name -> expression.
 
@@ -612,25 +727,33 @@ class FieldsProgram:
 
 
 def _assemble(entries: tuple, binding: _Binding | None) -> Callable[..., dict[str, Any]]:
-    """One closure building the record's fields: a template copy, then the computed ones."""
+    """One closure building the record's fields: a template copy, then the computed ones.
+
+    The template holds the literals and fixes the key order. A nested table of one
+    computed field is built in place (``{name: value}``); other nested tables get an
+    extractor of their own, called like any field.
+    """
     template: dict[str, Any] = {}
     nullary: list[tuple[str, Callable[[], Any]]] = []
     computed: list[tuple[str, Compiled]] = []
+    singles: list[tuple[str, str, Compiled]] = []
     for name, item in entries:
-        template[name] = None              # fixes the key order of the output
+        template[name] = None                   # fixes the key order of the output
         if not isinstance(item, tuple) or not item or isinstance(item[0], tuple):
-            computed.append((name, _assemble(item, binding)))
+            if len(item) == 1 and _is_computed(item[0][1]):
+                singles.append((name, item[0][0], _build(item[0][1], binding, _PLAIN)))
+            else:
+                computed.append((name, _assemble(item, binding)))
         elif item[0] == "const":
             template[name] = plain(item[1])
         elif item[0] == "call0" and item[1] != "layer":
             nullary.append((name, getattr(graphs, _NULLARY[item[1]])))
         else:
             computed.append((name, _build(item, binding, _PLAIN)))
-    calls0 = tuple(nullary)
-    calls = tuple(computed)
     copy = template.copy
+    calls0, calls, wrapped = tuple(nullary), tuple(computed), tuple(singles)
 
-    if not calls0:
+    if not calls0 and not wrapped:
         def extract(instance: Any, args: Any, kwargs: Any, result: Any) -> dict[str, Any]:
             out = copy()
             for key, compiled in calls:
@@ -639,16 +762,24 @@ def _assemble(entries: tuple, binding: _Binding | None) -> Callable[..., dict[st
 
         return extract
 
-    def extract_with_state(instance: Any, args: Any, kwargs: Any, result: Any
-                           ) -> dict[str, Any]:
+    def extract_all(instance: Any, args: Any, kwargs: Any, result: Any) -> dict[str, Any]:
         out = copy()
         for key, call in calls0:
             out[key] = call()
         for key, compiled in calls:
             out[key] = compiled(instance, args, kwargs, result)
+        for key, inner, compiled in wrapped:
+            out[key] = {inner: compiled(instance, args, kwargs, result)}
         return out
 
-    return extract_with_state
+    return extract_all
+
+
+def _is_computed(item: Any) -> bool:
+    """A leaf evaluated per call through _build (not a literal, table or state function)."""
+    if not isinstance(item, tuple) or not item or isinstance(item[0], tuple):
+        return False
+    return item[0] != "const" and not (item[0] == "call0" and item[1] != "layer")
 
 
 def _parse_fields(fields: dict[str, Any], where: Callable[[str, str], str]
