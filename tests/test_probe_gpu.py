@@ -57,7 +57,7 @@ def test_parse_real_h200_dot_dump():
     """The DOT text torch 2.11 wrote on the H200 (kept under samples/) parses to the launch."""
     from mlatrace.probe.graph_nodes import parse_dot
 
-    dot = (SAVED / "dot" / "p564-g1.dot").read_text()
+    dot = (SAVED / "dot" / "p467-g1.dot").read_text()
     kernels = parse_dot(dot)
     assert kernels == [{"name": "_split_kv_decode_stage1_kernel", "grid": [4, 1, 1],
                         "block": [128, 1, 1], "smem": 16}]
