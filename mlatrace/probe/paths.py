@@ -440,94 +440,12 @@ def _build_path(root: str, name: str | None, steps: tuple, binding: _Binding | N
 
 
 def _from_args(name: str, index: int, default: Any, chain: Any, finish: Any) -> Compiled:
-    """The hot case: args.<name>... of a bound target; plain/ptr/shape/dtype inlined."""
-    mode, post = _finisher(finish, inline=True)
+    """The hot case: args.<name>... of a bound target, read by index without a CallView."""
+    mode, post = _finisher(finish)
     scalars = _SCALAR_TYPES
     caught = _CAUGHT
 
-    def arg_plain(instance: Any, args: tuple, kwargs: dict, result: Any) -> Any:
-        if kwargs and name in kwargs:
-            value = kwargs[name]
-        elif len(args) > index:
-            value = args[index]
-        else:
-            value = default
-        if value is not None and chain is not None:
-            try:
-                value = chain(value)
-            except caught:
-                return None
-        return value if type(value) in scalars else plain(value)
-
-    def arg_ptr(instance: Any, args: tuple, kwargs: dict, result: Any) -> Any:
-        if kwargs and name in kwargs:
-            value = kwargs[name]
-        elif len(args) > index:
-            value = args[index]
-        else:
-            value = default
-        if value is None:
-            return None
-        if chain is not None:
-            try:
-                value = chain(value)
-            except caught:
-                return None
-        data_ptr = getattr(value, "data_ptr", None)
-        if data_ptr is None:
-            return None
-        try:
-            pointer = data_ptr()
-            return pointer if type(pointer) is int else int(pointer)
-        except Exception:
-            return None
-
-    def arg_shape(instance: Any, args: tuple, kwargs: dict, result: Any) -> Any:
-        if kwargs and name in kwargs:
-            value = kwargs[name]
-        elif len(args) > index:
-            value = args[index]
-        else:
-            value = default
-        if value is None:
-            return None
-        if chain is not None:
-            try:
-                value = chain(value)
-            except caught:
-                return None
-        shape = getattr(value, "shape", None)
-        if shape is None or not isinstance(shape, tuple):
-            return None
-        items = list(shape)
-        for item in items:
-            if type(item) is not int:
-                return plain(items)
-        return items
-
-    def arg_dtype(instance: Any, args: tuple, kwargs: dict, result: Any) -> Any:
-        if kwargs and name in kwargs:
-            value = kwargs[name]
-        elif len(args) > index:
-            value = args[index]
-        else:
-            value = default
-        if value is None:
-            return None
-        if chain is not None:
-            try:
-                value = chain(value)
-            except caught:
-                return None
-        dtype = getattr(value, "dtype", None)
-        if dtype is None:
-            return None
-        if type(dtype) is _torch_dtype[0]:
-            name_of = _dtype_names.get(dtype)
-            return name_of if name_of is not None else _dtype_name(dtype)
-        return _dtype_name(dtype)
-
-    def arg_other(instance: Any, args: tuple, kwargs: dict, result: Any) -> Any:
+    def from_args(instance: Any, args: tuple, kwargs: dict, result: Any) -> Any:
         if kwargs and name in kwargs:
             value = kwargs[name]
         elif len(args) > index:
@@ -539,14 +457,13 @@ def _from_args(name: str, index: int, default: Any, chain: Any, finish: Any) -> 
                 value = chain(value)
             except caught:
                 value = None
+        if mode == _PLAIN:
+            return value if type(value) in scalars else plain(value)
         if mode == _POST:
             return post(value)
-        if mode == _LEN:
-            return None if value is None else _len(value)
         return value
 
-    return {_PLAIN: arg_plain, _PTR: arg_ptr, _SHAPE: arg_shape,
-            _DTYPE: arg_dtype}.get(mode, arg_other)
+    return from_args
 
 
 def _is_tensor(value: Any) -> bool:
