@@ -26,17 +26,22 @@ def main() -> None:
               help="Extra probe pack (TOML); repeatable.")
 @click.option("--replay-sample", type=click.IntRange(min=1), default=None,
               help="Keep the first N replay records per graph, then 1 in N.")
+@click.option("--launch-sample", type=click.IntRange(min=0), default=None,
+              help="Eager kernel launches repeating their last grid and constexprs: keep the "
+                   "first N in a row, then 1 in N (default 8; 0 keeps all).")
 @click.option("--graph-nodes/--no-graph-nodes", default=True,
               help="Dump each captured graph's kernel nodes (capture-time cost only).")
 @click.option("--otlp", default=None, help="Also export spans live to this OTLP/HTTP endpoint.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(out: str | None, ranks: str | None, probes: tuple[str, ...], replay_sample: int | None,
-        graph_nodes: bool, otlp: str | None, cmd: tuple[str, ...]) -> None:
+        launch_sample: int | None, graph_nodes: bool, otlp: str | None,
+        cmd: tuple[str, ...]) -> None:
     """Run CMD with probes in every Python process it starts: mlatrace run -- CMD..."""
     from mlatrace.inject import launcher
 
     sys.exit(launcher.run(list(cmd), out=out, ranks=ranks, probes=list(probes),
-                          replay_sample=replay_sample, graph_nodes=graph_nodes, otlp=otlp))
+                          replay_sample=replay_sample, launch_sample=launch_sample,
+                          graph_nodes=graph_nodes, otlp=otlp))
 
 
 @main.command()

@@ -209,7 +209,7 @@ def test_interpreted_kernel_tests_in_a_fresh_process():
                           __file__, "-k", "interp_"], env=env, capture_output=True, text=True,
                          timeout=300, cwd=REPO)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
-    assert "4 passed" in run.stdout, run.stdout[-1000:]
+    assert "5 passed" in run.stdout, run.stdout[-1000:]
 
 
 def test_traced_subprocess_under_interpret_records_launches(tmp_path):
@@ -235,3 +235,30 @@ def test_traced_subprocess_under_interpret_records_launches(tmp_path):
     assert not [r for r in rows if r["k"] == "probe.error"]
     end = next(r for r in rows if r["k"] == "process.end")
     assert end["probe_errors"] == 0
+
+
+@interpreted
+def test_interp_repeated_eager_launches_are_sampled_with_exact_counts(kernels, tmp_path,
+                                                                        monkeypatch):
+    """A decode loop launches the same grid every step: first 8 in a row, then 1 in 8."""
+    monkeypatch.setenv("MLATRACE_LAUNCH_SAMPLE", "8")
+    out = tmp_path / "sampled"
+    record.start(str(out))
+    graphs.reset()
+    probe.install(packs("triton_launch"))
+    try:
+        mod = importlib.import_module(kernels)
+        x = torch.ones(1, 16)
+        for _ in range(20):
+            mod.split_sum(x, 1)
+        mod.split_sum(x, 2)                          # a new shape is always recorded
+    finally:
+        probe.uninstall()
+        record.stop()
+    rows = [json.loads(line) for path in out.glob("p*.jsonl")
+            for line in path.read_text().splitlines()]
+    launches = [r for r in rows if r["k"] == "kernel.launch"]
+    assert [(r["const"]["NUM_KV_SPLITS"], r["repeat"]) for r in launches] == [
+        *[(1, n) for n in range(1, 9)], (1, 16), (2, 1)]
+    (end,) = [r for r in rows if r["k"] == "process.end"]
+    assert end["launches_sampled_out"] == 20 - 9

@@ -38,6 +38,7 @@ def default_out_dir() -> Path:
 
 def child_env(out_dir: Path, run_id: str, *, ranks: str | None, probes: list[str],
               replay_sample: int | None, graph_nodes: bool, otlp: str | None,
+              launch_sample: int | None = None,
               base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment CMD runs in: bootstrap first on PYTHONPATH plus MLATRACE_* settings."""
     env = dict(os.environ if base is None else base)
@@ -52,6 +53,8 @@ def child_env(out_dir: Path, run_id: str, *, ranks: str | None, probes: list[str
     for name, value in (("MLATRACE_RANKS", ranks),
                         ("MLATRACE_PROBES", os.pathsep.join(str(Path(p).resolve()) for p in probes)),
                         ("MLATRACE_REPLAY_SAMPLE", str(replay_sample) if replay_sample else ""),
+                        ("MLATRACE_LAUNCH_SAMPLE",
+                         "" if launch_sample is None else str(launch_sample)),
                         ("MLATRACE_OTLP", otlp or "")):
         if value:
             env[name] = value
@@ -88,7 +91,8 @@ def _wait_for_stragglers(pgid: int, timeout_s: float = STRAGGLER_WAIT_S) -> None
 
 def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
         probes: list[str] | None = None, replay_sample: int | None = None,
-        graph_nodes: bool = True, otlp: str | None = None) -> int:
+        launch_sample: int | None = None, graph_nodes: bool = True,
+        otlp: str | None = None) -> int:
     """Run `cmd` traced; return its exit code (2 for a usage error, 127 if not found)."""
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
@@ -121,12 +125,13 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
         "mlatrace": mlatrace.__version__,
         "env": allowed_env(os.environ),
         "options": {"ranks": ranks, "probes": list(probes or []), "replay_sample": replay_sample,
-                    "graph_nodes": graph_nodes, "otlp": otlp},
+                    "launch_sample": launch_sample, "graph_nodes": graph_nodes, "otlp": otlp},
     }
     run_json = out_dir / "run.json"
     _write_run_json(run_json, info)
     env = child_env(out_dir, run_id, ranks=ranks, probes=list(probes or []),
-                    replay_sample=replay_sample, graph_nodes=graph_nodes, otlp=otlp)
+                    replay_sample=replay_sample, graph_nodes=graph_nodes, otlp=otlp,
+                    launch_sample=launch_sample)
     try:
         child = subprocess.Popen(cmd, env=env, start_new_session=True)
     except OSError as exc:

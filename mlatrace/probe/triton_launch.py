@@ -44,6 +44,30 @@ _SCALAR_TYPES = frozenset(_SCALARS)
 _local = threading.local()
 
 
+class _LastLaunch(threading.local):
+    """Per thread: kernel meta id -> [(grid, constexprs) of its last eager launch, repeats]."""
+
+    by_kernel: dict | None = None
+
+
+_last_launch = _LastLaunch()
+
+
+def eager_repeat(meta: KernelMeta, grid3: list | None, const: dict[str, Any]) -> int:
+    """How many eager launches in a row, on this thread, this kernel made with this grid
+    and these constexprs (1 for a new shape): a decode loop launches the same every step."""
+    by_kernel = _last_launch.by_kernel
+    if by_kernel is None:
+        by_kernel = _last_launch.by_kernel = {}
+    shape = (None if grid3 is None else tuple(grid3), tuple(const.values()))
+    entry = by_kernel.get(id(meta))
+    if entry is not None and entry[0] == shape:
+        entry[1] += 1
+        return entry[1]
+    by_kernel[id(meta)] = [shape, 1]
+    return 1
+
+
 def kernel_filter(options: dict[str, Any]) -> re.Pattern[str]:
     """The kernel-name regex: MLATRACE_KERNELS, else the pack's option, else the default."""
     pattern = os.environ.get("MLATRACE_KERNELS") or options.get("name_regex") \
@@ -174,6 +198,7 @@ class TritonRun(Handler):
             self.hook.install()
         # The thread-local "inside run" flag only matters to the launch hook.
         flag = self.hook is not None and self.hook.installed
+        sample = record.settings().get("launch_sample") or 0
 
         def run(self: Any, *args: Any, grid: Any, warmup: Any, **kwargs: Any) -> Any:
             if warmup or runtime.disabled or not STATE.active:
@@ -194,9 +219,20 @@ class TritonRun(Handler):
             if meta.wanted and not runtime.disabled:
                 try:
                     grid3, const = launch_fields(meta, args, kwargs, grid)
+                    if capturing():  # what a graph freezes: always recorded
+                        emit("kernel.launch", name=meta.name, grid=grid3,
+                             num_warps=_num_warps(kwargs, kernel), const=const,
+                             capturing=True, gid=current_gid())
+                        return kernel
+                    # Eager: the first `sample` identical launches in a row, then 1 in
+                    # `sample`; `repeat` is the exact run length at each kept record.
+                    repeat = eager_repeat(meta, grid3, const)
+                    if sample and repeat > sample and repeat % sample:
+                        record.count_sampled_launch()
+                        return kernel
                     emit("kernel.launch", name=meta.name, grid=grid3,
                          num_warps=_num_warps(kwargs, kernel), const=const,
-                         capturing=capturing(), gid=current_gid())
+                         capturing=False, gid=current_gid(), repeat=repeat)
                 except Exception as exc:
                     runtime.fail(target, exc)
             return kernel

@@ -31,6 +31,7 @@ FLUSH_INTERVAL_S = 0.2
 FLUSH_EVERY_RECORDS = 512
 MAX_PENDING = 200_000
 YIELD_EVERY_RECORDS = 64
+DEFAULT_LAUNCH_SAMPLE = 8
 CLOSE_TIMEOUT_S = 2.0
 
 _VERSION_PACKAGES = {
@@ -49,11 +50,15 @@ def settings(environ: dict[str, str] | os._Environ | None = None) -> dict[str, A
     env = os.environ if environ is None else environ
     ranks = env.get("MLATRACE_RANKS") or ""
     sample = env.get("MLATRACE_REPLAY_SAMPLE") or ""
+    launch = env.get("MLATRACE_LAUNCH_SAMPLE") or ""
     return {
         "out": env.get("MLATRACE_OUT") or None,
         "run_id": env.get("MLATRACE_RUN_ID") or None,
         "ranks": {int(r) for r in ranks.split(",") if r.strip()} or None,
         "replay_sample": int(sample) if sample.isdigit() and int(sample) > 0 else None,
+        # eager launches repeating the last (grid, constexprs) of their kernel: keep the
+        # first N in a row, then 1 in N (0: keep all)
+        "launch_sample": int(launch) if launch.isdigit() else DEFAULT_LAUNCH_SAMPLE,
         "graph_nodes": env.get("MLATRACE_GRAPH_NODES", "1") != "0",
         "probes": [p for p in (env.get("MLATRACE_PROBES") or "").split(os.pathsep) if p],
         "otlp": env.get("MLATRACE_OTLP") or None,
@@ -221,6 +226,7 @@ class Recorder:
         self.probes: list[str] = []
         self.dropped = 0
         self.sampled_out = 0
+        self.launches_sampled_out = 0
         self.probe_errors = 0
         self.sink_errors = 0
         self.replays: dict[int, int] = {}
@@ -342,6 +348,7 @@ class Recorder:
                 "events": self._last_seq,
                 "dropped": self.dropped,
                 "sampled_out": self.sampled_out,
+                "launches_sampled_out": self.launches_sampled_out,
                 "probe_errors": self.probe_errors,
                 "sink_errors": self.sink_errors,
                 "replays": {str(gid): n for gid, n in self.replays.items()},
@@ -511,6 +518,13 @@ def flush_now(timeout_s: float = 0.2) -> None:
     recorder = _recorder
     if recorder is not None:
         recorder.flush(timeout_s)
+
+
+def count_sampled_launch() -> None:
+    """An eager kernel launch left out by the launch sampling (counted in process.end)."""
+    recorder = _recorder
+    if recorder is not None:
+        recorder.launches_sampled_out += 1
 
 
 def note_probe_error() -> None:
