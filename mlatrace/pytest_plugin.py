@@ -25,6 +25,37 @@ FIXTURE = "mlatrace_trace"
 _TRACER_KEY = pytest.StashKey["MlaTrace"]()
 
 
+class _Tee:
+    """A sink of the process's running recorder that writes one test's records to its own
+    trace file (the header copied, seq renumbered from 1 so the file has no gaps)."""
+
+    def __init__(self, path: Path, header: dict) -> None:
+        import json
+
+        path.mkdir(parents=True, exist_ok=True)
+        self._dumps = json.dumps
+        self._file = (path / f"p{os.getpid()}.jsonl").open("w")
+        self._file.write(json.dumps(header) + "\n")
+        self._seq = 0
+        self._open = True
+
+    def __call__(self, records: list[dict]) -> None:
+        if not self._open:
+            return
+        lines = []
+        for rec in records:
+            if rec.get("k") == "process.end":
+                continue
+            self._seq += 1
+            lines.append(self._dumps({**rec, "seq": self._seq}, default=repr))
+        if lines:
+            self._file.write("\n".join(lines) + "\n")
+
+    def close(self) -> None:
+        self._open = False
+        self._file.close()
+
+
 class MlaTrace:
     """One test's in-process trace: records while the test runs, analyses on demand."""
 
@@ -36,13 +67,22 @@ class MlaTrace:
         self._recording = False
         self._installed_probes = False
         self._analysis: Any = None
+        self._tee: _Tee | None = None
 
     def start(self) -> MlaTrace:
         try:
             from mlatrace import record
         except ImportError as exc:  # pragma: no cover - the recorder ships with mlatrace
             raise pytest.UsageError(f"mlatrace recorder unavailable: {exc}") from exc
-        record.start(str(self.path), run_id=f"pytest-{os.getpid()}")
+        outer = record.current()
+        if outer is not None:
+            # pytest itself runs under `mlatrace run`: keep that recording going and copy
+            # this test's records into the test's own trace as they are flushed.
+            record.flush_now(timeout_s=5.0)      # what came before the test stays out
+            self._tee = _Tee(self.path, outer.header())
+            outer.add_sink(self._tee)
+        else:
+            record.start(str(self.path), run_id=f"pytest-{os.getpid()}")
         self._recording = True
         try:
             from mlatrace import probe
@@ -64,7 +104,16 @@ class MlaTrace:
             self._installed_probes = False
         from mlatrace import record
 
-        record.stop("test end")
+        if self._tee is not None:
+            record.flush_now(timeout_s=5.0)      # the test's last records reach the tee
+            recorder = record.current()
+            if recorder is not None:
+                recorder.remove_sink(self._tee)
+            record.flush_now(timeout_s=5.0)      # and a flush already under way has ended
+            self._tee.close()
+            self._tee = None
+        else:
+            record.stop("test end")
 
     @property
     def analysis(self) -> Any:

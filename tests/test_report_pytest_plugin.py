@@ -104,3 +104,30 @@ def test_plugin_is_inert_and_torch_free():
             "assert 'torch' not in sys.modules, 'torch imported by analysis'")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)
+
+
+def test_plugin_under_mlatrace_run_keeps_the_outer_recording(tmp_path):
+    """pytest traced by `mlatrace run`: each test's trace is a copy, the run goes on."""
+    (tmp_path / "test_inner.py").write_text(INNER + textwrap.dedent('''
+        def test_zz_after():
+            record.emit("mark", name="after_the_traced_tests", attrs={})
+    '''))
+    env = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    outer = tmp_path / "outer"
+    proc = subprocess.run([sys.executable, "-m", "mlatrace", "run", "--out", str(outer), "--",
+                           sys.executable, "-m", "pytest", "-p", "mlatrace.pytest_plugin",
+                           "-p", "no:cacheprovider", "-q", "-rA", "test_inner.py",
+                           "-k", "fixture_exposes or fixture_healthy or zz_after"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert outcomes(proc) == {"test_fixture_exposes_findings": "PASSED",
+                              "test_fixture_healthy": "PASSED",
+                              "test_zz_after": "PASSED"}, proc.stdout + proc.stderr
+    from mlatrace.trace import open_trace
+
+    (pytest_proc,) = [p for p in open_trace(outer).processes
+                      if "pytest" in " ".join(p.header["argv"])]
+    records = list(pytest_proc.records())
+    assert sum(r["k"] == "graph.replay" for r in records) == 6   # both tests' replays
+    assert any(r.get("name") == "after_the_traced_tests" for r in records)
+    assert pytest_proc.end is not None

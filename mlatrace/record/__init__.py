@@ -288,6 +288,10 @@ class Recorder:
         """Also hand every flushed batch of records to `sink` (on the flush thread)."""
         self._sinks.append(sink)
 
+    def remove_sink(self, sink: Sink) -> None:
+        """Stop handing batches to `sink` (a batch under way may still reach it)."""
+        self._sinks = [s for s in self._sinks if s is not sink]
+
     def flush(self, timeout_s: float = -1) -> None:
         """Write everything queued so far (called by the flush thread, exit and signals).
 
