@@ -110,7 +110,7 @@ def check(packs: list[Pack]) -> list[TargetStatus]:
                 module, status, detail = _module_status(module_name, cache)
                 if module is not None:
                     try:
-                        resolve(target, module, spec.params, spec.arg_names)
+                        resolve(target, module, spec.params, spec.arg_names, spec.inherited)
                         status, detail = "ok", ""
                     except InheritedError as exc:
                         status, detail = "inherited", str(exc).split(": ", 1)[-1]

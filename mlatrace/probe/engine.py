@@ -52,6 +52,7 @@ class Patch:
     original: Any
     replacement: Any
     target: str
+    inherited: bool = False        # the class only inherited it: undo by deleting
 
 
 @dataclass
@@ -135,7 +136,7 @@ def _param_names(func: Any) -> list[str]:
 
 
 def resolve(target: str, module: Any, declared: list[str],
-            reads: list[str] | None = None) -> TargetInfo:
+            reads: list[str] | None = None, inherited: bool = False) -> TargetInfo:
     """Find target in an imported module and check its parameters.
 
     Raises LookupError when the attribute is missing, ``Drift`` when the parameters
@@ -151,10 +152,13 @@ def resolve(target: str, module: Any, declared: list[str],
     attr = parts[-1]
     if isinstance(owner, type):
         if attr not in owner.__dict__:
-            if hasattr(owner, attr):
+            if not hasattr(owner, attr):
+                raise LookupError(f"{target}: {attr} not found")
+            if not inherited:
                 raise InheritedError(f"{target}: not overridden in {owner.__name__}")
-            raise LookupError(f"{target}: {attr} not found")
-        raw = owner.__dict__[attr]
+            raw = getattr(owner, attr)
+        else:
+            raw = owner.__dict__[attr]
     else:
         raw = getattr(owner, attr, None)
         if raw is None:
@@ -164,7 +168,9 @@ def resolve(target: str, module: Any, declared: list[str],
     try:
         names = _param_names(func)
     except (TypeError, ValueError) as exc:
-        raise Drift(f"{target}: no signature ({exc})") from None
+        if declared or reads:
+            raise Drift(f"{target}: no signature ({exc})") from None
+        names = []  # a C function; the probe declared it reads no parameters
     if declared and names[: len(declared)] != declared:
         raise Drift(f"{target}: parameters ({', '.join(names)}) do not start with "
                     f"the declared ({', '.join(declared)})")
@@ -502,7 +508,8 @@ class Engine:
         """Patch one target of one probe in an imported module (never raises)."""
         with self.lock:
             try:
-                info = resolve(target, module, runtime.spec.params, runtime.spec.arg_names)
+                info = resolve(target, module, runtime.spec.params, runtime.spec.arg_names,
+                               runtime.spec.inherited)
             except InheritedError as exc:
                 runtime.skipped[target] = str(exc)
                 return
@@ -532,11 +539,14 @@ class Engine:
                         replacement = wrapt.FunctionWrapper(info.raw,
                                                             _make_wrapper(runtime, info))
                     setattr(replacement, MARK, tuple(carried) + (runtime.spec.qualname,))
+                inherited_attr = (isinstance(info.owner, type)
+                                  and info.attr not in info.owner.__dict__)
                 setattr(info.owner, info.attr, replacement)
             except Exception as exc:
                 runtime.report(target, f"cannot patch: {type(exc).__name__}: {exc}")
                 return
-            self.patches.append(Patch(info.owner, info.attr, info.raw, replacement, target))
+            self.patches.append(Patch(info.owner, info.attr, info.raw, replacement, target,
+                                      inherited=inherited_attr))
             runtime.patched.append(target)
 
     def uninstall(self) -> None:
@@ -550,7 +560,10 @@ class Engine:
                                if isinstance(patch.owner, type)
                                else getattr(patch.owner, patch.attr, None))
                     if current is patch.replacement:
-                        setattr(patch.owner, patch.attr, patch.original)
+                        if patch.inherited:
+                            delattr(patch.owner, patch.attr)  # inherit it again
+                        else:
+                            setattr(patch.owner, patch.attr, patch.original)
                 except Exception:
                     pass
             for runtime in self.runtimes:

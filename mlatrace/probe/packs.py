@@ -14,6 +14,7 @@ A pack::
     kind = "attn.call"
     when = "call"                    # call | return | both
     handler = "mlatrace.probe.handlers:SomeHandler"   # optional
+    inherited = false                # optional: patch an inherited method on this class
     [probe.fields]                   # name -> path expression (see paths.py)
     op = "'forward_mqa'"
     shapes.q = "shape(args.q)"       # dotted keys make nested records
@@ -59,6 +60,9 @@ class ProbeSpec:
     handler: str | None
     options: dict[str, Any]
     source: str                      # "file:line" of the [[probe]] header
+    # Patch the attribute on the named class even when it only inherits it (a C base
+    # class such as torch._C.TensorBase cannot be patched itself); undone by deleting.
+    inherited: bool = False
     extract: Any = None              # compiled fields (FieldsProgram): CallView -> dict
     uses_result: bool = False
     arg_names: list[str] = field(default_factory=list)   # args.<name> the fields read
@@ -196,9 +200,12 @@ def load_pack(path: str | Path) -> Pack:
         options = raw.get("options", {})
         if not isinstance(options, dict):
             raise PackError(f"{where}: options must be a table")
+        inherited = raw.get("inherited", False)
+        if not isinstance(inherited, bool):
+            raise PackError(f"{where}: inherited must be true or false")
         spec = ProbeSpec(pack=pack.name, name=name, targets=targets, params=params, kind=kind,
                          when=when, fields=fields, handler=handler, options=options,
-                         source=where)
+                         source=where, inherited=inherited)
         try:
             spec.extract, spec.uses_result = compile_fields(
                 fields, lambda field_name, expr, i=index: line_of(i, field_name, expr))
