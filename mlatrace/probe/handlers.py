@@ -498,8 +498,8 @@ class RankFromArgs(Handler):
 # --- host reads of device memory (MLT004) -----------------------------------------------
 
 
-def _caller_site(skip: str = os.sep + "mlatrace" + os.sep) -> str | None:
-    """'file:line' of the first frame outside mlatrace: where the program asked to sync."""
+def _caller_site(skip: str = os.sep.join(("", "mlatrace", "probe", ""))) -> str | None:
+    """'file:line' of the first frame outside the probe engine: where the program synced."""
     frame = sys._getframe(2)
     for _ in range(8):
         if frame is None:
@@ -509,6 +509,18 @@ def _caller_site(skip: str = os.sep + "mlatrace" + os.sep) -> str | None:
             return f"{code.co_filename}:{frame.f_lineno}"
         frame = frame.f_back
     return None
+
+
+def _stream_capturing() -> bool:
+    """Is the current CUDA stream capturing? A host query (no device read), asked only
+    inside a probe-seen capture, when CUDA is in use already; without CUDA the probes'
+    capture stack (the reference host graph) is trusted."""
+    try:
+        import torch
+
+        return bool(torch.cuda.is_current_stream_capturing())
+    except Exception:
+        return True
 
 
 class DeviceSync(Handler):
@@ -536,7 +548,10 @@ class DeviceSync(Handler):
 
         def note() -> None:
             try:
-                emit("sync", op=op, capturing=capturing(), gid=current_gid(),
+                # Inside a wrapper's capture but before torch starts the stream capture
+                # (torch.cuda.graph synchronizes on entry) is not a sync in the graph.
+                now = capturing() and _stream_capturing()
+                emit("sync", op=op, capturing=now, gid=current_gid() if now else None,
                      where=_caller_site())
             except Exception as exc:
                 runtime.fail(target, exc)
