@@ -163,6 +163,10 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
                 forwarded_signals=[signal.Signals(s).name for s in received],
                 process_files=len(files))
     _write_run_json(run_json, info)
-    print(f"mlatrace: trace of {len(files)} process(es) in {out_dir}\n"
-          f"mlatrace: look at it with: mlatrace report {out_dir}", file=sys.stderr)
+    if files:
+        print(f"mlatrace: trace of {len(files)} process(es) in {out_dir}\n"
+              f"mlatrace: look at it with: mlatrace report {out_dir}", file=sys.stderr)
+    else:
+        print(f"mlatrace: no Python process ran under {cmd[0]}: nothing was traced "
+              f"(run.json in {out_dir})", file=sys.stderr)
     return exit_code
