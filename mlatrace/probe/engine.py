@@ -243,6 +243,34 @@ def _is_method(info: TargetInfo) -> bool:
     return isinstance(info.owner, type) and info.attr != "__new__"
 
 
+
+def _around_handler(runtime: ProbeRuntime, info: TargetInfo, before: Any, after: Any,
+                    view: CallView, call: Callable, args: tuple, kwargs: dict) -> Any:
+    """Run a handler's before/after around one call; a failing handler is disabled and
+    the call goes on (shared by the plain-function and the wrapt patches)."""
+    token = None
+    try:
+        if before is not None:
+            token = before(view, info)
+    except Exception as exc:
+        runtime.fail(info.target, exc)
+        return call(*args, **kwargs)
+    try:
+        result = call(*args, **kwargs)
+    except BaseException as error:
+        if after is not None and not runtime.disabled:
+            try:
+                after(view, info, token, None, error)
+            except Exception as exc:
+                runtime.fail(info.target, exc)
+        raise
+    if after is not None and not runtime.disabled:
+        try:
+            after(view, info, token, result, None)
+        except Exception as exc:
+            runtime.fail(info.target, exc)
+    return result
+
 def _make_function(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
     """The replacement of a plain Python function or method: a plain function too.
 
@@ -275,28 +303,7 @@ def _make_function(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
                                 defaults, None, bound)
             else:
                 view = CallView(None, args, kwargs, positions, defaults, None, bound)
-            token = None
-            try:
-                if before is not None:
-                    token = before(view, info)
-            except Exception as exc:
-                runtime.fail(target, exc)
-                return original(*args, **kwargs)
-            try:
-                result = original(*args, **kwargs)
-            except BaseException as error:
-                if after is not None and not runtime.disabled:
-                    try:
-                        after(view, info, token, None, error)
-                    except Exception as exc:
-                        runtime.fail(target, exc)
-                raise
-            if after is not None and not runtime.disabled:
-                try:
-                    after(view, info, token, result, None)
-                except Exception as exc:
-                    runtime.fail(target, exc)
-            return result
+            return _around_handler(runtime, info, before, after, view, original, args, kwargs)
 
         return _like(handler_probe, original)
 
@@ -405,28 +412,7 @@ def _make_wrapper(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
             if runtime.disabled or not state.active:
                 return wrapped(*args, **kwargs)
             view = CallView(instance, args, kwargs, positions, defaults, None, bound)
-            token = None
-            try:
-                if before is not None:
-                    token = before(view, info)
-            except Exception as exc:
-                runtime.fail(target, exc)
-                return wrapped(*args, **kwargs)
-            try:
-                result = wrapped(*args, **kwargs)
-            except BaseException as error:
-                if after is not None and not runtime.disabled:
-                    try:
-                        after(view, info, token, None, error)
-                    except Exception as exc:
-                        runtime.fail(target, exc)
-                raise
-            if after is not None and not runtime.disabled:
-                try:
-                    after(view, info, token, result, None)
-                except Exception as exc:
-                    runtime.fail(target, exc)
-            return result
+            return _around_handler(runtime, info, before, after, view, wrapped, args, kwargs)
 
         return handler_wrapper
 
