@@ -26,16 +26,13 @@ import torch
 from mlatrace.bench import splits_bench as sb
 from mlatrace.reference import mla, policies, triton_mla
 
-SHORT = (1, 64, 512, 1024, 4096)
+SHORT = (1, 64, 128, 256, 512, 1024, 2048, 4096, 16384)
 LONG = 100_000
-BEST_FIXED = {1: 1, 64: 1, 512: 8, 1024: 16, 4096: 64, 16384: 128, 100_000: 128}
+BEST_FIXED = {1: 1, 64: 1, 128: 2, 256: 4, 512: 8, 1024: 16, 2048: 32, 4096: 64,
+              16384: 128, 100_000: 128}
 # (budget, tile_n, warps, stages, prefetch, keys_on_m)
 CONFIGS = (
-    (132, 64, 8, 3, True, False), (132, 32, 8, 5, True, False), (132, 32, 8, 4, True, False),
-    (132, 32, 4, 5, True, False), (132, 16, 8, 10, True, False), (132, 16, 4, 10, True, False),
-    (132, 32, 8, 6, True, False),
-    (132, 64, 8, 2, True, True), (132, 64, 4, 2, True, True), (132, 64, 8, 3, True, True),
-    (132, 32, 4, 4, True, True), (132, 32, 4, 6, True, True), (132, 16, 4, 8, True, True),
+    (132, 64, 8, 3, True, False),
 )
 
 
@@ -162,9 +159,6 @@ def sweep(out: Path, budget_s: float, merge_ok: bool) -> int:
         for merge in (False, True) if merge_ok else (False,):
             triton_mla.MERGE_IN_GRID = merge
             row[f"device_merge{int(merge)}"] = timed(sets, "device")
-        triton_mla.STAGE1_KEYS_ON_M = True
-        row["device_merge1_kt"] = timed(sets, "device")
-        triton_mla.STAGE1_KEYS_ON_M = default[5]
         row["best_fixed"] = (BEST_FIXED[length], timed(sets, f"fixed:{BEST_FIXED[length]}", length))
         row["one_split"] = timed(sets, "fixed:1", length)
         data["short"].append(row)

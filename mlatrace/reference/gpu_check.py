@@ -264,7 +264,8 @@ def compile_report() -> int:
                      DEVICE_PARTITION=True, MIN_TILES=1, DIRECT_OUTPUT=False, RETURN_LSE=False,
                      DOT_MODE=dot_mode, TILE_N=tile_n,
                      PREFETCH=triton_mla.STAGE1_PREFETCH and dot_mode != 2, PDL=not merge,
-                     KEYS_ON_M=keys_on_m, MERGE_IN_GRID=merge)
+                     KEYS_ON_M=keys_on_m, MERGE_IN_GRID=merge,
+                     MERGE_TILE=triton_mla.MERGE_TILE)
         return build(triton_mla._mla_stage1_kernel, types, const, warps, stages)
 
     rows = []

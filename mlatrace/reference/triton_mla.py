@@ -55,6 +55,9 @@ MERGE_IN_GRID = True
 meet at a counter once their partials are written and merge them between themselves, so
 the graph holds one kernel node instead of two (stage 2 is not launched). Used only when
 every program of the grid can be resident at once (`grid_fits_at_once`)."""
+MERGE_TILE = 16384
+"""fp32 elements one in-grid merge load holds ([splits, outputs]): 16384 gives every
+active program at most one unit of the 16 x 512 head block (64 KiB from L2)."""
 FALLBACK_CONFIG = True
 """Retry with SAFE_WARPS/SAFE_STAGES when the default config does not fit (off: raise,
 for tuning sweeps that must not time the fallback by mistake)."""
@@ -81,6 +84,7 @@ def _mla_stage1_kernel(
     MIN_TILES: tl.constexpr, DIRECT_OUTPUT: tl.constexpr, RETURN_LSE: tl.constexpr, DOT_MODE: tl.constexpr,
     TILE_N: tl.constexpr = 64, PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False,
     KEYS_ON_M: tl.constexpr = False, MERGE_IN_GRID: tl.constexpr = False,
+    MERGE_TILE: tl.constexpr = 16384,
 ):
     """One (batch, split, head block): online softmax over the split's KV range.
 
@@ -218,20 +222,25 @@ def _mla_stage1_kernel(
                 counter = merge_counters + (b * tl.num_programs(2) + hblock) * 2
                 _wait_for_group(counter, active)
                 if active <= 4:
-                    _merge_share(partial_out, partial_lse, o, lse_out, b, split, active, heads,
-                                 head_ok, stride_po_b, stride_po_s, stride_po_h, stride_pl_b,
+                    _merge_share(partial_out, partial_lse, o, lse_out, b, split, active, hblock,
+                                 stride_po_b, stride_po_s, stride_po_h, stride_pl_b,
                                  stride_pl_s, stride_o_b, stride_o_h, nhead, BLOCK_H, D_LATENT,
-                                 RETURN_LSE, 4, 128)
+                                 RETURN_LSE, 4, MERGE_TILE)
                 elif active <= 16:
-                    _merge_share(partial_out, partial_lse, o, lse_out, b, split, active, heads,
-                                 head_ok, stride_po_b, stride_po_s, stride_po_h, stride_pl_b,
+                    _merge_share(partial_out, partial_lse, o, lse_out, b, split, active, hblock,
+                                 stride_po_b, stride_po_s, stride_po_h, stride_pl_b,
                                  stride_pl_s, stride_o_b, stride_o_h, nhead, BLOCK_H, D_LATENT,
-                                 RETURN_LSE, 16, 32)
+                                 RETURN_LSE, 16, MERGE_TILE)
+                elif active <= 64:
+                    _merge_share(partial_out, partial_lse, o, lse_out, b, split, active, hblock,
+                                 stride_po_b, stride_po_s, stride_po_h, stride_pl_b,
+                                 stride_pl_s, stride_o_b, stride_o_h, nhead, BLOCK_H, D_LATENT,
+                                 RETURN_LSE, 64, MERGE_TILE)
                 else:
-                    _merge_share(partial_out, partial_lse, o, lse_out, b, split, active, heads,
-                                 head_ok, stride_po_b, stride_po_s, stride_po_h, stride_pl_b,
+                    _merge_share(partial_out, partial_lse, o, lse_out, b, split, active, hblock,
+                                 stride_po_b, stride_po_s, stride_po_h, stride_pl_b,
                                  stride_pl_s, stride_o_b, stride_o_h, nhead, BLOCK_H, D_LATENT,
-                                 RETURN_LSE, 64, 8)
+                                 RETURN_LSE, 256, MERGE_TILE)
                 _leave_group(counter, active)
 
 
@@ -263,43 +272,41 @@ def _leave_group(counter, active):
 
 
 @triton.jit
-def _merge_share(partial_out, partial_lse, o, lse_out, b, split, active, heads, head_ok,
+def _merge_share(partial_out, partial_lse, o, lse_out, b, split, active, hblock,
                  stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
                  stride_o_b, stride_o_h, nhead, BLOCK_H: tl.constexpr, D_LATENT: tl.constexpr,
-                 RETURN_LSE: tl.constexpr, SB: tl.constexpr, DV: tl.constexpr):
-    """This split's share of the merge: column blocks split, split + active, ... of the
-    [BLOCK_H, D_LATENT] output, SB splits per load ([SB, BLOCK_H, DV] fp32 from L2).
-    SB x DV is sized to the active count, so a program makes at most a few round trips."""
-    offs_sb = tl.arange(0, SB)
-    for unit in range(split, D_LATENT // DV, active):
-        cols = unit * DV + tl.arange(0, DV)
-        top = tl.full([BLOCK_H], float("-inf"), tl.float32)
-        total = tl.zeros([BLOCK_H], tl.float32)
-        acc = tl.zeros([BLOCK_H, DV], tl.float32)
-        for s0 in range(0, active, SB):
-            offs_s = s0 + offs_sb
-            ok = (offs_s < active)[:, None] & head_ok[None, :]
-            lse = tl.load(partial_lse + b * stride_pl_b + offs_s[:, None] * stride_pl_s
-                          + heads[None, :], mask=ok, other=float("-inf"), cache_modifier=".cg")
-            part = tl.load(partial_out + b * stride_po_b + offs_s[:, None, None] * stride_po_s
-                           + heads[None, :, None] * stride_po_h + cols[None, None, :],
-                           mask=ok[:, :, None], other=0.0, cache_modifier=".cg")
-            new_top = tl.maximum(top, tl.max(lse, 0))
-            safe_top = tl.where(new_top > float("-inf"), new_top, 0.0)
-            rescale = tl.where(top > float("-inf"), tl.exp(top - safe_top), 0.0)
-            weight = tl.where(lse > float("-inf"), tl.exp(lse - safe_top[None, :]), 0.0)
-            acc = acc * rescale[:, None] + tl.sum(weight[:, :, None] * part, 0)
-            total = total * rescale + tl.sum(weight, 0)
-            top = new_top
-        merged = tl.where(total[:, None] > 0.0, acc / tl.where(total > 0.0, total, 1.0)[:, None],
+                 RETURN_LSE: tl.constexpr, SB: tl.constexpr, MERGE_TILE: tl.constexpr):
+    """This split's share of the merge, in one round trip to L2: the head block's
+    BLOCK_H x D_LATENT outputs, flattened (contiguous in each split's partial), cut into
+    units of E; program `split` merges units split, split + active, ... over all SB >= active
+    splits at once ([SB, E] fp32 through .cg loads). SB x E = MERGE_TILE, so at most two
+    units per program for any active count."""
+    E: tl.constexpr = MERGE_TILE // SB
+    offs_s = tl.arange(0, SB)
+    split_ok = offs_s < active
+    for unit in range(split, (BLOCK_H * D_LATENT) // E, active):
+        flat = unit * E + tl.arange(0, E)
+        heads = hblock * BLOCK_H + flat // D_LATENT
+        cols = flat % D_LATENT
+        head_ok = heads < nhead
+        ok = split_ok[:, None] & head_ok[None, :]
+        lse = tl.load(partial_lse + b * stride_pl_b + offs_s[:, None] * stride_pl_s
+                      + heads[None, :], mask=ok, other=float("-inf"), cache_modifier=".cg")
+        part = tl.load(partial_out + b * stride_po_b + offs_s[:, None] * stride_po_s
+                       + heads[None, :] * stride_po_h + cols[None, :], mask=ok, other=0.0,
+                       cache_modifier=".cg")
+        top = tl.max(lse, 0)
+        safe_top = tl.where(top > float("-inf"), top, 0.0)
+        weight = tl.where(lse > float("-inf"), tl.exp(lse - safe_top[None, :]), 0.0)
+        total = tl.sum(weight, 0)
+        merged = tl.where(total > 0.0, tl.sum(weight * part, 0) / tl.where(total > 0.0, total, 1.0),
                           0.0)
-        tl.store(o + b * stride_o_b + heads[:, None] * stride_o_h + cols[None, :],
-                 merged.to(o.dtype.element_ty), mask=head_ok[:, None])
+        tl.store(o + b * stride_o_b + heads * stride_o_h + cols, merged.to(o.dtype.element_ty),
+                 mask=head_ok)
         if RETURN_LSE:
-            if unit == 0:
-                lse_all = tl.where(total > 0.0, top + tl.log(tl.where(total > 0.0, total, 1.0)),
-                                   float("-inf"))
-                tl.store(lse_out + b * nhead + heads, lse_all, mask=head_ok)
+            lse_all = tl.where(total > 0.0, top + tl.log(tl.where(total > 0.0, total, 1.0)),
+                               float("-inf"))
+            tl.store(lse_out + b * nhead + heads, lse_all, mask=head_ok & (cols == 0))
 
 
 @triton.jit
@@ -383,7 +390,8 @@ def merge_in_grid_ok(like: torch.Tensor, grid: tuple[int, int, int]) -> bool:
     if not (MERGE_IN_GRID and like.is_cuda and torch.version.hip is None):
         return False
     programs = grid[0] * grid[1] * grid[2]
-    return programs <= torch.cuda.get_device_properties(like.device).multi_processor_count
+    return (grid[1] <= 256
+            and programs <= torch.cuda.get_device_properties(like.device).multi_processor_count)
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
@@ -437,7 +445,8 @@ def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tens
             MIN_TILES=min_tiles, DIRECT_OUTPUT=direct, RETURN_LSE=lse_out is not None,
             DOT_MODE=mode, TILE_N=tile_n, PREFETCH=STAGE1_PREFETCH and mode != 2,
             PDL=pdl_enabled(kv_c, device_partition) and not direct and not merge,
-            KEYS_ON_M=STAGE1_KEYS_ON_M, MERGE_IN_GRID=merge, num_warps=num_warps,
+            KEYS_ON_M=STAGE1_KEYS_ON_M, MERGE_IN_GRID=merge, MERGE_TILE=MERGE_TILE,
+            num_warps=num_warps,
             num_stages=num_stages,
         )
 
