@@ -32,7 +32,8 @@ BEST_FIXED = {1: 1, 64: 1, 128: 2, 256: 4, 512: 8, 1024: 16, 2048: 32, 4096: 64,
               16384: 128, 100_000: 128}
 # (budget, tile_n, warps, stages, prefetch, keys_on_m)
 CONFIGS = (
-    (132, 64, 8, 3, True, False),
+    (132, 64, 8, 3, True, False), (132, 64, 16, 3, True, False), (264, 32, 8, 3, True, False),
+    (132, 32, 16, 4, True, False),
 )
 
 
@@ -168,9 +169,11 @@ def sweep(out: Path, budget_s: float, merge_ok: bool) -> int:
     # 100K: every config with the merge on (and the default with it off).
     sets = sb.make_sets(LONG, 16, "cuda")
     nbytes = sb.mla_bytes(LONG, 16)
-    for merge, configs in ((False, CONFIGS[:1]), (merge_ok, CONFIGS)):
+    for merge in (False, True) if merge_ok else (False,):
         triton_mla.MERGE_IN_GRID = merge
-        for c in configs:
+        for c in CONFIGS:
+            if merge and c[0] > 132:
+                continue
             if time.time() - t_start > budget_s:
                 print("sweep: time budget reached", flush=True)
                 break
@@ -196,12 +199,14 @@ def main() -> int:
     ap.add_argument("part", choices=("check", "sweep"))
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=330)
+    ap.add_argument("--merge", action="store_true", help="sweep the in-grid merge too")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.part == "check":
         return check(out)
-    merge_ok = (out / "merge_ok").exists() and (out / "merge_ok").read_text() == "1"
+    merge_ok = args.merge or ((out / "merge_ok").exists()
+                              and (out / "merge_ok").read_text() == "1")
     return sweep(out, args.budget_s, merge_ok)
 
 
