@@ -194,9 +194,46 @@ def sweep(out: Path, budget_s: float, merge_ok: bool) -> int:
     return 0
 
 
+DIAG_LENGTHS = (1, 64, 512, 1024, 2048, 100_000)
+DIAG_VARIANTS = {  # name: (MERGE_IN_GRID, MERGE_DIAG, STAGE2_SMALL_S, STAGE1_LATE_Q)
+    "two-stage": (False, 0, 0, False), "small_s16": (False, 0, 16, False),
+    "late_q": (False, 0, 0, True), "small_s16+late_q": (False, 0, 16, True),
+    "merge": (True, 0, 0, False), "merge barrier only": (True, 1, 0, False),
+    "merge no barrier": (True, 2, 0, False), "merge backoff": (True, 3, 0, False),
+}
+
+
+def diag(out: Path) -> int:
+    """Where the in-grid merge's time goes, and the two-stage short-length levers."""
+    cfg = sb.Config(lengths=(), sweep=(), min_replays=10, max_replays=100,
+                    seconds_per_point=0.2, tune=False)
+    timer = sb.Timer(cfg)
+    rows = []
+    for length in DIAG_LENGTHS:
+        sets = sb.make_sets(length, 16, "cuda")
+        row: dict = dict(length=length)
+        for name, (merge, diag_mode, small_s, late_q) in DIAG_VARIANTS.items():
+            (triton_mla.MERGE_IN_GRID, triton_mla.MERGE_DIAG, triton_mla.STAGE2_SMALL_S,
+             triton_mla.STAGE1_LATE_Q) = merge, diag_mode, small_s, late_q
+            try:
+                row[name] = timer.per_call_us(sb.mla_calls(sets, "device", 1, "triton"))["us"]
+            except Exception as exc:
+                row[name] = f"{type(exc).__name__}: {exc}"[:200]
+        triton_mla.MERGE_IN_GRID, triton_mla.MERGE_DIAG = False, 0
+        triton_mla.STAGE2_SMALL_S, triton_mla.STAGE1_LATE_Q = 0, False
+        n = BEST_FIXED[length]
+        row["best_fixed"] = (n, timer.per_call_us(sb.mla_calls(sets, f"fixed:{n}", length,
+                                                               "triton"))["us"])
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        save(out / "diag.json", rows)
+        del sets
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("part", choices=("check", "sweep"))
+    ap.add_argument("part", choices=("check", "sweep", "diag"))
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=330)
     ap.add_argument("--merge", action="store_true", help="sweep the in-grid merge too")
@@ -205,6 +242,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.part == "check":
         return check(out)
+    if args.part == "diag":
+        return diag(out)
     merge_ok = args.merge or ((out / "merge_ok").exists()
                               and (out / "merge_ok").read_text() == "1")
     return sweep(out, args.budget_s, merge_ok)

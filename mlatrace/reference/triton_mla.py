@@ -58,6 +58,15 @@ every program of the grid can be resident at once (`grid_fits_at_once`)."""
 MERGE_TILE = 16384
 """fp32 elements one in-grid merge load holds ([splits, outputs]): 16384 gives every
 active program at most one unit of the 16 x 512 head block (64 KiB from L2)."""
+STAGE1_LATE_Q = False
+"""Load q only in programs that own KV (after seq_info): idle device-partition programs
+exit without touching q."""
+STAGE2_SMALL_S = 0
+"""Stage 2 loads [STAGE2_SMALL_S, BLOCK_DV] when at most that many splits are active (a
+runtime branch: the device partition launches many splits, few are active when short)."""
+MERGE_DIAG = 0
+"""Timing diagnostics of the in-grid merge (GPU_NOTES run 7; results are wrong for 1, 2):
+0 normal, 1 barrier only, 2 merge without the barrier, 3 barrier with nanosleep backoff."""
 FALLBACK_CONFIG = True
 """Retry with SAFE_WARPS/SAFE_STAGES when the default config does not fit (off: raise,
 for tuning sweeps that must not time the fallback by mistake)."""
@@ -84,7 +93,7 @@ def _mla_stage1_kernel(
     MIN_TILES: tl.constexpr, DIRECT_OUTPUT: tl.constexpr, RETURN_LSE: tl.constexpr, DOT_MODE: tl.constexpr,
     TILE_N: tl.constexpr = 64, PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False,
     KEYS_ON_M: tl.constexpr = False, MERGE_IN_GRID: tl.constexpr = False,
-    MERGE_TILE: tl.constexpr = 16384,
+    MERGE_TILE: tl.constexpr = 16384, MERGE_DIAG: tl.constexpr = 0, LATE_Q: tl.constexpr = False,
 ):
     """One (batch, split, head block): online softmax over the split's KV range.
 
@@ -101,11 +110,12 @@ def _mla_stage1_kernel(
     head_ok = heads < nhead
     offs_d = tl.arange(0, D_LATENT)
     offs_r = tl.arange(0, D_ROPE)
-    # q does not depend on the length: its loads are in flight while seq_info arrives.
-    qn = tl.load(q_nope + b * stride_qn_b + heads[:, None] * stride_qn_h + offs_d[None, :],
-                 mask=head_ok[:, None], other=0.0)
-    qp = tl.load(q_pe + b * stride_qp_b + heads[:, None] * stride_qp_h + offs_r[None, :],
-                 mask=head_ok[:, None], other=0.0)
+    if not LATE_Q:
+        # q does not depend on the length: its loads are in flight while seq_info arrives.
+        qn = tl.load(q_nope + b * stride_qn_b + heads[:, None] * stride_qn_h + offs_d[None, :],
+                     mask=head_ok[:, None], other=0.0)
+        qp = tl.load(q_pe + b * stride_qp_b + heads[:, None] * stride_qp_h + offs_r[None, :],
+                     mask=head_ok[:, None], other=0.0)
     seq_len = tl.load(seq_info + b)
     if DEVICE_PARTITION:
         active, chunk = _device_partition(seq_len, NUM_KV_SPLITS, BLOCK_N, MIN_TILES)
@@ -113,6 +123,12 @@ def _mla_stage1_kernel(
         active = NUM_KV_SPLITS
         chunk = tl.cdiv(seq_len, NUM_KV_SPLITS)
     if split < active:
+        if LATE_Q:
+            # idle programs (split >= active) exit without loading q
+            qn = tl.load(q_nope + b * stride_qn_b + heads[:, None] * stride_qn_h
+                         + offs_d[None, :], mask=head_ok[:, None], other=0.0)
+            qp = tl.load(q_pe + b * stride_qp_b + heads[:, None] * stride_qp_h
+                         + offs_r[None, :], mask=head_ok[:, None], other=0.0)
         start = split * chunk
         end = tl.minimum(start + chunk, seq_len)
         qk_scale = sm_scale * 1.4426950408889634  # scores in log2 units: exp2 below
@@ -220,8 +236,11 @@ def _mla_stage1_kernel(
                      mask=head_ok)
             if MERGE_IN_GRID:
                 counter = merge_counters + (b * tl.num_programs(2) + hblock) * 2
-                _wait_for_group(counter, active)
-                if active <= 4:
+                if MERGE_DIAG != 2:
+                    _wait_for_group(counter, active, MERGE_DIAG == 3)
+                if MERGE_DIAG == 1:
+                    pass
+                elif active <= 4:
                     _merge_share(partial_out, partial_lse, o, lse_out, b, split, active, hblock,
                                  stride_po_b, stride_po_s, stride_po_h, stride_pl_b,
                                  stride_pl_s, stride_o_b, stride_o_h, nhead, BLOCK_H, D_LATENT,
@@ -245,7 +264,7 @@ def _mla_stage1_kernel(
 
 
 @triton.jit
-def _wait_for_group(counter, active):
+def _wait_for_group(counter, active, BACKOFF: tl.constexpr = False):
     """Arrive at the (batch, head block) counter and spin until every active split has.
 
     The partial stores of all threads come before the release (CTA barrier first); the
@@ -256,6 +275,9 @@ def _wait_for_group(counter, active):
     tl.atomic_add(counter, 1, sem="release", scope="gpu")
     arrived = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")
     while arrived < active:
+        if BACKOFF:
+            arrived = tl.inline_asm_elementwise("nanosleep.u32 100;\n mov.b32 $0, $1;", "=r,r",
+                                                [arrived], dtype=tl.int32, is_pure=False, pack=1)
         arrived = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")
     tl.debug_barrier()
 
@@ -316,7 +338,7 @@ def _mla_stage2_kernel(
     nhead,
     NUM_KV_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
     BLOCK_DV: tl.constexpr, DEVICE_PARTITION: tl.constexpr, MIN_TILES: tl.constexpr,
-    RETURN_LSE: tl.constexpr, PDL: tl.constexpr = False,
+    RETURN_LSE: tl.constexpr, PDL: tl.constexpr = False, SMALL_S: tl.constexpr = 0,
 ):
     """One (batch, head, column block): online LSE-weighted merge, BLOCK_S splits per load
     (all of them when BLOCK_S >= splits: one round trip to memory).
@@ -336,33 +358,49 @@ def _mla_stage2_kernel(
         tl.extra.cuda.gdc_wait()
     # With one active split stage 1 already wrote o (device partition only).
     if active > 1:
-        offs_s = tl.arange(0, BLOCK_S)
-        offs_d = dblock * BLOCK_DV + tl.arange(0, BLOCK_DV)
-        lse_base = partial_lse + b * stride_pl_b + h
-        out_base = partial_out + b * stride_po_b + h * stride_po_h
-        top = float("-inf")
-        total = 0.0
-        acc = tl.zeros([BLOCK_DV], tl.float32)
-        for s0 in range(0, active, BLOCK_S):
-            split_ok = s0 + offs_s < active
-            lse = tl.load(lse_base + (s0 + offs_s) * stride_pl_s, mask=split_ok,
-                          other=float("-inf"))
-            part = tl.load(out_base + (s0 + offs_s)[:, None] * stride_po_s + offs_d[None, :],
-                           mask=split_ok[:, None], other=0.0)
-            new_top = tl.maximum(top, tl.max(lse, 0))
-            safe_top = tl.where(new_top > float("-inf"), new_top, 0.0)
-            rescale = tl.where(top > float("-inf"), tl.exp(top - safe_top), 0.0)
-            weight = tl.where(lse > float("-inf"), tl.exp(lse - safe_top), 0.0)
-            acc = acc * rescale + tl.sum(weight[:, None] * part, 0)
-            total = total * rescale + tl.sum(weight, 0)
-            top = new_top
-        merged = tl.where(total > 0.0, acc / tl.where(total > 0.0, total, 1.0), 0.0)
-        tl.store(o + b * stride_o_b + h * stride_o_h + offs_d, merged.to(o.dtype.element_ty))
-        if RETURN_LSE:
-            if dblock == 0:
-                lse_all = tl.where(total > 0.0, top + tl.log(tl.where(total > 0.0, total, 1.0)),
-                                   float("-inf"))
-                tl.store(lse_out + b * nhead + h, lse_all)
+        if SMALL_S > 0 and active <= SMALL_S:
+            _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
+                        stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
+                        stride_o_b, stride_o_h, nhead, SMALL_S, BLOCK_DV, RETURN_LSE)
+        else:
+            _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
+                        stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
+                        stride_o_b, stride_o_h, nhead, BLOCK_S, BLOCK_DV, RETURN_LSE)
+
+
+@triton.jit
+def _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
+                stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
+                stride_o_b, stride_o_h, nhead, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
+                RETURN_LSE: tl.constexpr):
+    """Merge `active` splits of one (batch, head, column block), BLOCK_S splits per load."""
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = dblock * BLOCK_DV + tl.arange(0, BLOCK_DV)
+    lse_base = partial_lse + b * stride_pl_b + h
+    out_base = partial_out + b * stride_po_b + h * stride_po_h
+    top = float("-inf")
+    total = 0.0
+    acc = tl.zeros([BLOCK_DV], tl.float32)
+    for s0 in range(0, active, BLOCK_S):
+        split_ok = s0 + offs_s < active
+        lse = tl.load(lse_base + (s0 + offs_s) * stride_pl_s, mask=split_ok,
+                      other=float("-inf"))
+        part = tl.load(out_base + (s0 + offs_s)[:, None] * stride_po_s + offs_d[None, :],
+                       mask=split_ok[:, None], other=0.0)
+        new_top = tl.maximum(top, tl.max(lse, 0))
+        safe_top = tl.where(new_top > float("-inf"), new_top, 0.0)
+        rescale = tl.where(top > float("-inf"), tl.exp(top - safe_top), 0.0)
+        weight = tl.where(lse > float("-inf"), tl.exp(lse - safe_top), 0.0)
+        acc = acc * rescale + tl.sum(weight[:, None] * part, 0)
+        total = total * rescale + tl.sum(weight, 0)
+        top = new_top
+    merged = tl.where(total > 0.0, acc / tl.where(total > 0.0, total, 1.0), 0.0)
+    tl.store(o + b * stride_o_b + h * stride_o_h + offs_d, merged.to(o.dtype.element_ty))
+    if RETURN_LSE:
+        if dblock == 0:
+            lse_all = tl.where(total > 0.0, top + tl.log(tl.where(total > 0.0, total, 1.0)),
+                               float("-inf"))
+            tl.store(lse_out + b * nhead + h, lse_all)
 
 
 def dot_mode(cache: torch.Tensor) -> int:
@@ -446,6 +484,7 @@ def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tens
             DOT_MODE=mode, TILE_N=tile_n, PREFETCH=STAGE1_PREFETCH and mode != 2,
             PDL=pdl_enabled(kv_c, device_partition) and not direct and not merge,
             KEYS_ON_M=STAGE1_KEYS_ON_M, MERGE_IN_GRID=merge, MERGE_TILE=MERGE_TILE,
+            MERGE_DIAG=MERGE_DIAG, LATE_Q=STAGE1_LATE_Q,
             num_warps=num_warps,
             num_stages=num_stages,
         )
@@ -475,6 +514,7 @@ def stage2(grid: tuple[int, int, int], *, partial_out: torch.Tensor,
         o.shape[1],
         NUM_KV_SPLITS=num_splits, BLOCK_N=block_n, BLOCK_S=block_s, BLOCK_DV=block_dv,
         DEVICE_PARTITION=device_partition, MIN_TILES=min_tiles,
-        RETURN_LSE=lse_out is not None, PDL=pdl, num_warps=STAGE2_WARPS,
+        RETURN_LSE=lse_out is not None, PDL=pdl,
+        SMALL_S=STAGE2_SMALL_S if STAGE2_SMALL_S < block_s else 0, num_warps=STAGE2_WARPS,
         **({"launch_pdl": True} if pdl else {}),
     )
