@@ -62,19 +62,19 @@ def compiled_info() -> list[dict]:
     return out
 
 
-def check(out: Path) -> int:
+def check(out: Path, quick: bool = False) -> int:
     results, failed = [], 0
     sc = 1 / math.sqrt(576)
     cases = [(1, 16, [1]), (1, 16, [64]), (1, 16, [100]), (1, 16, [300]), (1, 16, [513]),
              (1, 16, [1000]), (1, 16, [5000]), (1, 16, [100_000]), (2, 16, [7, 40_000]),
              (8, 16, [1, 65, 900, 3000, 17, 4096, 12_345, 64]), (1, 128, [20_000]),
              (4, 128, [5, 2000, 70, 9000])]
-    for merge in (True, False):
-        for keys_on_m in (False, True):
+    for merge in (True,) if quick else (True, False):
+        for keys_on_m in (False,) if quick else (False, True):
             triton_mla.MERGE_IN_GRID, triton_mla.STAGE1_KEYS_ON_M = merge, keys_on_m
             for batch, nhead, lens in cases:
                 for dtype in (torch.bfloat16, torch.float32):
-                    if dtype == torch.float32 and (keys_on_m or max(lens) > 20_000):
+                    if dtype == torch.float32 and (keys_on_m or quick or max(lens) > 20_000):
                         continue
                     torch.manual_seed(len(results))
                     maxp = max(lens) + 64
@@ -194,12 +194,11 @@ def sweep(out: Path, budget_s: float, merge_ok: bool) -> int:
     return 0
 
 
-DIAG_LENGTHS = (1, 64, 512, 1024, 2048, 100_000)
-DIAG_VARIANTS = {  # name: (MERGE_IN_GRID, MERGE_DIAG, STAGE2_SMALL_S, STAGE1_LATE_Q)
-    "two-stage": (False, 0, 0, False), "small_s16": (False, 0, 16, False),
-    "late_q": (False, 0, 0, True), "small_s16+late_q": (False, 0, 16, True),
-    "merge": (True, 0, 0, False), "merge barrier only": (True, 1, 0, False),
-    "merge no barrier": (True, 2, 0, False), "merge backoff": (True, 3, 0, False),
+DIAG_LENGTHS = (1, 64, 128, 512, 1024, 2048, 4096, 16384, 100_000)
+DIAG_VARIANTS = {  # name: (MERGE_IN_GRID, MERGE_DIAG, STAGE2_SMALL_S, STAGE2_MID_S)
+    "two-stage": (False, 0, 0, 0), "small_s16": (False, 0, 16, 0),
+    "small_s16+mid64": (False, 0, 16, 64), "small_s8+mid32": (False, 0, 8, 32),
+    "merge": (True, 0, 0, 0), "merge barrier only": (True, 1, 0, 0),
 }
 
 
@@ -212,15 +211,15 @@ def diag(out: Path) -> int:
     for length in DIAG_LENGTHS:
         sets = sb.make_sets(length, 16, "cuda")
         row: dict = dict(length=length)
-        for name, (merge, diag_mode, small_s, late_q) in DIAG_VARIANTS.items():
+        for name, (merge, diag_mode, small_s, mid_s) in DIAG_VARIANTS.items():
             (triton_mla.MERGE_IN_GRID, triton_mla.MERGE_DIAG, triton_mla.STAGE2_SMALL_S,
-             triton_mla.STAGE1_LATE_Q) = merge, diag_mode, small_s, late_q
+             triton_mla.STAGE2_MID_S) = merge, diag_mode, small_s, mid_s
             try:
                 row[name] = timer.per_call_us(sb.mla_calls(sets, "device", 1, "triton"))["us"]
             except Exception as exc:
                 row[name] = f"{type(exc).__name__}: {exc}"[:200]
         triton_mla.MERGE_IN_GRID, triton_mla.MERGE_DIAG = False, 0
-        triton_mla.STAGE2_SMALL_S, triton_mla.STAGE1_LATE_Q = 0, False
+        triton_mla.STAGE2_SMALL_S, triton_mla.STAGE2_MID_S = 0, 0
         n = BEST_FIXED[length]
         row["best_fixed"] = (n, timer.per_call_us(sb.mla_calls(sets, f"fixed:{n}", length,
                                                                "triton"))["us"])
@@ -237,11 +236,12 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=330)
     ap.add_argument("--merge", action="store_true", help="sweep the in-grid merge too")
+    ap.add_argument("--quick", action="store_true", help="check: merge on, bf16 only")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.part == "check":
-        return check(out)
+        return check(out, args.quick)
     if args.part == "diag":
         return diag(out)
     merge_ok = args.merge or ((out / "merge_ok").exists()

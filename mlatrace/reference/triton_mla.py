@@ -64,6 +64,8 @@ exit without touching q."""
 STAGE2_SMALL_S = 0
 """Stage 2 loads [STAGE2_SMALL_S, BLOCK_DV] when at most that many splits are active (a
 runtime branch: the device partition launches many splits, few are active when short)."""
+STAGE2_MID_S = 0
+"""A second tier of the same branch (STAGE2_SMALL_S < active <= STAGE2_MID_S)."""
 MERGE_DIAG = 0
 """Timing diagnostics of the in-grid merge (GPU_NOTES run 7; results are wrong for 1, 2):
 0 normal, 1 barrier only, 2 merge without the barrier, 3 barrier with nanosleep backoff."""
@@ -298,37 +300,34 @@ def _merge_share(partial_out, partial_lse, o, lse_out, b, split, active, hblock,
                  stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
                  stride_o_b, stride_o_h, nhead, BLOCK_H: tl.constexpr, D_LATENT: tl.constexpr,
                  RETURN_LSE: tl.constexpr, SB: tl.constexpr, MERGE_TILE: tl.constexpr):
-    """This split's share of the merge, in one round trip to L2: the head block's
-    BLOCK_H x D_LATENT outputs, flattened (contiguous in each split's partial), cut into
-    units of E; program `split` merges units split, split + active, ... over all SB >= active
-    splits at once ([SB, E] fp32 through .cg loads). SB x E = MERGE_TILE, so at most two
-    units per program for any active count."""
-    E: tl.constexpr = MERGE_TILE // SB
+    """This split's share of the merge: the LSE weights of all SB >= active splits x BLOCK_H
+    heads once, then column blocks split, split + active, ... of E columns, each one
+    [SB, BLOCK_H, E] load from L2 (.cg). SB x BLOCK_H x E = MERGE_TILE: at most two blocks
+    per program for any active count."""
+    E: tl.constexpr = MERGE_TILE // (SB * BLOCK_H)
     offs_s = tl.arange(0, SB)
-    split_ok = offs_s < active
-    for unit in range(split, (BLOCK_H * D_LATENT) // E, active):
-        flat = unit * E + tl.arange(0, E)
-        heads = hblock * BLOCK_H + flat // D_LATENT
-        cols = flat % D_LATENT
-        head_ok = heads < nhead
-        ok = split_ok[:, None] & head_ok[None, :]
-        lse = tl.load(partial_lse + b * stride_pl_b + offs_s[:, None] * stride_pl_s
-                      + heads[None, :], mask=ok, other=float("-inf"), cache_modifier=".cg")
-        part = tl.load(partial_out + b * stride_po_b + offs_s[:, None] * stride_po_s
-                       + heads[None, :] * stride_po_h + cols[None, :], mask=ok, other=0.0,
-                       cache_modifier=".cg")
-        top = tl.max(lse, 0)
-        safe_top = tl.where(top > float("-inf"), top, 0.0)
-        weight = tl.where(lse > float("-inf"), tl.exp(lse - safe_top[None, :]), 0.0)
-        total = tl.sum(weight, 0)
-        merged = tl.where(total > 0.0, tl.sum(weight * part, 0) / tl.where(total > 0.0, total, 1.0),
-                          0.0)
-        tl.store(o + b * stride_o_b + heads * stride_o_h + cols, merged.to(o.dtype.element_ty),
-                 mask=head_ok)
-        if RETURN_LSE:
+    heads = hblock * BLOCK_H + tl.arange(0, BLOCK_H)
+    ok = (offs_s < active)[:, None] & (heads < nhead)[None, :]
+    lse = tl.load(partial_lse + b * stride_pl_b + offs_s[:, None] * stride_pl_s + heads[None, :],
+                  mask=ok, other=float("-inf"), cache_modifier=".cg")
+    top = tl.max(lse, 0)
+    safe_top = tl.where(top > float("-inf"), top, 0.0)
+    weight = tl.where(lse > float("-inf"), tl.exp(lse - safe_top[None, :]), 0.0)
+    total = tl.sum(weight, 0)
+    inv_total = tl.where(total > 0.0, 1.0 / tl.where(total > 0.0, total, 1.0), 0.0)
+    for unit in range(split, D_LATENT // E, active):
+        cols = unit * E + tl.arange(0, E)
+        part = tl.load(partial_out + b * stride_po_b + offs_s[:, None, None] * stride_po_s
+                       + heads[None, :, None] * stride_po_h + cols[None, None, :],
+                       mask=ok[:, :, None], other=0.0, cache_modifier=".cg")
+        merged = tl.sum(weight[:, :, None] * part, 0) * inv_total[:, None]
+        tl.store(o + b * stride_o_b + heads[:, None] * stride_o_h + cols[None, :],
+                 merged.to(o.dtype.element_ty), mask=(heads < nhead)[:, None])
+    if RETURN_LSE:
+        if split == 0:
             lse_all = tl.where(total > 0.0, top + tl.log(tl.where(total > 0.0, total, 1.0)),
                                float("-inf"))
-            tl.store(lse_out + b * nhead + heads, lse_all, mask=head_ok & (cols == 0))
+            tl.store(lse_out + b * nhead + heads, lse_all, mask=heads < nhead)
 
 
 @triton.jit
@@ -339,6 +338,7 @@ def _mla_stage2_kernel(
     NUM_KV_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
     BLOCK_DV: tl.constexpr, DEVICE_PARTITION: tl.constexpr, MIN_TILES: tl.constexpr,
     RETURN_LSE: tl.constexpr, PDL: tl.constexpr = False, SMALL_S: tl.constexpr = 0,
+    MID_S: tl.constexpr = 0,
 ):
     """One (batch, head, column block): online LSE-weighted merge, BLOCK_S splits per load
     (all of them when BLOCK_S >= splits: one round trip to memory).
@@ -362,6 +362,10 @@ def _mla_stage2_kernel(
             _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
                         stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
                         stride_o_b, stride_o_h, nhead, SMALL_S, BLOCK_DV, RETURN_LSE)
+        elif MID_S > 0 and active <= MID_S:
+            _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
+                        stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
+                        stride_o_b, stride_o_h, nhead, MID_S, BLOCK_DV, RETURN_LSE)
         else:
             _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
                         stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
@@ -515,6 +519,7 @@ def stage2(grid: tuple[int, int, int], *, partial_out: torch.Tensor,
         NUM_KV_SPLITS=num_splits, BLOCK_N=block_n, BLOCK_S=block_s, BLOCK_DV=block_dv,
         DEVICE_PARTITION=device_partition, MIN_TILES=min_tiles,
         RETURN_LSE=lse_out is not None, PDL=pdl,
-        SMALL_S=STAGE2_SMALL_S if STAGE2_SMALL_S < block_s else 0, num_warps=STAGE2_WARPS,
+        SMALL_S=STAGE2_SMALL_S if STAGE2_SMALL_S < block_s else 0,
+        MID_S=STAGE2_MID_S if STAGE2_MID_S < block_s else 0, num_warps=STAGE2_WARPS,
         **({"launch_pdl": True} if pdl else {}),
     )
