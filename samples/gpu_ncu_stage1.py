@@ -10,9 +10,8 @@ import math
 import torch
 
 from mlatrace.bench import splits_bench as sb
-from mlatrace.reference import mla, triton_mla
+from mlatrace.reference import mla
 
-triton_mla.MERGE_IN_GRID = False
 s = sb.make_sets(100_000, 16, "cuda", num_sets=1)[0]
 for _ in range(3):
     mla.mla_gluon(s["q_nope"], s["q_pe"], s["kv_c"], s["o"], s["page_table"], s["seq_info"],

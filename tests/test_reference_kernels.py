@@ -250,8 +250,10 @@ TRITON_MLA_CASES = {  # id: (policy, hint, lengths, nhead, dtype)
     "bucketed-16splits-bf16": ("bucketed", 100, [100, 2], 16, "bfloat16"),
     "stage2-several-loads": ("fixed:5", 1, [300, 77], 16, "float32"),   # MAX_BLOCK_S = 2
     "device-stage2-several-loads": ("device", 1, [400, 1], 16, "float32"),
+    "device-stage2-tiers": ("device", 1, [130, 300, 600], 16, "float32"),  # 3, 5, 10 active
 }
 SMALL_STAGE2_BLOCK = ("stage2-several-loads", "device-stage2-several-loads")
+STAGE2_TIERS = {"device-stage2-tiers": (4, 8)}   # small tier, mid tier, then the wide tile
 TRITON_PA_CASES = {  # id: (lengths, captured max, dtype)
     "pa-shorter-fp32": ([1, 100, 33, 256], 256, "float32"),
     "pa-shorter-bf16": ([1, 100, 33, 256], 256, "bfloat16"),
@@ -267,14 +269,20 @@ def run_triton_cases(device: str) -> dict[str, list[float]]:
         q_nope, q_pe, kv_c, page_table, seq_info = make_mla_inputs(len(lengths), nhead, lengths,
                                                                    dt, device)
         o = torch.full((len(lengths), nhead, 512), float("nan"), dtype=dt, device=device)
+        from mlatrace.reference import triton_mla
+
         saved_block = mla.MAX_BLOCK_S
+        saved_tiers = triton_mla.STAGE2_SMALL_S, triton_mla.STAGE2_MID_S
         mla.MAX_BLOCK_S = 2 if case_id in SMALL_STAGE2_BLOCK else saved_block
+        triton_mla.STAGE2_SMALL_S, triton_mla.STAGE2_MID_S = STAGE2_TIERS.get(case_id,
+                                                                              saved_tiers)
         try:
             _, lse = mla_gluon(q_nope, q_pe, kv_c, o, page_table, seq_info, SM_SCALE,
                                min_kv_seq_len=hint, policy=policy, return_lse=True,
                                backend="triton")
         finally:
             mla.MAX_BLOCK_S = saved_block
+            triton_mla.STAGE2_SMALL_S, triton_mla.STAGE2_MID_S = saved_tiers
         ref, ref_lse = mla_reference(q_nope, q_pe, kv_c, page_table, lengths, SM_SCALE)
         lse_err = (lse.double() - ref_lse).abs().max().item()
         results[case_id] = [rel_err(o, ref), lse_err]

@@ -45,11 +45,12 @@ ROTATION_BYTES = 200 << 20      # rotate input sets until this much data (> L2) 
 MAX_SETS = 16
 KV_ROW_BYTES = 576 * 2          # bf16 latent + rope per token
 TUNE_CONFIGS = (  # stage 1 of the device policy: (budget, TILE_N, warps, stages, prefetch)
-    (132, 64, 8, 3, True), (132, 64, 8, 5, False), (264, 64, 4, 2, False),
-    (264, 32, 4, 3, True), (132, 32, 4, 3, True), (264, 32, 4, 2, True),
+    (132, 64, 8, 3, True), (132, 64, 16, 3, True), (264, 64, 4, 2, False),
+    (264, 32, 4, 3, True), (264, 32, 8, 3, True), (132, 32, 8, 5, True),
 )
 TUNE_PDL_LENGTHS = (1, 512, 4096, 100_000)
-TUNE_SHORT_LENGTH = 512
+TUNE_TIER_LENGTHS = (512, 2048)
+TUNE_TIERS = (("tiers 16/64", 16, 64), ("no tiers", 0, 0), ("tiers 8/32", 8, 32))
 TUNE_STAGE2 = ((512, 16), (512, 32), (64, 16), (64, 64))   # (MAX_BLOCK_S, BLOCK_DV), stage 2
 TUNE_MIN_TILES = (1, 2, 4)
 TUNE_MIN_TILES_LENGTHS = (1024, 4096, 16384)
@@ -314,8 +315,8 @@ def set_stage1_knobs(knobs: tuple) -> None:
 def tune(cfg: Config, timer: Timer, res: Results, log: Callable[[str], None]) -> None:
     """Device policy at the longest length by stage-1 config (launch budget, inner tile,
     warps, stages, page-table prefetch) and by stage-2 tile; stage 2 as a programmatic
-    dependent launch or not at a few lengths; its smallest chunk (min tiles per split) at
-    mid lengths. Restores every knob after."""
+    dependent launch or not at a few lengths; stage 2's split tiers at short lengths; its
+    smallest chunk (min tiles per split) at mid lengths. Restores every knob after."""
     import torch
 
     from mlatrace.reference import mla, policies, triton_mla
@@ -326,7 +327,9 @@ def tune(cfg: Config, timer: Timer, res: Results, log: Callable[[str], None]) ->
     sets = make_sets(length, cfg.nhead, cfg.device)
     saved = stage1_knobs()
     saved_min_tiles = policies.DEVICE_MIN_TILES_PER_SPLIT
+    saved_tiers = (triton_mla.STAGE2_SMALL_S, triton_mla.STAGE2_MID_S)
     try:
+        triton_mla.FALLBACK_CONFIG = False   # a config that does not fit is an error here
         for knobs in TUNE_CONFIGS:
             set_stage1_knobs(knobs)
             try:
@@ -342,6 +345,7 @@ def tune(cfg: Config, timer: Timer, res: Results, log: Callable[[str], None]) ->
                 f" {stages} prefetch {int(prefetch)}: {t['us']:9.1f} us"
                 f"  {entry['bytes_per_s'] / 1e12:5.2f} TB/s {t.get('error', '')}")
         set_stage1_knobs(saved)
+        triton_mla.FALLBACK_CONFIG = True
         for block_s, block_dv in TUNE_STAGE2:
             mla.MAX_BLOCK_S, mla.BLOCK_DV = block_s, block_dv
             t = timer.per_call_us(mla_calls(sets, "device", 1, "triton"))
@@ -366,19 +370,18 @@ def tune(cfg: Config, timer: Timer, res: Results, log: Callable[[str], None]) ->
                     f" (S={best[1]})")
             triton_mla.USE_PDL = saved_pdl
             del sets
-        # Short lengths: is the device policy's extra cost its idle stage-1 programs
-        # (budget) or its wide stage-2 tile (MAX_BLOCK_S)?
-        sets = make_sets(TUNE_SHORT_LENGTH, cfg.nhead, cfg.device)
-        for label, budget, block_s in (("default", saved[0], saved_stage2[0]),
-                                       ("budget 16", 16, saved_stage2[0]),
-                                       ("MAX_BLOCK_S 16", saved[0], 16)):
-            policies.DEVICE_PROGRAM_BUDGET, mla.MAX_BLOCK_S = budget, block_s
-            t = timer.per_call_us(mla_calls(sets, "device", 1, "triton"))
-            res.short.append(dict(length=TUNE_SHORT_LENGTH, label=label, budget=budget,
-                                  max_block_s=block_s, **t))
-            log(f"short {TUNE_SHORT_LENGTH}: {label}: {t['us']:8.1f} us")
-        policies.DEVICE_PROGRAM_BUDGET, mla.MAX_BLOCK_S = saved[0], saved_stage2[0]
-        del sets
+        # Short lengths: stage 2's split tiers (a narrow merge tile when few splits are
+        # active) against none.
+        for length in TUNE_TIER_LENGTHS:
+            sets = make_sets(length, cfg.nhead, cfg.device)
+            for label, small_s, mid_s in TUNE_TIERS:
+                triton_mla.STAGE2_SMALL_S, triton_mla.STAGE2_MID_S = small_s, mid_s
+                t = timer.per_call_us(mla_calls(sets, "device", 1, "triton"))
+                res.short.append(dict(length=length, label=label, small_s=small_s,
+                                      mid_s=mid_s, **t))
+                log(f"stage 2 tiers {length}: {label}: {t['us']:8.1f} us")
+            triton_mla.STAGE2_SMALL_S, triton_mla.STAGE2_MID_S = saved_tiers
+            del sets
         # The kernel without scattering: the same 100K rows through an identity page table.
         length = max(cfg.lengths)
         sets = make_sets(length, cfg.nhead, cfg.device)
@@ -401,6 +404,8 @@ def tune(cfg: Config, timer: Timer, res: Results, log: Callable[[str], None]) ->
             del sets
     finally:
         set_stage1_knobs(saved)
+        triton_mla.FALLBACK_CONFIG = True
+        triton_mla.STAGE2_SMALL_S, triton_mla.STAGE2_MID_S = saved_tiers
         policies.DEVICE_MIN_TILES_PER_SPLIT = saved_min_tiles
         mla.MAX_BLOCK_S, mla.BLOCK_DV = saved_stage2
         triton_mla.USE_PDL = saved_pdl
@@ -513,9 +518,8 @@ def markdown(res: Results) -> str:
                                   f" {t['best_fixed_us']:.1f} us (S={t['best_fixed_splits']})"
                                   for t in res.pdl)]
     if res.short:
-        lines += ["", f"Device policy at {res.short[0]['length']} tokens: " + "; ".join(
-            f"{t['label']} (budget {t['budget']}, MAX_BLOCK_S {t['max_block_s']}) {t['us']:.1f} us"
-            for t in res.short)]
+        lines += ["", "Stage 2 split tiers, device policy (us per call): " + "; ".join(
+            f"{t['length']} {t['label']} {t['us']:.1f}" for t in res.short)]
     if res.gather_ceiling_bytes_per_s:
         lines += ["", "Scattered-row ceiling (index_select of 100K permuted 1152-byte rows,"
                   f" read+write): {res.gather_ceiling_bytes_per_s / 1e12:.2f} TB/s; a"

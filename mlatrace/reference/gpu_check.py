@@ -247,38 +247,27 @@ def compile_report() -> int:
             usage = subprocess.run([cuobjdump, "--dump-resource-usage", f.name],
                                    capture_output=True, text=True).stdout
         regs = re.search(r"REG:(\d+) STACK:(\d+)", usage)
-        ops = collections.Counter(re.findall(r"\b(ld\.global[.\w]*|cp\.async\.cg[.\w]*|wgmma\.mma_async|mma\.sync|atom[.\w]*)",
+        ops = collections.Counter(re.findall(r"\b(ld\.global[.\w]*|cp\.async\.cg[.\w]*)",
                                              kernel.asm["ptx"]))
         return (f"regs {regs.group(1) if regs else '?'} stack {regs.group(2) if regs else '?'}"
                 f" smem {kernel.metadata.shared // 1024} KiB  "
                 + " ".join(f"{k}:{v}" for k, v in sorted(ops.items())))
 
-    def stage1(dtype: str, warps: int, stages: int, dot_mode: int, tile_n: int | None = None,
-               keys_on_m: bool = False, merge: bool = False):
+    def stage1(dtype: str, warps: int, stages: int, dot_mode: int):
         types = {n: f"*{dtype}" for n in ("q_nope", "q_pe", "kv_c", "k_pe", "o")}
         types.update(page_table="*i32", seq_info="*i32", lse_out="*fp32", partial_out="*fp32",
-                     partial_lse="*fp32", merge_counters="*i32", sm_scale="fp32")
-        if tile_n is None:
-            tile_n = 64 if dot_mode == 2 else min(triton_mla.STAGE1_TILE_N, 64)
+                     partial_lse="*fp32", sm_scale="fp32")
         const = dict(NUM_KV_SPLITS=132, BLOCK_N=64, BLOCK_H=16, D_LATENT=512, D_ROPE=64,
                      DEVICE_PARTITION=True, MIN_TILES=1, DIRECT_OUTPUT=False, RETURN_LSE=False,
-                     DOT_MODE=dot_mode, TILE_N=tile_n,
-                     PREFETCH=triton_mla.STAGE1_PREFETCH and dot_mode != 2, PDL=not merge,
-                     KEYS_ON_M=keys_on_m, MERGE_IN_GRID=merge,
-                     MERGE_TILE=triton_mla.MERGE_TILE)
+                     DOT_MODE=dot_mode,
+                     TILE_N=64 if dot_mode == 2 else min(triton_mla.STAGE1_TILE_N, 64),
+                     PREFETCH=triton_mla.STAGE1_PREFETCH and dot_mode != 2, PDL=True)
         return build(triton_mla._mla_stage1_kernel, types, const, warps, stages)
 
     rows = []
     for warps, stages in ((8, 5), (4, 5), (8, 3), (4, 2)):
         rows.append((f"stage 1 bf16 w{warps} s{stages}", lambda w=warps, s=stages: stage1(
             "bf16", w, s, 0)))
-    for tile_n, warps, stages in ((64, 8, 3), (64, 4, 3), (32, 4, 6), (32, 8, 6), (16, 4, 8)):
-        rows.append((f"stage 1 keys-on-M t{tile_n} w{warps} s{stages}",
-                     lambda t=tile_n, w=warps, s=stages: stage1("bf16", w, s, 0, t, True)))
-    for tile_n, warps, stages in ((32, 8, 6), (16, 8, 8)):
-        rows.append((f"stage 1 t{tile_n} w{warps} s{stages}",
-                     lambda t=tile_n, w=warps, s=stages: stage1("bf16", w, s, 0, t)))
-    rows.append(("stage 1 + in-grid merge w8 s3", lambda: stage1("bf16", 8, 3, 0, merge=True)))
     rows.append(("stage 1 fp32 tf32x3 w4 s2", lambda: stage1("fp32", 4, 2, 2)))
     rows.append(("stage 2", lambda: build(
         triton_mla._mla_stage2_kernel,

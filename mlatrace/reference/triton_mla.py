@@ -48,30 +48,15 @@ nothing to merge (one active split). "device": for the device partition only (th
 default, what samples/bench measures: device 7.5 -> 6.6 us at length 1, 46.2 -> 45.9 us at
 100K); "all": every policy (fixed splits gain 0-0.7 us too, GPU_NOTES run 3c); "off"."""
 PDL_MODES = ("off", "device", "all")
-STAGE1_KEYS_ON_M = False
-"""Stage 1 with the scores transposed ([keys, heads]: the KV tile on the MMA's M side)."""
-MERGE_IN_GRID = True
-"""Device partition on NVIDIA GPUs: the active stage-1 programs of a (batch, head block)
-meet at a counter once their partials are written and merge them between themselves, so
-the graph holds one kernel node instead of two (stage 2 is not launched). Used only when
-every program of the grid can be resident at once (`grid_fits_at_once`)."""
-MERGE_TILE = 16384
-"""fp32 elements one in-grid merge load holds ([splits, outputs]): 16384 gives every
-active program at most one unit of the 16 x 512 head block (64 KiB from L2)."""
-STAGE1_LATE_Q = False
-"""Load q only in programs that own KV (after seq_info): idle device-partition programs
-exit without touching q."""
-STAGE2_SMALL_S = 0
-"""Stage 2 loads [STAGE2_SMALL_S, BLOCK_DV] when at most that many splits are active (a
-runtime branch: the device partition launches many splits, few are active when short)."""
-STAGE2_MID_S = 0
-"""A second tier of the same branch (STAGE2_SMALL_S < active <= STAGE2_MID_S)."""
-MERGE_DIAG = 0
-"""Timing diagnostics of the in-grid merge (GPU_NOTES run 7; results are wrong for 1, 2):
-0 normal, 1 barrier only, 2 merge without the barrier, 3 barrier with nanosleep backoff."""
+STAGE2_SMALL_S = 16
+STAGE2_MID_S = 64
+"""Stage 2's split tiers: at most 16 (else 64) active splits load a [16 | 64, BLOCK_DV]
+tile instead of [BLOCK_S, BLOCK_DV]. Device policy on the H200 (GPU_NOTES run 8), no tiers
+-> tiers: 512 tokens 9.53 -> 8.30 us, 1024 9.64 -> 8.57, 2048 10.13 -> 9.71, 100K
+unchanged (45.9 -> 46.1). 0 turns a tier off."""
 FALLBACK_CONFIG = True
-"""Retry with SAFE_WARPS/SAFE_STAGES when the default config does not fit (off: raise,
-for tuning sweeps that must not time the fallback by mistake)."""
+"""Retry stage 1 with SAFE_WARPS/SAFE_STAGES when the default config does not fit (off:
+raise instead, so a tuning sweep never times the fallback under another config's name)."""
 
 
 @triton.jit
@@ -86,7 +71,7 @@ def _device_partition(seq_len, NUM_KV_SPLITS: tl.constexpr, BLOCK_N: tl.constexp
 @triton.jit
 def _mla_stage1_kernel(
     q_nope, q_pe, kv_c, k_pe, page_table, seq_info, sm_scale,
-    o, lse_out, partial_out, partial_lse, merge_counters,
+    o, lse_out, partial_out, partial_lse,
     stride_qn_b, stride_qn_h, stride_qp_b, stride_qp_h, stride_kv, stride_kpe, stride_pt_b,
     stride_o_b, stride_o_h, stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
     nhead,
@@ -94,8 +79,6 @@ def _mla_stage1_kernel(
     D_LATENT: tl.constexpr, D_ROPE: tl.constexpr, DEVICE_PARTITION: tl.constexpr,
     MIN_TILES: tl.constexpr, DIRECT_OUTPUT: tl.constexpr, RETURN_LSE: tl.constexpr, DOT_MODE: tl.constexpr,
     TILE_N: tl.constexpr = 64, PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False,
-    KEYS_ON_M: tl.constexpr = False, MERGE_IN_GRID: tl.constexpr = False,
-    MERGE_TILE: tl.constexpr = 16384, MERGE_DIAG: tl.constexpr = 0, LATE_Q: tl.constexpr = False,
 ):
     """One (batch, split, head block): online softmax over the split's KV range.
 
@@ -112,12 +95,11 @@ def _mla_stage1_kernel(
     head_ok = heads < nhead
     offs_d = tl.arange(0, D_LATENT)
     offs_r = tl.arange(0, D_ROPE)
-    if not LATE_Q:
-        # q does not depend on the length: its loads are in flight while seq_info arrives.
-        qn = tl.load(q_nope + b * stride_qn_b + heads[:, None] * stride_qn_h + offs_d[None, :],
-                     mask=head_ok[:, None], other=0.0)
-        qp = tl.load(q_pe + b * stride_qp_b + heads[:, None] * stride_qp_h + offs_r[None, :],
-                     mask=head_ok[:, None], other=0.0)
+    # q does not depend on the length: its loads are in flight while seq_info arrives.
+    qn = tl.load(q_nope + b * stride_qn_b + heads[:, None] * stride_qn_h + offs_d[None, :],
+                 mask=head_ok[:, None], other=0.0)
+    qp = tl.load(q_pe + b * stride_qp_b + heads[:, None] * stride_qp_h + offs_r[None, :],
+                 mask=head_ok[:, None], other=0.0)
     seq_len = tl.load(seq_info + b)
     if DEVICE_PARTITION:
         active, chunk = _device_partition(seq_len, NUM_KV_SPLITS, BLOCK_N, MIN_TILES)
@@ -125,24 +107,13 @@ def _mla_stage1_kernel(
         active = NUM_KV_SPLITS
         chunk = tl.cdiv(seq_len, NUM_KV_SPLITS)
     if split < active:
-        if LATE_Q:
-            # idle programs (split >= active) exit without loading q
-            qn = tl.load(q_nope + b * stride_qn_b + heads[:, None] * stride_qn_h
-                         + offs_d[None, :], mask=head_ok[:, None], other=0.0)
-            qp = tl.load(q_pe + b * stride_qp_b + heads[:, None] * stride_qp_h
-                         + offs_r[None, :], mask=head_ok[:, None], other=0.0)
         start = split * chunk
         end = tl.minimum(start + chunk, seq_len)
         qk_scale = sm_scale * 1.4426950408889634  # scores in log2 units: exp2 below
 
         m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_H], tl.float32)
-        if KEYS_ON_M:
-            acc_t = tl.zeros([D_LATENT, BLOCK_H], tl.float32)
-            qn_t = tl.trans(qn)
-            qp_t = tl.trans(qp)
-        else:
-            acc = tl.zeros([BLOCK_H, D_LATENT], tl.float32)
+        acc = tl.zeros([BLOCK_H, D_LATENT], tl.float32)
         pt_row = page_table + b * stride_pt_b
         if PREFETCH:
             first = start + tl.arange(0, TILE_N)
@@ -161,60 +132,31 @@ def _mla_stage1_kernel(
                              mask=row_ok[:, None], other=0.0)
             rope = tl.load(k_pe + slots[:, None] * stride_kpe + offs_r[None, :],
                            mask=row_ok[:, None], other=0.0)
-            if KEYS_ON_M:
-                # scores transposed, [TILE_N keys, BLOCK_H heads]: the keys fill the MMA's
-                # M dimension (64 rows: a Hopper warpgroup MMA) instead of 16 padded heads.
-                if DOT_MODE == 1:
-                    latent = latent.to(tl.float32)
-                    s_t = tl.dot(latent, qn_t.to(tl.float32), input_precision="ieee")
-                    s_t += tl.dot(rope.to(tl.float32), qp_t.to(tl.float32),
-                                  input_precision="ieee")
-                elif DOT_MODE == 2:
-                    s_t = tl.dot(latent, qn_t, input_precision="tf32x3")
-                    s_t += tl.dot(rope, qp_t, input_precision="tf32x3")
-                else:
-                    s_t = tl.dot(latent, qn_t)
-                    s_t += tl.dot(rope, qp_t)
-                s_t = tl.where(row_ok[:, None], s_t * qk_scale, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(s_t, 0))
-                alpha = tl.exp2(m_i - m_new)
-                p_t = tl.exp2(s_t - m_new[None, :])
-                l_i = l_i * alpha + tl.sum(p_t, 0)
-                if DOT_MODE == 1:
-                    pv_t = tl.dot(tl.trans(latent), p_t, input_precision="ieee")
-                elif DOT_MODE == 2:
-                    pv_t = tl.dot(tl.trans(latent), p_t, input_precision="tf32x3")
-                else:
-                    pv_t = tl.dot(tl.trans(latent), p_t.to(latent.dtype))
-                acc_t = acc_t * alpha[None, :] + pv_t
+            if DOT_MODE == 1:
+                latent = latent.to(tl.float32)
+                qk = tl.dot(qn.to(tl.float32), tl.trans(latent), input_precision="ieee")
+                qk += tl.dot(qp.to(tl.float32), tl.trans(rope.to(tl.float32)),
+                             input_precision="ieee")
+            elif DOT_MODE == 2:
+                qk = tl.dot(qn, tl.trans(latent), input_precision="tf32x3")
+                qk += tl.dot(qp, tl.trans(rope), input_precision="tf32x3")
             else:
-                if DOT_MODE == 1:
-                    latent = latent.to(tl.float32)
-                    qk = tl.dot(qn.to(tl.float32), tl.trans(latent), input_precision="ieee")
-                    qk += tl.dot(qp.to(tl.float32), tl.trans(rope.to(tl.float32)),
-                                 input_precision="ieee")
-                elif DOT_MODE == 2:
-                    qk = tl.dot(qn, tl.trans(latent), input_precision="tf32x3")
-                    qk += tl.dot(qp, tl.trans(rope), input_precision="tf32x3")
-                else:
-                    qk = tl.dot(qn, tl.trans(latent))
-                    qk += tl.dot(qp, tl.trans(rope))
-                qk = tl.where(row_ok[None, :], qk * qk_scale, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(qk, 1))
-                alpha = tl.exp2(m_i - m_new)
-                p = tl.exp2(qk - m_new[:, None])
-                l_i = l_i * alpha + tl.sum(p, 1)
-                if DOT_MODE == 1:
-                    pv = tl.dot(p, latent, input_precision="ieee")
-                elif DOT_MODE == 2:
-                    pv = tl.dot(p, latent, input_precision="tf32x3")
-                else:
-                    pv = tl.dot(p.to(latent.dtype), latent)
-                acc = acc * alpha[:, None] + pv
+                qk = tl.dot(qn, tl.trans(latent))
+                qk += tl.dot(qp, tl.trans(rope))
+            qk = tl.where(row_ok[None, :], qk * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(qk - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            if DOT_MODE == 1:
+                pv = tl.dot(p, latent, input_precision="ieee")
+            elif DOT_MODE == 2:
+                pv = tl.dot(p, latent, input_precision="tf32x3")
+            else:
+                pv = tl.dot(p.to(latent.dtype), latent)
+            acc = acc * alpha[:, None] + pv
             m_i = m_new
 
-        if KEYS_ON_M:
-            acc = tl.trans(acc_t)
         nonempty = l_i > 0.0
         out = tl.where(nonempty[:, None], acc / tl.where(nonempty, l_i, 1.0)[:, None], 0.0)
         lse = tl.where(nonempty, (m_i + tl.log2(tl.where(nonempty, l_i, 1.0))) * 0.6931471805599453,
@@ -236,98 +178,6 @@ def _mla_stage1_kernel(
                      mask=head_ok[:, None])
             tl.store(partial_lse + b * stride_pl_b + split * stride_pl_s + heads, lse,
                      mask=head_ok)
-            if MERGE_IN_GRID:
-                counter = merge_counters + (b * tl.num_programs(2) + hblock) * 2
-                if MERGE_DIAG != 2:
-                    _wait_for_group(counter, active, MERGE_DIAG == 3)
-                if MERGE_DIAG == 1:
-                    pass
-                elif active <= 4:
-                    _merge_share(partial_out, partial_lse, o, lse_out, b, split, active, hblock,
-                                 stride_po_b, stride_po_s, stride_po_h, stride_pl_b,
-                                 stride_pl_s, stride_o_b, stride_o_h, nhead, BLOCK_H, D_LATENT,
-                                 RETURN_LSE, 4, MERGE_TILE)
-                elif active <= 16:
-                    _merge_share(partial_out, partial_lse, o, lse_out, b, split, active, hblock,
-                                 stride_po_b, stride_po_s, stride_po_h, stride_pl_b,
-                                 stride_pl_s, stride_o_b, stride_o_h, nhead, BLOCK_H, D_LATENT,
-                                 RETURN_LSE, 16, MERGE_TILE)
-                elif active <= 64:
-                    _merge_share(partial_out, partial_lse, o, lse_out, b, split, active, hblock,
-                                 stride_po_b, stride_po_s, stride_po_h, stride_pl_b,
-                                 stride_pl_s, stride_o_b, stride_o_h, nhead, BLOCK_H, D_LATENT,
-                                 RETURN_LSE, 64, MERGE_TILE)
-                else:
-                    _merge_share(partial_out, partial_lse, o, lse_out, b, split, active, hblock,
-                                 stride_po_b, stride_po_s, stride_po_h, stride_pl_b,
-                                 stride_pl_s, stride_o_b, stride_o_h, nhead, BLOCK_H, D_LATENT,
-                                 RETURN_LSE, 256, MERGE_TILE)
-                _leave_group(counter, active)
-
-
-@triton.jit
-def _wait_for_group(counter, active, BACKOFF: tl.constexpr = False):
-    """Arrive at the (batch, head block) counter and spin until every active split has.
-
-    The partial stores of all threads come before the release (CTA barrier first); the
-    acquire side reads the partials through L2 (.cg) afterwards. Safe only when every
-    program of the grid can be resident at once (the host checks the grid against the
-    SM count): the spinning programs never wait on one that cannot start."""
-    tl.debug_barrier()
-    tl.atomic_add(counter, 1, sem="release", scope="gpu")
-    arrived = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")
-    while arrived < active:
-        if BACKOFF:
-            arrived = tl.inline_asm_elementwise("nanosleep.u32 100;\n mov.b32 $0, $1;", "=r,r",
-                                                [arrived], dtype=tl.int32, is_pure=False, pack=1)
-        arrived = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")
-    tl.debug_barrier()
-
-
-@triton.jit
-def _leave_group(counter, active):
-    """Depart; the last one out resets both words to 0 for the next launch (self-cleaning
-    workspace: no memset node in the graph)."""
-    tl.debug_barrier()
-    gone = tl.atomic_add(counter + 1, 1, sem="acq_rel", scope="gpu")
-    if gone == active - 1:
-        tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
-        tl.atomic_xchg(counter + 1, 0, sem="relaxed", scope="gpu")
-
-
-@triton.jit
-def _merge_share(partial_out, partial_lse, o, lse_out, b, split, active, hblock,
-                 stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
-                 stride_o_b, stride_o_h, nhead, BLOCK_H: tl.constexpr, D_LATENT: tl.constexpr,
-                 RETURN_LSE: tl.constexpr, SB: tl.constexpr, MERGE_TILE: tl.constexpr):
-    """This split's share of the merge: the LSE weights of all SB >= active splits x BLOCK_H
-    heads once, then column blocks split, split + active, ... of E columns, each one
-    [SB, BLOCK_H, E] load from L2 (.cg). SB x BLOCK_H x E = MERGE_TILE: at most two blocks
-    per program for any active count."""
-    E: tl.constexpr = MERGE_TILE // (SB * BLOCK_H)
-    offs_s = tl.arange(0, SB)
-    heads = hblock * BLOCK_H + tl.arange(0, BLOCK_H)
-    ok = (offs_s < active)[:, None] & (heads < nhead)[None, :]
-    lse = tl.load(partial_lse + b * stride_pl_b + offs_s[:, None] * stride_pl_s + heads[None, :],
-                  mask=ok, other=float("-inf"), cache_modifier=".cg")
-    top = tl.max(lse, 0)
-    safe_top = tl.where(top > float("-inf"), top, 0.0)
-    weight = tl.where(lse > float("-inf"), tl.exp(lse - safe_top[None, :]), 0.0)
-    total = tl.sum(weight, 0)
-    inv_total = tl.where(total > 0.0, 1.0 / tl.where(total > 0.0, total, 1.0), 0.0)
-    for unit in range(split, D_LATENT // E, active):
-        cols = unit * E + tl.arange(0, E)
-        part = tl.load(partial_out + b * stride_po_b + offs_s[:, None, None] * stride_po_s
-                       + heads[None, :, None] * stride_po_h + cols[None, None, :],
-                       mask=ok[:, :, None], other=0.0, cache_modifier=".cg")
-        merged = tl.sum(weight[:, :, None] * part, 0) * inv_total[:, None]
-        tl.store(o + b * stride_o_b + heads[:, None] * stride_o_h + cols[None, :],
-                 merged.to(o.dtype.element_ty), mask=(heads < nhead)[:, None])
-    if RETURN_LSE:
-        if split == 0:
-            lse_all = tl.where(total > 0.0, top + tl.log(tl.where(total > 0.0, total, 1.0)),
-                               float("-inf"))
-            tl.store(lse_out + b * nhead + heads, lse_all, mask=heads < nhead)
 
 
 @triton.jit
@@ -341,7 +191,9 @@ def _mla_stage2_kernel(
     MID_S: tl.constexpr = 0,
 ):
     """One (batch, head, column block): online LSE-weighted merge, BLOCK_S splits per load
-    (all of them when BLOCK_S >= splits: one round trip to memory).
+    (all of them when BLOCK_S >= splits: one round trip to memory). When at most SMALL_S
+    (else MID_S) splits are active, a runtime branch loads that many instead: the device
+    partition launches BLOCK_S = 256 splits' worth and a short sequence uses a few.
 
     With PDL this grid is a programmatic dependent of stage 1: it may start while stage 1
     runs, reads seq_info (which stage 1 never writes) meanwhile, and waits for stage 1's
@@ -358,6 +210,7 @@ def _mla_stage2_kernel(
         tl.extra.cuda.gdc_wait()
     # With one active split stage 1 already wrote o (device partition only).
     if active > 1:
+        # Few active splits (short sequences under the device partition): a narrow tile.
         if SMALL_S > 0 and active <= SMALL_S:
             _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
                         stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
@@ -425,41 +278,13 @@ def pdl_enabled(like: torch.Tensor, device_partition: bool) -> bool:
             and torch.cuda.get_device_capability(like.device)[0] >= 9)
 
 
-def merge_in_grid_ok(like: torch.Tensor, grid: tuple[int, int, int]) -> bool:
-    """Whether the device partition may merge inside the stage-1 grid (MERGE_IN_GRID):
-    NVIDIA only (the counters' spin is tested there), and every program of the grid
-    resident at once: at most one per SM (the stage-1 kernel's shared memory allows one)."""
-    if not (MERGE_IN_GRID and like.is_cuda and torch.version.hip is None):
-        return False
-    programs = grid[0] * grid[1] * grid[2]
-    return (grid[1] <= 256
-            and programs <= torch.cuda.get_device_properties(like.device).multi_processor_count)
-
-
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
-def merge_counters(like: torch.Tensor, groups: int) -> torch.Tensor:
-    """The zeroed int32 [groups, 2] (arrived, departed) workspace of the in-grid merge.
-
-    Kept per device and reused: the kernel leaves it at zero, so a CUDA graph replays it
-    without a memset node. Allocate it outside a capture (the first eager call does)."""
-    have = _COUNTERS.get(like.device)
-    if have is None or have.shape[0] < groups:
-        have = torch.zeros(max(groups, 1024), 2, dtype=torch.int32, device=like.device)
-        _COUNTERS[like.device] = have
-    return have
-
-
 def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tensor,
            kv_c: torch.Tensor, k_pe: torch.Tensor, page_table: torch.Tensor,
            seq_info: torch.Tensor, sm_scale: float, o: torch.Tensor,
            lse_out: torch.Tensor | None, partial_out: torch.Tensor | None,
            partial_lse: torch.Tensor | None, num_splits: int, block_n: int,
-           device_partition: bool, min_tiles: int, block_h: int,
-           merge_in_grid: bool = False) -> None:
-    """Launch stage 1 on grid (batch, NUM_KV_SPLITS, cdiv(nhead, BLOCK_H)); with
-    `merge_in_grid` (device partition only) it also merges the partials into `o`."""
+           device_partition: bool, min_tiles: int, block_h: int) -> None:
+    """Launch stage 1 on grid (batch, NUM_KV_SPLITS, cdiv(nhead, BLOCK_H))."""
     for t in (q_nope, q_pe, o):
         assert t.stride(-1) == 1, "last dim must be contiguous"
     assert kv_c.stride(-1) == 1 and k_pe.stride(-1) == 1 and page_table.stride(-1) == 1
@@ -469,15 +294,13 @@ def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tens
     ppo, ppl = (partial_out.stride(), partial_lse.stride()) if not direct else ((0, 0, 0, 0),
                                                                                (0, 0, 0))
     lse_arg = lse_out if lse_out is not None else o
-    merge = merge_in_grid and not direct and device_partition
-    counters = merge_counters(o, grid[0] * grid[2]) if merge else o
     mode = dot_mode(kv_c)
     tile_n = min(STAGE1_TILE_N, block_n) if mode != 2 else block_n
 
     def launch(num_warps: int, num_stages: int) -> None:
         _mla_stage1_kernel[grid](
             q_nope, q_pe, kv_c, k_pe, page_table, seq_info, float(sm_scale),
-            o, lse_arg, partial_out, partial_lse, counters,
+            o, lse_arg, partial_out, partial_lse,
             q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1),
             kv_c.stride(0), k_pe.stride(0), page_table.stride(0),
             o.stride(0), o.stride(1), ppo[0], ppo[1], ppo[2], ppl[0], ppl[1],
@@ -486,10 +309,7 @@ def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tens
             D_LATENT=D_LATENT, D_ROPE=D_ROPE, DEVICE_PARTITION=device_partition,
             MIN_TILES=min_tiles, DIRECT_OUTPUT=direct, RETURN_LSE=lse_out is not None,
             DOT_MODE=mode, TILE_N=tile_n, PREFETCH=STAGE1_PREFETCH and mode != 2,
-            PDL=pdl_enabled(kv_c, device_partition) and not direct and not merge,
-            KEYS_ON_M=STAGE1_KEYS_ON_M, MERGE_IN_GRID=merge, MERGE_TILE=MERGE_TILE,
-            MERGE_DIAG=MERGE_DIAG, LATE_Q=STAGE1_LATE_Q,
-            num_warps=num_warps,
+            PDL=pdl_enabled(kv_c, device_partition) and not direct, num_warps=num_warps,
             num_stages=num_stages,
         )
 
