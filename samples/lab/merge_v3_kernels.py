@@ -1,0 +1,526 @@
+# Snapshot of mlatrace/reference/triton_mla.py at commit 2b81d10 (in-grid merge v3), for run 10.
+"""Triton kernels of the reference MLA decode (stage 1 split attention, stage 2 merge).
+
+Plain, portable Triton (tl.load/tl.store/tl.dot, masks, program_id) so the same code runs
+on the H200 (Triton 3.6) and under TRITON_INTERPRET=1 on a CPU (Triton 3.9). The host
+launches live in `mla.launch_stage1/launch_stage2`; these wrappers only state the grid.
+
+Partition (mirrors `policies.kv_split_range` and `policies.device_partition`):
+- static (legacy, bucketed, fixed): chunk = cdiv(seq_len, NUM_KV_SPLITS); every split
+  writes a partial, an empty one with LSE -inf.
+- device: chunk = whole tiles, active = non-empty chunks; programs at or beyond `active`
+  exit at once, one active split writes `o` directly, and stage 2 merges only `active`.
+
+Stage 2 of the device partition is a programmatic dependent launch on Hopper (USE_PDL):
+stage 1 triggers it at once, stage 2 reads seq_info while stage 1 runs and waits
+(gdc_wait) before it reads a partial or writes `o`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.errors import OutOfResources
+
+from mlatrace.reference.mla import D_LATENT, D_ROPE
+
+STAGE1_WARPS = 8
+STAGE1_STAGES = 3
+"""16-bit caches, measured on the H200 (GPU_NOTES runs 3b/3c, device policy at 100K, budget
+132): 8 warps, 3 stages with the page-table prefetch (STAGE1_PREFETCH) 45.7/46.0 us;
+8 warps / 5 stages without it 50.4/50.5 us; 4 warps / 2 stages at budget 264 47.6/47.5 us;
+32-row tiles 45.1-67.5 us. Triton 3.9 compiles 8/3 + prefetch to 139 registers and two
+73.7 KiB KV buffers (164 KiB shared): one program per SM. An identity page table takes the
+same time (45.5 us): stage 1 is bound by its per-tile critical path, not by the scatter."""
+SAFE_WARPS = 4
+SAFE_STAGES = 2
+"""Used for float32 caches (tf32x3 tiles need the shared memory) and as the fallback when
+a Triton version does not fit the default config in shared memory."""
+STAGE2_WARPS = 4
+STAGE1_TILE_N = 64
+"""KV rows per inner-loop tile of stage 1 (divides policies.BLOCK_N)."""
+STAGE1_PREFETCH = True
+"""Load the next tile's page-table entries one iteration ahead (by hand)."""
+USE_PDL = "device"
+"""Launch stage 2 as a programmatic dependent launch (Hopper, CUDA only): its launch and
+its seq_info read overlap stage 1, so the second graph node costs little when stage 2 has
+nothing to merge (one active split). "device": for the device partition only (the
+default, what samples/bench measures: device 7.5 -> 6.6 us at length 1, 46.2 -> 45.9 us at
+100K); "all": every policy (fixed splits gain 0-0.7 us too, GPU_NOTES run 3c); "off"."""
+PDL_MODES = ("off", "device", "all")
+STAGE1_KEYS_ON_M = False
+"""Stage 1 with the scores transposed ([keys, heads]: the KV tile on the MMA's M side)."""
+MERGE_IN_GRID = True
+"""Device partition on NVIDIA GPUs: the active stage-1 programs of a (batch, head block)
+meet at a counter once their partials are written and merge them between themselves, so
+the graph holds one kernel node instead of two (stage 2 is not launched). Used only when
+every program of the grid can be resident at once (`grid_fits_at_once`)."""
+MERGE_TILE = 16384
+"""fp32 elements one in-grid merge load holds ([splits, outputs]): 16384 gives every
+active program at most one unit of the 16 x 512 head block (64 KiB from L2)."""
+STAGE1_LATE_Q = False
+"""Load q only in programs that own KV (after seq_info): idle device-partition programs
+exit without touching q."""
+STAGE2_SMALL_S = 0
+"""Stage 2 loads [STAGE2_SMALL_S, BLOCK_DV] when at most that many splits are active (a
+runtime branch: the device partition launches many splits, few are active when short)."""
+STAGE2_MID_S = 0
+"""A second tier of the same branch (STAGE2_SMALL_S < active <= STAGE2_MID_S)."""
+MERGE_DIAG = 0
+"""Timing diagnostics of the in-grid merge (GPU_NOTES run 7; results are wrong for 1, 2):
+0 normal, 1 barrier only, 2 merge without the barrier, 3 barrier with nanosleep backoff."""
+FALLBACK_CONFIG = True
+"""Retry with SAFE_WARPS/SAFE_STAGES when the default config does not fit (off: raise,
+for tuning sweeps that must not time the fallback by mistake)."""
+
+
+@triton.jit
+def _device_partition(seq_len, NUM_KV_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
+                      MIN_TILES: tl.constexpr):
+    """(active splits, chunk) of the device policy; same integers as policies.device_partition."""
+    tiles = tl.maximum(tl.cdiv(seq_len, BLOCK_N), 1)
+    tiles_per_split = tl.maximum(tl.cdiv(tiles, tl.minimum(tiles, NUM_KV_SPLITS)), MIN_TILES)
+    return tl.cdiv(tiles, tiles_per_split), tiles_per_split * BLOCK_N
+
+
+@triton.jit
+def _mla_stage1_kernel(
+    q_nope, q_pe, kv_c, k_pe, page_table, seq_info, sm_scale,
+    o, lse_out, partial_out, partial_lse, merge_counters,
+    stride_qn_b, stride_qn_h, stride_qp_b, stride_qp_h, stride_kv, stride_kpe, stride_pt_b,
+    stride_o_b, stride_o_h, stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
+    nhead,
+    NUM_KV_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
+    D_LATENT: tl.constexpr, D_ROPE: tl.constexpr, DEVICE_PARTITION: tl.constexpr,
+    MIN_TILES: tl.constexpr, DIRECT_OUTPUT: tl.constexpr, RETURN_LSE: tl.constexpr, DOT_MODE: tl.constexpr,
+    TILE_N: tl.constexpr = 64, PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False,
+    KEYS_ON_M: tl.constexpr = False, MERGE_IN_GRID: tl.constexpr = False,
+    MERGE_TILE: tl.constexpr = 16384, MERGE_DIAG: tl.constexpr = 0, LATE_Q: tl.constexpr = False,
+):
+    """One (batch, split, head block): online softmax over the split's KV range.
+
+    The partition works in BLOCK_N tiles (the policies' integers); the inner loop walks
+    TILE_N rows at a time (TILE_N divides BLOCK_N). PREFETCH loads the next tile's
+    page-table entries one iteration ahead, so the KV loads never wait on them. PDL lets
+    stage 2 (launched as a programmatic dependent) start while this grid runs."""
+    b = tl.program_id(0)
+    split = tl.program_id(1)
+    hblock = tl.program_id(2)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+    heads = hblock * BLOCK_H + tl.arange(0, BLOCK_H)
+    head_ok = heads < nhead
+    offs_d = tl.arange(0, D_LATENT)
+    offs_r = tl.arange(0, D_ROPE)
+    if not LATE_Q:
+        # q does not depend on the length: its loads are in flight while seq_info arrives.
+        qn = tl.load(q_nope + b * stride_qn_b + heads[:, None] * stride_qn_h + offs_d[None, :],
+                     mask=head_ok[:, None], other=0.0)
+        qp = tl.load(q_pe + b * stride_qp_b + heads[:, None] * stride_qp_h + offs_r[None, :],
+                     mask=head_ok[:, None], other=0.0)
+    seq_len = tl.load(seq_info + b)
+    if DEVICE_PARTITION:
+        active, chunk = _device_partition(seq_len, NUM_KV_SPLITS, BLOCK_N, MIN_TILES)
+    else:
+        active = NUM_KV_SPLITS
+        chunk = tl.cdiv(seq_len, NUM_KV_SPLITS)
+    if split < active:
+        if LATE_Q:
+            # idle programs (split >= active) exit without loading q
+            qn = tl.load(q_nope + b * stride_qn_b + heads[:, None] * stride_qn_h
+                         + offs_d[None, :], mask=head_ok[:, None], other=0.0)
+            qp = tl.load(q_pe + b * stride_qp_b + heads[:, None] * stride_qp_h
+                         + offs_r[None, :], mask=head_ok[:, None], other=0.0)
+        start = split * chunk
+        end = tl.minimum(start + chunk, seq_len)
+        qk_scale = sm_scale * 1.4426950408889634  # scores in log2 units: exp2 below
+
+        m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_H], tl.float32)
+        if KEYS_ON_M:
+            acc_t = tl.zeros([D_LATENT, BLOCK_H], tl.float32)
+            qn_t = tl.trans(qn)
+            qp_t = tl.trans(qp)
+        else:
+            acc = tl.zeros([BLOCK_H, D_LATENT], tl.float32)
+        pt_row = page_table + b * stride_pt_b
+        if PREFETCH:
+            first = start + tl.arange(0, TILE_N)
+            next_slots = tl.load(pt_row + first, mask=first < end, other=0)
+        for start_n in range(start, end, TILE_N):
+            offs_n = start_n + tl.arange(0, TILE_N)
+            row_ok = offs_n < end
+            if PREFETCH:
+                slots = next_slots
+                ahead = offs_n + TILE_N
+                next_slots = tl.load(pt_row + ahead, mask=ahead < end, other=0)
+            else:
+                slots = tl.load(pt_row + offs_n, mask=row_ok, other=0)
+            slots = slots.to(tl.int64)
+            latent = tl.load(kv_c + slots[:, None] * stride_kv + offs_d[None, :],
+                             mask=row_ok[:, None], other=0.0)
+            rope = tl.load(k_pe + slots[:, None] * stride_kpe + offs_r[None, :],
+                           mask=row_ok[:, None], other=0.0)
+            if KEYS_ON_M:
+                # scores transposed, [TILE_N keys, BLOCK_H heads]: the keys fill the MMA's
+                # M dimension (64 rows: a Hopper warpgroup MMA) instead of 16 padded heads.
+                if DOT_MODE == 1:
+                    latent = latent.to(tl.float32)
+                    s_t = tl.dot(latent, qn_t.to(tl.float32), input_precision="ieee")
+                    s_t += tl.dot(rope.to(tl.float32), qp_t.to(tl.float32),
+                                  input_precision="ieee")
+                elif DOT_MODE == 2:
+                    s_t = tl.dot(latent, qn_t, input_precision="tf32x3")
+                    s_t += tl.dot(rope, qp_t, input_precision="tf32x3")
+                else:
+                    s_t = tl.dot(latent, qn_t)
+                    s_t += tl.dot(rope, qp_t)
+                s_t = tl.where(row_ok[:, None], s_t * qk_scale, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s_t, 0))
+                alpha = tl.exp2(m_i - m_new)
+                p_t = tl.exp2(s_t - m_new[None, :])
+                l_i = l_i * alpha + tl.sum(p_t, 0)
+                if DOT_MODE == 1:
+                    pv_t = tl.dot(tl.trans(latent), p_t, input_precision="ieee")
+                elif DOT_MODE == 2:
+                    pv_t = tl.dot(tl.trans(latent), p_t, input_precision="tf32x3")
+                else:
+                    pv_t = tl.dot(tl.trans(latent), p_t.to(latent.dtype))
+                acc_t = acc_t * alpha[None, :] + pv_t
+            else:
+                if DOT_MODE == 1:
+                    latent = latent.to(tl.float32)
+                    qk = tl.dot(qn.to(tl.float32), tl.trans(latent), input_precision="ieee")
+                    qk += tl.dot(qp.to(tl.float32), tl.trans(rope.to(tl.float32)),
+                                 input_precision="ieee")
+                elif DOT_MODE == 2:
+                    qk = tl.dot(qn, tl.trans(latent), input_precision="tf32x3")
+                    qk += tl.dot(qp, tl.trans(rope), input_precision="tf32x3")
+                else:
+                    qk = tl.dot(qn, tl.trans(latent))
+                    qk += tl.dot(qp, tl.trans(rope))
+                qk = tl.where(row_ok[None, :], qk * qk_scale, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(qk, 1))
+                alpha = tl.exp2(m_i - m_new)
+                p = tl.exp2(qk - m_new[:, None])
+                l_i = l_i * alpha + tl.sum(p, 1)
+                if DOT_MODE == 1:
+                    pv = tl.dot(p, latent, input_precision="ieee")
+                elif DOT_MODE == 2:
+                    pv = tl.dot(p, latent, input_precision="tf32x3")
+                else:
+                    pv = tl.dot(p.to(latent.dtype), latent)
+                acc = acc * alpha[:, None] + pv
+            m_i = m_new
+
+        if KEYS_ON_M:
+            acc = tl.trans(acc_t)
+        nonempty = l_i > 0.0
+        out = tl.where(nonempty[:, None], acc / tl.where(nonempty, l_i, 1.0)[:, None], 0.0)
+        lse = tl.where(nonempty, (m_i + tl.log2(tl.where(nonempty, l_i, 1.0))) * 0.6931471805599453,
+                       float("-inf"))
+        if DIRECT_OUTPUT:
+            write_o = True
+        elif DEVICE_PARTITION:
+            write_o = active == 1
+        else:
+            write_o = False
+        if write_o:
+            tl.store(o + b * stride_o_b + heads[:, None] * stride_o_h + offs_d[None, :],
+                     out.to(o.dtype.element_ty), mask=head_ok[:, None])
+            if RETURN_LSE:
+                tl.store(lse_out + b * nhead + heads, lse, mask=head_ok)
+        else:
+            base = b * stride_po_b + split * stride_po_s
+            tl.store(partial_out + base + heads[:, None] * stride_po_h + offs_d[None, :], out,
+                     mask=head_ok[:, None])
+            tl.store(partial_lse + b * stride_pl_b + split * stride_pl_s + heads, lse,
+                     mask=head_ok)
+            if MERGE_IN_GRID:
+                counter = merge_counters + (b * tl.num_programs(2) + hblock) * 2
+                if MERGE_DIAG != 2:
+                    _wait_for_group(counter, active, MERGE_DIAG == 3)
+                if MERGE_DIAG == 1:
+                    pass
+                elif active <= 4:
+                    _merge_share(partial_out, partial_lse, o, lse_out, b, split, active, hblock,
+                                 stride_po_b, stride_po_s, stride_po_h, stride_pl_b,
+                                 stride_pl_s, stride_o_b, stride_o_h, nhead, BLOCK_H, D_LATENT,
+                                 RETURN_LSE, 4, MERGE_TILE)
+                elif active <= 16:
+                    _merge_share(partial_out, partial_lse, o, lse_out, b, split, active, hblock,
+                                 stride_po_b, stride_po_s, stride_po_h, stride_pl_b,
+                                 stride_pl_s, stride_o_b, stride_o_h, nhead, BLOCK_H, D_LATENT,
+                                 RETURN_LSE, 16, MERGE_TILE)
+                elif active <= 64:
+                    _merge_share(partial_out, partial_lse, o, lse_out, b, split, active, hblock,
+                                 stride_po_b, stride_po_s, stride_po_h, stride_pl_b,
+                                 stride_pl_s, stride_o_b, stride_o_h, nhead, BLOCK_H, D_LATENT,
+                                 RETURN_LSE, 64, MERGE_TILE)
+                else:
+                    _merge_share(partial_out, partial_lse, o, lse_out, b, split, active, hblock,
+                                 stride_po_b, stride_po_s, stride_po_h, stride_pl_b,
+                                 stride_pl_s, stride_o_b, stride_o_h, nhead, BLOCK_H, D_LATENT,
+                                 RETURN_LSE, 256, MERGE_TILE)
+                _leave_group(counter, active)
+
+
+@triton.jit
+def _wait_for_group(counter, active, BACKOFF: tl.constexpr = False):
+    """Arrive at the (batch, head block) counter and spin until every active split has.
+
+    The partial stores of all threads come before the release (CTA barrier first); the
+    acquire side reads the partials through L2 (.cg) afterwards. Safe only when every
+    program of the grid can be resident at once (the host checks the grid against the
+    SM count): the spinning programs never wait on one that cannot start."""
+    tl.debug_barrier()
+    tl.atomic_add(counter, 1, sem="release", scope="gpu")
+    arrived = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")
+    while arrived < active:
+        if BACKOFF:
+            arrived = tl.inline_asm_elementwise("nanosleep.u32 100;\n mov.b32 $0, $1;", "=r,r",
+                                                [arrived], dtype=tl.int32, is_pure=False, pack=1)
+        arrived = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()
+
+
+@triton.jit
+def _leave_group(counter, active):
+    """Depart; the last one out resets both words to 0 for the next launch (self-cleaning
+    workspace: no memset node in the graph)."""
+    tl.debug_barrier()
+    gone = tl.atomic_add(counter + 1, 1, sem="acq_rel", scope="gpu")
+    if gone == active - 1:
+        tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+        tl.atomic_xchg(counter + 1, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _merge_share(partial_out, partial_lse, o, lse_out, b, split, active, hblock,
+                 stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
+                 stride_o_b, stride_o_h, nhead, BLOCK_H: tl.constexpr, D_LATENT: tl.constexpr,
+                 RETURN_LSE: tl.constexpr, SB: tl.constexpr, MERGE_TILE: tl.constexpr):
+    """This split's share of the merge: the LSE weights of all SB >= active splits x BLOCK_H
+    heads once, then column blocks split, split + active, ... of E columns, each one
+    [SB, BLOCK_H, E] load from L2 (.cg). SB x BLOCK_H x E = MERGE_TILE: at most two blocks
+    per program for any active count."""
+    E: tl.constexpr = MERGE_TILE // (SB * BLOCK_H)
+    offs_s = tl.arange(0, SB)
+    heads = hblock * BLOCK_H + tl.arange(0, BLOCK_H)
+    ok = (offs_s < active)[:, None] & (heads < nhead)[None, :]
+    lse = tl.load(partial_lse + b * stride_pl_b + offs_s[:, None] * stride_pl_s + heads[None, :],
+                  mask=ok, other=float("-inf"), cache_modifier=".cg")
+    top = tl.max(lse, 0)
+    safe_top = tl.where(top > float("-inf"), top, 0.0)
+    weight = tl.where(lse > float("-inf"), tl.exp(lse - safe_top[None, :]), 0.0)
+    total = tl.sum(weight, 0)
+    inv_total = tl.where(total > 0.0, 1.0 / tl.where(total > 0.0, total, 1.0), 0.0)
+    for unit in range(split, D_LATENT // E, active):
+        cols = unit * E + tl.arange(0, E)
+        part = tl.load(partial_out + b * stride_po_b + offs_s[:, None, None] * stride_po_s
+                       + heads[None, :, None] * stride_po_h + cols[None, None, :],
+                       mask=ok[:, :, None], other=0.0, cache_modifier=".cg")
+        merged = tl.sum(weight[:, :, None] * part, 0) * inv_total[:, None]
+        tl.store(o + b * stride_o_b + heads[:, None] * stride_o_h + cols[None, :],
+                 merged.to(o.dtype.element_ty), mask=(heads < nhead)[:, None])
+    if RETURN_LSE:
+        if split == 0:
+            lse_all = tl.where(total > 0.0, top + tl.log(tl.where(total > 0.0, total, 1.0)),
+                               float("-inf"))
+            tl.store(lse_out + b * nhead + heads, lse_all, mask=heads < nhead)
+
+
+@triton.jit
+def _mla_stage2_kernel(
+    partial_out, partial_lse, seq_info, o, lse_out,
+    stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s, stride_o_b, stride_o_h,
+    nhead,
+    NUM_KV_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_DV: tl.constexpr, DEVICE_PARTITION: tl.constexpr, MIN_TILES: tl.constexpr,
+    RETURN_LSE: tl.constexpr, PDL: tl.constexpr = False, SMALL_S: tl.constexpr = 0,
+    MID_S: tl.constexpr = 0,
+):
+    """One (batch, head, column block): online LSE-weighted merge, BLOCK_S splits per load
+    (all of them when BLOCK_S >= splits: one round trip to memory).
+
+    With PDL this grid is a programmatic dependent of stage 1: it may start while stage 1
+    runs, reads seq_info (which stage 1 never writes) meanwhile, and waits for stage 1's
+    completion and memory (gdc_wait) before touching the partials or `o`."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    dblock = tl.program_id(2)
+    if DEVICE_PARTITION:
+        seq_len = tl.load(seq_info + b)
+        active, _ = _device_partition(seq_len, NUM_KV_SPLITS, BLOCK_N, MIN_TILES)
+    else:
+        active = NUM_KV_SPLITS
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    # With one active split stage 1 already wrote o (device partition only).
+    if active > 1:
+        if SMALL_S > 0 and active <= SMALL_S:
+            _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
+                        stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
+                        stride_o_b, stride_o_h, nhead, SMALL_S, BLOCK_DV, RETURN_LSE)
+        elif MID_S > 0 and active <= MID_S:
+            _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
+                        stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
+                        stride_o_b, stride_o_h, nhead, MID_S, BLOCK_DV, RETURN_LSE)
+        else:
+            _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
+                        stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
+                        stride_o_b, stride_o_h, nhead, BLOCK_S, BLOCK_DV, RETURN_LSE)
+
+
+@triton.jit
+def _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
+                stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
+                stride_o_b, stride_o_h, nhead, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
+                RETURN_LSE: tl.constexpr):
+    """Merge `active` splits of one (batch, head, column block), BLOCK_S splits per load."""
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = dblock * BLOCK_DV + tl.arange(0, BLOCK_DV)
+    lse_base = partial_lse + b * stride_pl_b + h
+    out_base = partial_out + b * stride_po_b + h * stride_po_h
+    top = float("-inf")
+    total = 0.0
+    acc = tl.zeros([BLOCK_DV], tl.float32)
+    for s0 in range(0, active, BLOCK_S):
+        split_ok = s0 + offs_s < active
+        lse = tl.load(lse_base + (s0 + offs_s) * stride_pl_s, mask=split_ok,
+                      other=float("-inf"))
+        part = tl.load(out_base + (s0 + offs_s)[:, None] * stride_po_s + offs_d[None, :],
+                       mask=split_ok[:, None], other=0.0)
+        new_top = tl.maximum(top, tl.max(lse, 0))
+        safe_top = tl.where(new_top > float("-inf"), new_top, 0.0)
+        rescale = tl.where(top > float("-inf"), tl.exp(top - safe_top), 0.0)
+        weight = tl.where(lse > float("-inf"), tl.exp(lse - safe_top), 0.0)
+        acc = acc * rescale + tl.sum(weight[:, None] * part, 0)
+        total = total * rescale + tl.sum(weight, 0)
+        top = new_top
+    merged = tl.where(total > 0.0, acc / tl.where(total > 0.0, total, 1.0), 0.0)
+    tl.store(o + b * stride_o_b + h * stride_o_h + offs_d, merged.to(o.dtype.element_ty))
+    if RETURN_LSE:
+        if dblock == 0:
+            lse_all = tl.where(total > 0.0, top + tl.log(tl.where(total > 0.0, total, 1.0)),
+                               float("-inf"))
+            tl.store(lse_out + b * nhead + h, lse_all)
+
+
+def dot_mode(cache: torch.Tensor) -> int:
+    """0: native dot (bf16/fp16 operands on the GPU); 1: float32 'ieee' products (the CPU
+    interpreter, whose bf16 tl.dot is wrong); 2: 'tf32x3' for float32 caches on the GPU
+    (near-fp32 accuracy on the tensor cores; 'ieee' there spills the [16, 512] tiles)."""
+    if not cache.is_cuda:
+        return 1
+    return 2 if cache.dtype == torch.float32 else 0
+
+
+def pdl_enabled(like: torch.Tensor, device_partition: bool) -> bool:
+    """Programmatic dependent launch of stage 2 (USE_PDL), on NVIDIA devices of compute
+    capability >= 9 only (ROCm reports gfx9 parts as capability 9 too: never there)."""
+    assert USE_PDL in PDL_MODES, USE_PDL
+    wanted = USE_PDL == "all" or (USE_PDL == "device" and device_partition)
+    return (wanted and like.is_cuda and torch.version.hip is None
+            and torch.cuda.get_device_capability(like.device)[0] >= 9)
+
+
+def merge_in_grid_ok(like: torch.Tensor, grid: tuple[int, int, int]) -> bool:
+    """Whether the device partition may merge inside the stage-1 grid (MERGE_IN_GRID):
+    NVIDIA only (the counters' spin is tested there), and every program of the grid
+    resident at once: at most one per SM (the stage-1 kernel's shared memory allows one)."""
+    if not (MERGE_IN_GRID and like.is_cuda and torch.version.hip is None):
+        return False
+    programs = grid[0] * grid[1] * grid[2]
+    return (grid[1] <= 256
+            and programs <= torch.cuda.get_device_properties(like.device).multi_processor_count)
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def merge_counters(like: torch.Tensor, groups: int) -> torch.Tensor:
+    """The zeroed int32 [groups, 2] (arrived, departed) workspace of the in-grid merge.
+
+    Kept per device and reused: the kernel leaves it at zero, so a CUDA graph replays it
+    without a memset node. Allocate it outside a capture (the first eager call does)."""
+    have = _COUNTERS.get(like.device)
+    if have is None or have.shape[0] < groups:
+        have = torch.zeros(max(groups, 1024), 2, dtype=torch.int32, device=like.device)
+        _COUNTERS[like.device] = have
+    return have
+
+
+def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tensor,
+           kv_c: torch.Tensor, k_pe: torch.Tensor, page_table: torch.Tensor,
+           seq_info: torch.Tensor, sm_scale: float, o: torch.Tensor,
+           lse_out: torch.Tensor | None, partial_out: torch.Tensor | None,
+           partial_lse: torch.Tensor | None, num_splits: int, block_n: int,
+           device_partition: bool, min_tiles: int, block_h: int,
+           merge_in_grid: bool = False) -> None:
+    """Launch stage 1 on grid (batch, NUM_KV_SPLITS, cdiv(nhead, BLOCK_H)); with
+    `merge_in_grid` (device partition only) it also merges the partials into `o`."""
+    for t in (q_nope, q_pe, o):
+        assert t.stride(-1) == 1, "last dim must be contiguous"
+    assert kv_c.stride(-1) == 1 and k_pe.stride(-1) == 1 and page_table.stride(-1) == 1
+    direct = partial_out is None
+    if direct:
+        partial_out, partial_lse = o, o  # never written: DIRECT_OUTPUT
+    ppo, ppl = (partial_out.stride(), partial_lse.stride()) if not direct else ((0, 0, 0, 0),
+                                                                               (0, 0, 0))
+    lse_arg = lse_out if lse_out is not None else o
+    merge = merge_in_grid and not direct and device_partition
+    counters = merge_counters(o, grid[0] * grid[2]) if merge else o
+    mode = dot_mode(kv_c)
+    tile_n = min(STAGE1_TILE_N, block_n) if mode != 2 else block_n
+
+    def launch(num_warps: int, num_stages: int) -> None:
+        _mla_stage1_kernel[grid](
+            q_nope, q_pe, kv_c, k_pe, page_table, seq_info, float(sm_scale),
+            o, lse_arg, partial_out, partial_lse, counters,
+            q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1),
+            kv_c.stride(0), k_pe.stride(0), page_table.stride(0),
+            o.stride(0), o.stride(1), ppo[0], ppo[1], ppo[2], ppl[0], ppl[1],
+            q_nope.shape[1],
+            NUM_KV_SPLITS=num_splits, BLOCK_N=block_n, BLOCK_H=block_h,
+            D_LATENT=D_LATENT, D_ROPE=D_ROPE, DEVICE_PARTITION=device_partition,
+            MIN_TILES=min_tiles, DIRECT_OUTPUT=direct, RETURN_LSE=lse_out is not None,
+            DOT_MODE=mode, TILE_N=tile_n, PREFETCH=STAGE1_PREFETCH and mode != 2,
+            PDL=pdl_enabled(kv_c, device_partition) and not direct and not merge,
+            KEYS_ON_M=STAGE1_KEYS_ON_M, MERGE_IN_GRID=merge, MERGE_TILE=MERGE_TILE,
+            MERGE_DIAG=MERGE_DIAG, LATE_Q=STAGE1_LATE_Q,
+            num_warps=num_warps,
+            num_stages=num_stages,
+        )
+
+    if mode == 2:
+        launch(SAFE_WARPS, SAFE_STAGES)
+        return
+    try:
+        launch(STAGE1_WARPS, STAGE1_STAGES)
+    except OutOfResources:
+        if not FALLBACK_CONFIG:
+            raise
+        launch(SAFE_WARPS, SAFE_STAGES)
+
+
+def stage2(grid: tuple[int, int, int], *, partial_out: torch.Tensor,
+           partial_lse: torch.Tensor, seq_info: torch.Tensor, o: torch.Tensor,
+           lse_out: torch.Tensor | None, num_splits: int, block_n: int,
+           device_partition: bool, min_tiles: int, block_s: int, block_dv: int) -> None:
+    """Launch stage 2 on grid (batch, nhead, 512 // BLOCK_DV)."""
+    assert o.stride(-1) == 1 and partial_out.stride(-1) == 1
+    pdl = pdl_enabled(partial_out, device_partition)
+    _mla_stage2_kernel[grid](
+        partial_out, partial_lse, seq_info, o, lse_out if lse_out is not None else o,
+        partial_out.stride(0), partial_out.stride(1), partial_out.stride(2),
+        partial_lse.stride(0), partial_lse.stride(1), o.stride(0), o.stride(1),
+        o.shape[1],
+        NUM_KV_SPLITS=num_splits, BLOCK_N=block_n, BLOCK_S=block_s, BLOCK_DV=block_dv,
+        DEVICE_PARTITION=device_partition, MIN_TILES=min_tiles,
+        RETURN_LSE=lse_out is not None, PDL=pdl,
+        SMALL_S=STAGE2_SMALL_S if STAGE2_SMALL_S < block_s else 0,
+        MID_S=STAGE2_MID_S if STAGE2_MID_S < block_s else 0, num_warps=STAGE2_WARPS,
+        **({"launch_pdl": True} if pdl else {}),
+    )
