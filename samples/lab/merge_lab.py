@@ -29,6 +29,48 @@ from mlatrace.bench import splits_bench as sb  # noqa: E402
 from mlatrace.reference import policies  # noqa: E402
 
 LENGTHS = (1, 64, 512, 2048, 16384, 100_000)
+_merge_share_v3 = k3._merge_share
+
+
+@triton.jit
+def _merge_rows(partial_out, partial_lse, o, b, split, active, hblock, stride_po_b, stride_po_s,
+                stride_po_h, stride_pl_b, stride_pl_s, stride_o_b, stride_o_h, nhead,
+                BLOCK_H: tl.constexpr, D_LATENT: tl.constexpr, SB: tl.constexpr,
+                E: tl.constexpr):
+    """v4: stage 2's body in a loop: units (head, E columns), one [SB, E] load each."""
+    offs_s = tl.arange(0, SB)
+    split_ok = offs_s < active
+    n_col: tl.constexpr = D_LATENT // E
+    for unit in range(split, BLOCK_H * n_col, active):
+        h = hblock * BLOCK_H + unit // n_col
+        if h < nhead:
+            cols = (unit % n_col) * E + tl.arange(0, E)
+            lse = tl.load(partial_lse + b * stride_pl_b + offs_s * stride_pl_s + h,
+                          mask=split_ok, other=float("-inf"), cache_modifier=".cg")
+            top = tl.max(lse, 0)
+            weight = tl.where(split_ok, tl.exp(lse - top), 0.0)
+            part = tl.load(partial_out + b * stride_po_b + offs_s[:, None] * stride_po_s
+                           + h * stride_po_h + cols[None, :], mask=split_ok[:, None], other=0.0,
+                           cache_modifier=".cg")
+            merged = tl.sum(weight[:, None] * part, 0) / tl.sum(weight, 0)
+            tl.store(o + b * stride_o_b + h * stride_o_h + cols, merged.to(o.dtype.element_ty))
+
+
+@triton.jit
+def _merge_share_v4(partial_out, partial_lse, o, lse_out, b, split, active, hblock,
+                    stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
+                    stride_o_b, stride_o_h, nhead, BLOCK_H: tl.constexpr,
+                    D_LATENT: tl.constexpr, RETURN_LSE: tl.constexpr, SB: tl.constexpr,
+                    MERGE_TILE: tl.constexpr):
+    """The v3 call signature (so the v3 stage-1 kernel can call it); RETURN_LSE unused."""
+    if SB <= 16:
+        _merge_rows(partial_out, partial_lse, o, b, split, active, hblock, stride_po_b,
+                    stride_po_s, stride_po_h, stride_pl_b, stride_pl_s, stride_o_b, stride_o_h,
+                    nhead, BLOCK_H, D_LATENT, SB, D_LATENT)
+    else:
+        _merge_rows(partial_out, partial_lse, o, b, split, active, hblock, stride_po_b,
+                    stride_po_s, stride_po_h, stride_pl_b, stride_pl_s, stride_o_b, stride_o_h,
+                    nhead, BLOCK_H, D_LATENT, SB, MERGE_TILE // SB)
 
 
 @triton.jit
@@ -65,7 +107,8 @@ def _merge_only(partial_out, partial_lse, seq_info, o, lse_out,
                                 MERGE_TILE)
 
 
-def calls(sets: list[dict], mode: str, warps: int = 8, tile: int = 16384) -> list:
+def calls(sets: list[dict], mode: str, warps: int = 8, tile: int = 16384,
+          version: int = 3) -> list:
     splits = policies.num_kv_splits("device", 1, 1, 16, 1)
     grid = (1, splits, 1)
     out = []
@@ -80,6 +123,7 @@ def calls(sets: list[dict], mode: str, warps: int = 8, tile: int = 16384) -> lis
 
         def call(common=common, part=part, plse=plse, s=s):
             k3.MERGE_TILE = tile
+            k3._merge_share = _merge_share_v4 if version == 4 else _merge_share_v3
             k3.stage1(grid, **common, merge_in_grid=mode == "fused")
             if mode == "two-stage":
                 k3.stage2((1, 16, 32), partial_out=part, partial_lse=plse,
@@ -104,23 +148,35 @@ def main() -> int:
     timer = sb.Timer(sb.Config(lengths=(), sweep=(), min_replays=10, max_replays=100,
                                seconds_per_point=0.2, tune=False))
     k3.STAGE2_SMALL_S, k3.STAGE2_MID_S = 16, 64
-    variants = [("two-stage", 8, 16384), ("fused", 8, 16384), ("fused", 8, 4096),
-                ("merge kernel", 8, 16384), ("merge kernel", 4, 16384),
-                ("merge kernel", 8, 4096)]
+    variants = [("two-stage", 8, 16384, 3), ("fused", 8, 8192, 4), ("fused", 8, 4096, 4),
+                ("merge kernel", 8, 8192, 4), ("merge kernel", 4, 8192, 4)]
     rows = []
     for length in LENGTHS:
         sets = sb.make_sets(length, 16, "cuda")
         row: dict = dict(length=length)
-        for mode, warps, tile in variants:
-            name = f"{mode} w{warps} t{tile}"
+        for mode, warps, tile, version in variants:
+            name = f"{mode} v{version} w{warps} t{tile}"
             try:
-                row[name] = timer.per_call_us(calls(sets, mode, warps, tile))["us"]
+                row[name] = timer.per_call_us(calls(sets, mode, warps, tile, version))["us"]
             except Exception as exc:
                 row[name] = f"{type(exc).__name__}: {exc}"[:200]
         rows.append(row)
         print(json.dumps(row), flush=True)
         (out / "lab.json").write_text(json.dumps(rows, indent=1))
         del sets
+    from mlatrace.reference.mla import mla_reference
+
+    for length in (512, 2048, 100_000):   # the fused v4 merge against float64
+        st = sb.make_sets(length, 16, "cuda", num_sets=1)
+        st[0]["o"].fill_(float("nan"))
+        calls(st, "fused", 8, 8192, 4)[0]()
+        calls(st, "fused", 8, 8192, 4)[0]()
+        torch.cuda.synchronize()
+        s0 = st[0]
+        ref, _ = mla_reference(s0["q_nope"], s0["q_pe"], s0["kv_c"], s0["page_table"], [length],
+                               1 / math.sqrt(576))
+        err = ((s0["o"].double() - ref).abs().max() / ref.abs().max()).item()
+        print(json.dumps(dict(check=length, fused_v4_rel_err=err)), flush=True)
     info = []
     for fn in (k3._mla_stage1_kernel, _merge_only):
         for cache in fn.device_caches.values():
