@@ -70,7 +70,14 @@ def test_gpu_samples(policy, expected):
         assert {f.id for f in result.findings if f.severity == "error"} == expected, trace
         assert result.model.total_replays() > 0
         for f in result.findings:
-            assert f.evidence and f.details["replay_seq_len_max"] >= 8 * 64
+            assert f.evidence
+            if f.id == "MLT001":
+                assert f.details["replay_seq_len_max"] >= 8 * 64
+            else:
+                # The serve program's own per-step timing (torch.cuda.synchronize after each
+                # step) is a real host sync between replays: reported, as a warning.
+                assert f.id == "MLT004" and f.severity == "warning", f
+                assert "reference/serve.py" in f.message, f.message
 
 
 def test_gpu_capture_triton_sample_has_no_length_evidence():
