@@ -667,12 +667,7 @@ class _ProcessBuilder:
         self.replaying.add(tid)
         gpu = rec.get("gpu_ns")
         if gpu is not None and type(gpu) is int and gpu >= 0:
-            shift = gpu.bit_length() - GPU_HIST_BITS
-            if shift > 0:
-                gpu = (gpu >> shift) << shift
-            hist = stats.gpu_hist
-            hist[gpu] = hist.get(gpu, 0) + 1
-            stats.gpu_seen += 1
+            stats.add_gpu_ns(gpu)
         md = self.metadata.get(tid)
         if md is None:
             return

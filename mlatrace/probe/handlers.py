@@ -65,13 +65,9 @@ class GraphCaptureBegin(Handler):
         if error is not None:
             return
         graph = view.instance
-        gid = graphs.next_gid()
-        parent = graphs.parent_gid()
+        gid, t0 = open_capture(self.src, key=None, mode=None)
         setattr(graph, GID_ATTR, gid)
-        setattr(graph, T0_ATTR, time.perf_counter_ns())
-        graphs.push_capture(gid, self.src)
-        record.emit("graph.capture.begin", gid=gid, parent=parent, src=self.src,
-                    key=None, mode=None)
+        setattr(graph, T0_ATTR, t0)
 
 
 class GraphCaptureEnd(Handler):
@@ -82,17 +78,32 @@ class GraphCaptureEnd(Handler):
         gid = getattr(graph, GID_ATTR, None)
         if gid is None:
             return
-        graphs.remove_capture(gid)
-        t0 = getattr(graph, T0_ATTR, None)
-        dur_ns = time.perf_counter_ns() - t0 if t0 is not None else None
-        fields: dict[str, Any] = {"gid": gid, "segments": 1, "eager_breaks": 0, "dur_ns": dur_ns}
-        if error is not None:
-            fields["error"] = f"{type(error).__name__}: {error}"[:200]
-        record.emit("graph.capture.end", **fields)
+        close_capture(gid, getattr(graph, T0_ATTR, None), error)
         if error is None and self.options.get("graph_nodes"):
             user_keep = getattr(graph, USER_KEEP_ATTR, None)
             if user_keep is not None:
                 dump_graph_nodes(graph, gid, user_keep)
+
+
+def open_capture(src: str, key: Any, mode: Any) -> tuple[int, int]:
+    """Give a new capture its gid (parent: the capture open now), record its begin and
+    enter it; returns (gid, start ns) for close_capture."""
+    gid = graphs.next_gid()
+    record.emit("graph.capture.begin", gid=gid, parent=graphs.parent_gid(), src=src, key=key,
+                mode=mode)
+    graphs.push_capture(gid, src)
+    return gid, time.perf_counter_ns()
+
+
+def close_capture(gid: int, t0: int | None, error: BaseException | None,
+                  segments: int | None = 1, eager_breaks: int | None = 0) -> None:
+    """Leave capture `gid` and record its end: duration, segments, the error if it failed."""
+    graphs.remove_capture(gid)
+    fields: dict[str, Any] = {"gid": gid, "segments": segments, "eager_breaks": eager_breaks,
+                              "dur_ns": time.perf_counter_ns() - t0 if t0 is not None else None}
+    if error is not None:
+        fields["error"] = f"{type(error).__name__}: {error}"[:200]
+    record.emit("graph.capture.end", **fields)
 
 
 def dump_graph_nodes(graph: Any, gid: int, user_keep: bool) -> None:
@@ -228,11 +239,7 @@ class VllmGraphWrapperCall(Handler):
         entry = wrapper.concrete_cudagraph_entries.get(key)
         if entry is not None and entry.cudagraph is not None:
             return ("replay", key, None)
-        gid = graphs.next_gid()
-        record.emit("graph.capture.begin", gid=gid, parent=graphs.parent_gid(), src=self.src,
-                    key=plain(key), mode=_mode_name(mode))
-        graphs.push_capture(gid, self.src)
-        return ("capture", key, (gid, time.perf_counter_ns()))
+        return ("capture", key, open_capture(self.src, plain(key), _mode_name(mode)))
 
     def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
         if token is None:
@@ -241,14 +248,9 @@ class VllmGraphWrapperCall(Handler):
         gids = view.instance.__dict__.setdefault("_mlatrace_gids", {})
         if action == "capture":
             gid, t0 = capture
-            graphs.remove_capture(gid)
-            fields: dict[str, Any] = {"gid": gid, "segments": 1, "eager_breaks": 0,
-                                      "dur_ns": time.perf_counter_ns() - t0}
-            if error is not None:
-                fields["error"] = f"{type(error).__name__}: {error}"[:200]
-            else:
+            if error is None:
                 gids[key] = gid
-            record.emit("graph.capture.end", **fields)
+            close_capture(gid, t0, error)
         elif error is None:
             gid = gids.get(key)
             if gid is None:
@@ -272,15 +274,10 @@ class EntryCapture(Handler):
             mode = _mode_name(context.cudagraph_runtime_mode) if context is not None else mode
         entry = view.arg("entry")
         key = fields.get("key", plain(getattr(entry, "batch_descriptor", None)))
-        gid = graphs.next_gid()
-        record.emit("graph.capture.begin", gid=gid, parent=graphs.parent_gid(), src=self.src,
-                    key=key, mode=mode)
-        graphs.push_capture(gid, self.src)
-        return gid, time.perf_counter_ns()
+        return open_capture(self.src, key, mode)
 
     def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
         gid, t0 = token
-        graphs.remove_capture(gid)
         entry = view.arg("entry")
         capture = getattr(entry, "capture", None)
         if capture is not None:
@@ -289,17 +286,12 @@ class EntryCapture(Handler):
             eager_breaks = getattr(capture, "num_eager_breaks", None)
         else:
             num_segments, eager_breaks = 1, 0
-        fields: dict[str, Any] = {"gid": gid, "segments": num_segments,
-                                  "eager_breaks": eager_breaks,
-                                  "dur_ns": time.perf_counter_ns() - t0}
-        if error is not None:
-            fields["error"] = f"{type(error).__name__}: {error}"[:200]
-        elif entry is not None:
+        if error is None and entry is not None:
             try:
                 setattr(entry, GID_ATTR, gid)
             except Exception:
                 pass
-        record.emit("graph.capture.end", **fields)
+        close_capture(gid, t0, error, num_segments, eager_breaks)
 
 
 class EntryReplay(Handler):
@@ -377,26 +369,18 @@ class CaptureScope(Handler):
     """
 
     def before(self, view: Any, info: Any) -> Any:
-        gid = graphs.next_gid()
         fields = self.fields(view)
         key = fields.get("key")
-        record.emit("graph.capture.begin", gid=gid, parent=graphs.parent_gid(), src=self.src,
-                    key=key, mode=fields.get("mode"))
-        graphs.push_capture(gid, self.src)
+        gid, t0 = open_capture(self.src, key, fields.get("mode"))
         graphs.push_eager()
-        return gid, key, time.perf_counter_ns()
+        return gid, key, t0
 
     def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
         gid, key, t0 = token
         graphs.pop_eager()
-        graphs.remove_capture(gid)
-        fields: dict[str, Any] = {"gid": gid, "segments": 1, "eager_breaks": 0,
-                                  "dur_ns": time.perf_counter_ns() - t0}
-        if error is not None:
-            fields["error"] = f"{type(error).__name__}: {error}"[:200]
-        else:
+        if error is None:
             _gids_of(view.instance)[_hashable(key)] = gid
-        record.emit("graph.capture.end", **fields)
+        close_capture(gid, t0, error)
 
 
 class ReplayScope(Handler):
