@@ -321,22 +321,22 @@ def _mla_stage2_kernel(
         if SMALL_S > 0 and active <= SMALL_S:
             _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
                         stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
-                        stride_o_b, stride_o_h, nhead, SMALL_S, BLOCK_DV, RETURN_LSE)
+                        stride_o_b, stride_o_h, nhead, SMALL_S, BLOCK_DV, RETURN_LSE, "")
         elif MID_S > 0 and active <= MID_S:
             _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
                         stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
-                        stride_o_b, stride_o_h, nhead, MID_S, BLOCK_DV, RETURN_LSE)
+                        stride_o_b, stride_o_h, nhead, MID_S, BLOCK_DV, RETURN_LSE, "")
         else:
             _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
                         stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
-                        stride_o_b, stride_o_h, nhead, BLOCK_S, BLOCK_DV, RETURN_LSE)
+                        stride_o_b, stride_o_h, nhead, BLOCK_S, BLOCK_DV, RETURN_LSE, "")
 
 
 @triton.jit
 def _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
                 stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
                 stride_o_b, stride_o_h, nhead, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
-                RETURN_LSE: tl.constexpr, CACHE: tl.constexpr = ""):
+                RETURN_LSE: tl.constexpr, CACHE: tl.constexpr):
     """Merge `active` splits of one (batch, head, column block), BLOCK_S splits per load
     (CACHE ".cg": through L2 only, for partials written by other programs of this launch)."""
     offs_s = tl.arange(0, BLOCK_S)
