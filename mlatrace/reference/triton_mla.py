@@ -60,6 +60,10 @@ MERGE_IN_GRID = "off"
 stage-2 node; "always": also under TRITON_INTERPRET=1 (CPU tests); "off": two launches
 (stage 2 a programmatic dependent when USE_PDL says so)."""
 MERGE_MODES = ("off", "cuda", "always")
+MERGE_DIAG = 0
+"""Lab only (GPU_NOTES run 14): 0 merge programs depart after merging; 1 depart right after
+the wait; 2 wait and depart, no merge (wrong output: the sync's cost); 3 no arrivals, no
+wait (wrong output: the merge work's cost)."""
 MERGE_DV = 128
 """Output columns per merge program: 512 // 128 * 16 heads = 64 merge programs per
 (batch, head block), so at batch 1 they fit beside a short sequence's active splits in
@@ -89,7 +93,7 @@ def _mla_stage1_kernel(
     D_LATENT: tl.constexpr, D_ROPE: tl.constexpr, DEVICE_PARTITION: tl.constexpr,
     MIN_TILES: tl.constexpr, DIRECT_OUTPUT: tl.constexpr, RETURN_LSE: tl.constexpr, DOT_MODE: tl.constexpr,
     TILE_N: tl.constexpr = 64, PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False,
-    MERGE_PROGRAMS: tl.constexpr = 0, MERGE_DV: tl.constexpr = 128,
+    MERGE_PROGRAMS: tl.constexpr = 0, MERGE_DV: tl.constexpr = 128, MERGE_DIAG: tl.constexpr = 0,
 ):
     """One (batch, split, head block): online softmax over the split's KV range.
 
@@ -110,7 +114,7 @@ def _mla_stage1_kernel(
                            stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
                            stride_o_b, stride_o_h, nhead, b, split - NUM_KV_SPLITS, hblock,
                            NUM_KV_SPLITS, BLOCK_N, BLOCK_H, D_LATENT, MIN_TILES, RETURN_LSE,
-                           MERGE_PROGRAMS, MERGE_DV)
+                           MERGE_PROGRAMS, MERGE_DV, MERGE_DIAG)
         else:
             _split_attention(
                 q_nope, q_pe, kv_c, k_pe, page_table, seq_info, sm_scale, o, lse_out,
@@ -119,7 +123,7 @@ def _mla_stage1_kernel(
                 stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s, nhead, b,
                 split, hblock, NUM_KV_SPLITS, BLOCK_N, BLOCK_H, D_LATENT, D_ROPE,
                 DEVICE_PARTITION, MIN_TILES, DIRECT_OUTPUT, RETURN_LSE, DOT_MODE, TILE_N,
-                PREFETCH, PDL, True)
+                PREFETCH, PDL, MERGE_DIAG != 3)
     else:
         _split_attention(
             q_nope, q_pe, kv_c, k_pe, page_table, seq_info, sm_scale, o, lse_out,
@@ -253,7 +257,8 @@ def _merge_program(partial_out, partial_lse, seq_info, o, lse_out, counters,
                    stride_o_b, stride_o_h, nhead, b, m, hblock,
                    NUM_KV_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
                    D_LATENT: tl.constexpr, MIN_TILES: tl.constexpr, RETURN_LSE: tl.constexpr,
-                   MERGE_PROGRAMS: tl.constexpr, MERGE_DV: tl.constexpr):
+                   MERGE_PROGRAMS: tl.constexpr, MERGE_DV: tl.constexpr,
+                   MERGE_DIAG: tl.constexpr):
     """Merge program m of (batch b, head block): one (head, MERGE_DV columns) unit.
 
     It waits until every active split of its (batch, head block) has arrived, reads the
@@ -266,13 +271,16 @@ def _merge_program(partial_out, partial_lse, seq_info, o, lse_out, counters,
     active, _ = _device_partition(seq_len, NUM_KV_SPLITS, BLOCK_N, MIN_TILES)
     if active > 1:
         counter = counters + (b * tl.num_programs(2) + hblock) * 2
-        arrived = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")
-        while arrived < active:
+        if MERGE_DIAG != 3:
             arrived = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")
-        tl.debug_barrier()
+            while arrived < active:
+                arrived = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")
+            tl.debug_barrier()
+            if MERGE_DIAG != 0:
+                _depart(counter, MERGE_PROGRAMS)
         h = hblock * BLOCK_H + m // (D_LATENT // MERGE_DV)
         dblock = m % (D_LATENT // MERGE_DV)
-        if h < nhead:
+        if h < nhead and MERGE_DIAG != 2:
             if active <= 16:
                 _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
                             stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
@@ -281,10 +289,17 @@ def _merge_program(partial_out, partial_lse, seq_info, o, lse_out, counters,
                 _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
                             stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
                             stride_o_b, stride_o_h, nhead, 64, MERGE_DV, RETURN_LSE, ".cg")
-        gone = tl.atomic_add(counter + 1, 1, sem="acq_rel", scope="gpu")
-        if gone == MERGE_PROGRAMS - 1:
-            tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
-            tl.atomic_xchg(counter + 1, 0, sem="relaxed", scope="gpu")
+        if MERGE_DIAG == 0:
+            _depart(counter, MERGE_PROGRAMS)
+
+
+@triton.jit
+def _depart(counter, MERGE_PROGRAMS: tl.constexpr):
+    """Count this merge program out; the last one puts both words back to 0."""
+    gone = tl.atomic_add(counter + 1, 1, sem="relaxed", scope="gpu")
+    if gone == MERGE_PROGRAMS - 1:
+        tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+        tl.atomic_xchg(counter + 1, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -454,7 +469,8 @@ def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tens
             MIN_TILES=min_tiles, DIRECT_OUTPUT=direct, RETURN_LSE=lse_out is not None,
             DOT_MODE=mode, TILE_N=tile_n, PREFETCH=STAGE1_PREFETCH and mode != 2,
             PDL=pdl_enabled(kv_c, device_partition) and not direct and not mergers,
-            MERGE_PROGRAMS=mergers, MERGE_DV=MERGE_DV, num_warps=num_warps,
+            MERGE_PROGRAMS=mergers, MERGE_DV=MERGE_DV, MERGE_DIAG=MERGE_DIAG,
+            num_warps=num_warps,
             num_stages=num_stages,
         )
 
