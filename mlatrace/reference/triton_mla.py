@@ -61,9 +61,10 @@ stage-2 node; "always": also under TRITON_INTERPRET=1 (CPU tests); "off": two la
 (stage 2 a programmatic dependent when USE_PDL says so)."""
 MERGE_MODES = ("off", "cuda", "always")
 MERGE_DIAG = 0
-"""Lab only (GPU_NOTES run 14): 0 merge programs depart after merging; 1 depart right after
-the wait; 2 wait and depart, no merge (wrong output: the sync's cost); 3 no arrivals, no
-wait (wrong output: the merge work's cost)."""
+"""Lab only (GPU_NOTES runs 14-15): 0 merge programs depart after merging; 1 depart right
+after the wait; 2 wait and depart, no merge (wrong output: the sync's cost); 3 no arrivals,
+no wait (wrong output: the merge work's cost); 4 run the merge code once all masked before
+the wait (is the merge slow on a cold instruction cache?)."""
 MERGE_DV = 128
 """Output columns per merge program: 512 // 128 * 16 heads = 64 merge programs per
 (batch, head block), so at batch 1 they fit beside a short sequence's active splits in
@@ -271,7 +272,27 @@ def _merge_program(partial_out, partial_lse, seq_info, o, lse_out, counters,
     active, _ = _device_partition(seq_len, NUM_KV_SPLITS, BLOCK_N, MIN_TILES)
     if active > 1:
         counter = counters + (b * tl.num_programs(2) + hblock) * 2
-        if MERGE_DIAG != 3:
+        if MERGE_DIAG == 4:
+            h = hblock * BLOCK_H + m // (D_LATENT // MERGE_DV)
+            dblock = m % (D_LATENT // MERGE_DV)
+            for rep in range(0, 2):  # rep 0: all masked, runs the code once (i-cache)
+                if rep == 1:
+                    arrived = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")
+                    while arrived < active:
+                        arrived = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")
+                    tl.debug_barrier()
+                if active <= 16:
+                    _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
+                                stride_po_b, stride_po_s, stride_po_h, stride_pl_b,
+                                stride_pl_s, stride_o_b, stride_o_h, nhead, 16, MERGE_DV,
+                                RETURN_LSE, ".cg", rep == 1)
+                else:
+                    _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
+                                stride_po_b, stride_po_s, stride_po_h, stride_pl_b,
+                                stride_pl_s, stride_o_b, stride_o_h, nhead, 64, MERGE_DV,
+                                RETURN_LSE, ".cg", rep == 1)
+            _depart(counter, MERGE_PROGRAMS)
+        elif MERGE_DIAG != 3:
             arrived = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")
             while arrived < active:
                 arrived = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")
@@ -280,15 +301,15 @@ def _merge_program(partial_out, partial_lse, seq_info, o, lse_out, counters,
                 _depart(counter, MERGE_PROGRAMS)
         h = hblock * BLOCK_H + m // (D_LATENT // MERGE_DV)
         dblock = m % (D_LATENT // MERGE_DV)
-        if h < nhead and MERGE_DIAG != 2:
+        if h < nhead and MERGE_DIAG != 2 and MERGE_DIAG != 4:
             if active <= 16:
                 _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
                             stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
-                            stride_o_b, stride_o_h, nhead, 16, MERGE_DV, RETURN_LSE, ".cg")
+                            stride_o_b, stride_o_h, nhead, 16, MERGE_DV, RETURN_LSE, ".cg", True)
             else:
                 _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
                             stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
-                            stride_o_b, stride_o_h, nhead, 64, MERGE_DV, RETURN_LSE, ".cg")
+                            stride_o_b, stride_o_h, nhead, 64, MERGE_DV, RETURN_LSE, ".cg", True)
         if MERGE_DIAG == 0:
             _depart(counter, MERGE_PROGRAMS)
 
@@ -336,22 +357,22 @@ def _mla_stage2_kernel(
         if SMALL_S > 0 and active <= SMALL_S:
             _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
                         stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
-                        stride_o_b, stride_o_h, nhead, SMALL_S, BLOCK_DV, RETURN_LSE, "")
+                        stride_o_b, stride_o_h, nhead, SMALL_S, BLOCK_DV, RETURN_LSE, "", True)
         elif MID_S > 0 and active <= MID_S:
             _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
                         stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
-                        stride_o_b, stride_o_h, nhead, MID_S, BLOCK_DV, RETURN_LSE, "")
+                        stride_o_b, stride_o_h, nhead, MID_S, BLOCK_DV, RETURN_LSE, "", True)
         else:
             _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
                         stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
-                        stride_o_b, stride_o_h, nhead, BLOCK_S, BLOCK_DV, RETURN_LSE, "")
+                        stride_o_b, stride_o_h, nhead, BLOCK_S, BLOCK_DV, RETURN_LSE, "", True)
 
 
 @triton.jit
 def _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
                 stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
                 stride_o_b, stride_o_h, nhead, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
-                RETURN_LSE: tl.constexpr, CACHE: tl.constexpr):
+                RETURN_LSE: tl.constexpr, CACHE: tl.constexpr, live):
     """Merge `active` splits of one (batch, head, column block), BLOCK_S splits per load
     (CACHE ".cg": through L2 only, for partials written by other programs of this launch)."""
     offs_s = tl.arange(0, BLOCK_S)
@@ -362,7 +383,7 @@ def _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
     total = 0.0
     acc = tl.zeros([BLOCK_DV], tl.float32)
     for s0 in range(0, active, BLOCK_S):
-        split_ok = s0 + offs_s < active
+        split_ok = (s0 + offs_s < active) & live
         lse = tl.load(lse_base + (s0 + offs_s) * stride_pl_s, mask=split_ok,
                       other=float("-inf"), cache_modifier=CACHE)
         part = tl.load(out_base + (s0 + offs_s)[:, None] * stride_po_s + offs_d[None, :],
@@ -375,9 +396,10 @@ def _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
         total = total * rescale + tl.sum(weight, 0)
         top = new_top
     merged = tl.where(total > 0.0, acc / tl.where(total > 0.0, total, 1.0), 0.0)
-    tl.store(o + b * stride_o_b + h * stride_o_h + offs_d, merged.to(o.dtype.element_ty))
+    tl.store(o + b * stride_o_b + h * stride_o_h + offs_d, merged.to(o.dtype.element_ty),
+             mask=(offs_d >= 0) & live)
     if RETURN_LSE:
-        if dblock == 0:
+        if dblock == 0 and live:
             lse_all = tl.where(total > 0.0, top + tl.log(tl.where(total > 0.0, total, 1.0)),
                                float("-inf"))
             tl.store(lse_out + b * nhead + h, lse_all)

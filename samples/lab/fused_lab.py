@@ -3,7 +3,7 @@ node) against the shipped two-stage path, with the best fixed split from a sweep
 Interleaved A/B (min of two medians each).
 
 python3 samples/lab/fused_lab.py OUT_JSON LENGTHS SWEEP VARIANT...
-  LENGTHS, SWEEP: comma lists ("all" = the bench's); VARIANT: name:merge:diag[:budget264]
+  LENGTHS, SWEEP: comma lists ("all" = the bench's); VARIANT: name:merge:diag[:merge_dv]
   e.g. two:off:0 fused:cuda:0 early:cuda:1 nomerge:cuda:2 nowait:cuda:3
 """
 
@@ -21,24 +21,22 @@ sweep_splits = sb.SWEEP if sweep_arg == "all" else tuple(int(x) for x in sweep_a
 variants = []
 for spec in specs:
     name, merge, diag, *rest = spec.split(":")
-    variants.append((name, merge, int(diag), (264, 32, 4, 3, True) if rest else None))
+    variants.append((name, merge, int(diag), int(rest[0]) if rest else 128))
 cfg = sb.Config(lengths=lengths, sweep=sweep_splits, min_replays=50, max_replays=3000,
                 seconds_per_point=0.25, tune=False)
 timer = sb.Timer(cfg)
-saved = sb.stage1_knobs()
 rows = []
 for length in cfg.lengths:
     torch.manual_seed(length)
     sets = sb.make_sets(length, 16, "cuda")
     row = {"length": length}
     for _ in range(2):
-        for name, merge, diag, knobs in variants:
+        for name, merge, diag, merge_dv in variants:
             triton_mla.MERGE_IN_GRID, triton_mla.MERGE_DIAG = merge, diag
-            sb.set_stage1_knobs(knobs or saved)
+            triton_mla.MERGE_DV = merge_dv
             us = timer.per_call_us(sb.mla_calls(sets, "device", 1, "triton"))["us"]
             row[name] = min(row.get(name, 1e9), us)
-    triton_mla.MERGE_IN_GRID, triton_mla.MERGE_DIAG = "off", 0
-    sb.set_stage1_knobs(saved)
+    triton_mla.MERGE_IN_GRID, triton_mla.MERGE_DIAG, triton_mla.MERGE_DV = "off", 0, 128
     sweep = {s: timer.per_call_us(sb.mla_calls(sets, f"fixed:{s}", length, "triton"))["us"]
              for s in cfg.sweep}
     row["sweep"] = sweep
