@@ -251,12 +251,7 @@ TRITON_MLA_CASES = {  # id: (policy, hint, lengths, nhead, dtype)
     "stage2-several-loads": ("fixed:5", 1, [300, 77], 16, "float32"),   # MAX_BLOCK_S = 2
     "device-stage2-several-loads": ("device", 1, [400, 1], 16, "float32"),
     "device-stage2-tiers": ("device", 1, [130, 300, 600], 16, "float32"),  # 3, 5, 10 active
-    "device-merge-in-grid": ("device", 1, [1, 300, 600, 65], 16, "bfloat16"),
-    "device-merge-in-grid-masked-heads": ("device", 1, [2000, 64, 129], 20, "float32"),
 }
-MERGE_IN_GRID = ("device-merge-in-grid", "device-merge-in-grid-masked-heads")
-"""Cases run with triton_mla.MERGE_IN_GRID = "always": one launch that also merges; the
-result carries the counter words' sum after the call (they must be back at 0)."""
 SMALL_STAGE2_BLOCK = ("stage2-several-loads", "device-stage2-several-loads")
 STAGE2_TIERS = {"device-stage2-tiers": (4, 8)}   # small tier, mid tier, then the wide tile
 TRITON_PA_CASES = {  # id: (lengths, captured max, dtype)
@@ -278,8 +273,6 @@ def run_triton_cases(device: str) -> dict[str, list[float]]:
 
         saved_block = mla.MAX_BLOCK_S
         saved_tiers = triton_mla.STAGE2_SMALL_S, triton_mla.STAGE2_MID_S
-        saved_merge = triton_mla.MERGE_IN_GRID
-        triton_mla.MERGE_IN_GRID = "always" if case_id in MERGE_IN_GRID else "off"
         mla.MAX_BLOCK_S = 2 if case_id in SMALL_STAGE2_BLOCK else saved_block
         triton_mla.STAGE2_SMALL_S, triton_mla.STAGE2_MID_S = STAGE2_TIERS.get(case_id,
                                                                               saved_tiers)
@@ -290,13 +283,9 @@ def run_triton_cases(device: str) -> dict[str, list[float]]:
         finally:
             mla.MAX_BLOCK_S = saved_block
             triton_mla.STAGE2_SMALL_S, triton_mla.STAGE2_MID_S = saved_tiers
-            triton_mla.MERGE_IN_GRID = saved_merge
         ref, ref_lse = mla_reference(q_nope, q_pe, kv_c, page_table, lengths, SM_SCALE)
         lse_err = (lse.double() - ref_lse).abs().max().item()
         results[case_id] = [rel_err(o, ref), lse_err]
-        if case_id in MERGE_IN_GRID:
-            counters = triton_mla.merge_counters(o, 1)
-            results[case_id].append(int(counters.abs().sum().item()))
     for case_id, (lengths, captured_max, dtype) in TRITON_PA_CASES.items():
         results[case_id] = run_pa(lengths, captured_max, getattr(torch, dtype), "triton", device)
     return results
@@ -320,11 +309,9 @@ def triton_results() -> dict[str, list[float]]:
 @pytest.mark.parametrize("case_id", list(TRITON_MLA_CASES))
 def test_mla_triton_matches_float64(triton_results, case_id):
     dtype = TRITON_MLA_CASES[case_id][4]
-    err, lse_err = triton_results[case_id][:2]
+    err, lse_err = triton_results[case_id]
     assert err < TOL[getattr(torch, dtype)], err
     assert lse_err < 1e-4
-    if case_id in MERGE_IN_GRID:
-        assert triton_results[case_id][2] == 0, "in-grid merge left its counters set"
 
 
 @pytest.mark.parametrize("case_id", ["pa-shorter-fp32", "pa-shorter-bf16"])

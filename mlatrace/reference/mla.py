@@ -89,13 +89,10 @@ def mla_gluon(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_c: torch.Tensor, o: t
     partial_out = torch.empty(batch, num_splits, nhead, D_LATENT, dtype=torch.float32,
                               device=o.device)
     partial_lse = torch.empty(batch, num_splits, nhead, dtype=torch.float32, device=o.device)
-    merge_in_grid = device_partition and merges_in_grid(backend, o)
     launch_stage1(STAGE1_NAME, stage1_grid, **common, partial_out=partial_out,
                   partial_lse=partial_lse, NUM_KV_SPLITS=num_splits, BLOCK_N=BLOCK_N,
                   BLOCK_H=HEAD_BLOCK, DEVICE_PARTITION=device_partition,
-                  MIN_TILES_PER_SPLIT=min_tiles, backend=backend, MERGE_IN_GRID=merge_in_grid)
-    if merge_in_grid:
-        return o, lse_out
+                  MIN_TILES_PER_SPLIT=min_tiles, backend=backend)
     stage2_grid = (batch, nhead, D_LATENT // BLOCK_DV)
     launch_stage2(STAGE2_NAME, stage2_grid, partial_out=partial_out, partial_lse=partial_lse,
                   seq_info=seq_info, o=o, lse_out=lse_out, NUM_KV_SPLITS=num_splits,
@@ -113,15 +110,6 @@ def stage2_block_s(num_splits: int) -> int:
     return block
 
 
-def merges_in_grid(backend: str, like: torch.Tensor) -> bool:
-    """Whether the Triton device partition merges inside the stage-1 launch (no stage 2)."""
-    if backend != "triton":
-        return False
-    from mlatrace.reference import triton_mla
-
-    return triton_mla.merge_in_grid_enabled(like)
-
-
 def resolve_backend(backend: str, like: torch.Tensor) -> str:
     """'auto' is Triton on CUDA and torch elsewhere."""
     if backend not in BACKENDS:
@@ -137,9 +125,8 @@ def launch_stage1(name: str, grid: tuple[int, int, int], *, q_nope: torch.Tensor
                   o: torch.Tensor, lse_out: torch.Tensor | None,
                   partial_out: torch.Tensor | None, partial_lse: torch.Tensor | None,
                   NUM_KV_SPLITS: int, BLOCK_N: int, BLOCK_H: int, DEVICE_PARTITION: bool,
-                  MIN_TILES_PER_SPLIT: int, backend: str, MERGE_IN_GRID: bool = False) -> None:
-    """Stage 1 over `grid` = (batch, NUM_KV_SPLITS, head blocks); partials=None writes `o`;
-    MERGE_IN_GRID (Triton, device partition) also merges the partials into `o`.
+                  MIN_TILES_PER_SPLIT: int, backend: str) -> None:
+    """Stage 1 over `grid` = (batch, NUM_KV_SPLITS, head blocks); partials=None writes `o`.
 
     The device work goes through `graph.launch`, so a reference HostGraph capture on CPU
     records it with these host decisions frozen, as a CUDA graph does.
@@ -152,8 +139,7 @@ def launch_stage1(name: str, grid: tuple[int, int, int], *, q_nope: torch.Tensor
     if backend == "triton":
         from mlatrace.reference import triton_mla
 
-        graph.launch(triton_mla.stage1, grid, **args, block_h=BLOCK_H,
-                     merge_in_grid=MERGE_IN_GRID)
+        graph.launch(triton_mla.stage1, grid, **args, block_h=BLOCK_H)
     else:
         graph.launch(stage1_torch, **args)
 

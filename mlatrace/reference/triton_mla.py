@@ -54,21 +54,6 @@ STAGE2_MID_S = 64
 tile instead of [BLOCK_S, BLOCK_DV]. Device policy on the H200 (GPU_NOTES run 8), no tiers
 -> tiers: 512 tokens 9.53 -> 8.30 us, 1024 9.64 -> 8.57, 2048 10.13 -> 9.71, 100K
 unchanged (45.9 -> 46.1). 0 turns a tier off."""
-MERGE_IN_GRID = "off"
-""""cuda": the device partition on NVIDIA GPUs merge the partials inside the stage-1 launch
-(MERGE_PROGRAMS extra programs per (batch, head block), see _merge_program) instead of a
-stage-2 node; "always": also under TRITON_INTERPRET=1 (CPU tests); "off": two launches
-(stage 2 a programmatic dependent when USE_PDL says so)."""
-MERGE_MODES = ("off", "cuda", "always")
-MERGE_DIAG = 0
-"""Lab only (GPU_NOTES runs 14-15): 0 merge programs depart after merging; 1 depart right
-after the wait; 2 wait and depart, no merge (wrong output: the sync's cost); 3 no arrivals,
-no wait (wrong output: the merge work's cost); 4 run the merge code once all masked before
-the wait (is the merge slow on a cold instruction cache?)."""
-MERGE_DV = 128
-"""Output columns per merge program: 512 // 128 * 16 heads = 64 merge programs per
-(batch, head block), so at batch 1 they fit beside a short sequence's active splits in
-one wave of 132 SMs."""
 FALLBACK_CONFIG = True
 """Retry stage 1 with SAFE_WARPS/SAFE_STAGES when the default config does not fit (off:
 raise instead, so a tuning sweep never times the fallback under another config's name)."""
@@ -86,7 +71,7 @@ def _device_partition(seq_len, NUM_KV_SPLITS: tl.constexpr, BLOCK_N: tl.constexp
 @triton.jit
 def _mla_stage1_kernel(
     q_nope, q_pe, kv_c, k_pe, page_table, seq_info, sm_scale,
-    o, lse_out, partial_out, partial_lse, counters,
+    o, lse_out, partial_out, partial_lse,
     stride_qn_b, stride_qn_h, stride_qp_b, stride_qp_h, stride_kv, stride_kpe, stride_pt_b,
     stride_o_b, stride_o_h, stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
     nhead,
@@ -94,63 +79,16 @@ def _mla_stage1_kernel(
     D_LATENT: tl.constexpr, D_ROPE: tl.constexpr, DEVICE_PARTITION: tl.constexpr,
     MIN_TILES: tl.constexpr, DIRECT_OUTPUT: tl.constexpr, RETURN_LSE: tl.constexpr, DOT_MODE: tl.constexpr,
     TILE_N: tl.constexpr = 64, PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False,
-    MERGE_PROGRAMS: tl.constexpr = 0, MERGE_DV: tl.constexpr = 128, MERGE_DIAG: tl.constexpr = 0,
 ):
     """One (batch, split, head block): online softmax over the split's KV range.
 
     The partition works in BLOCK_N tiles (the policies' integers); the inner loop walks
     TILE_N rows at a time (TILE_N divides BLOCK_N). PREFETCH loads the next tile's
     page-table entries one iteration ahead, so the KV loads never wait on them. PDL lets
-    stage 2 (launched as a programmatic dependent) start while this grid runs.
-
-    MERGE_PROGRAMS > 0 (device partition): the grid has that many more programs per
-    (batch, head block) after the splits, and they merge the partials in this same launch
-    (see _merge_program), so there is no stage-2 node."""
+    stage 2 (launched as a programmatic dependent) start while this grid runs."""
     b = tl.program_id(0)
     split = tl.program_id(1)
     hblock = tl.program_id(2)
-    if MERGE_PROGRAMS > 0:
-        if split >= NUM_KV_SPLITS:
-            _merge_program(partial_out, partial_lse, seq_info, o, lse_out, counters,
-                           stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
-                           stride_o_b, stride_o_h, nhead, b, split - NUM_KV_SPLITS, hblock,
-                           NUM_KV_SPLITS, BLOCK_N, BLOCK_H, D_LATENT, MIN_TILES, RETURN_LSE,
-                           MERGE_PROGRAMS, MERGE_DV, MERGE_DIAG)
-        else:
-            _split_attention(
-                q_nope, q_pe, kv_c, k_pe, page_table, seq_info, sm_scale, o, lse_out,
-                partial_out, partial_lse, counters, stride_qn_b, stride_qn_h, stride_qp_b,
-                stride_qp_h, stride_kv, stride_kpe, stride_pt_b, stride_o_b, stride_o_h,
-                stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s, nhead, b,
-                split, hblock, NUM_KV_SPLITS, BLOCK_N, BLOCK_H, D_LATENT, D_ROPE,
-                DEVICE_PARTITION, MIN_TILES, DIRECT_OUTPUT, RETURN_LSE, DOT_MODE, TILE_N,
-                PREFETCH, PDL, MERGE_DIAG != 3)
-    else:
-        _split_attention(
-            q_nope, q_pe, kv_c, k_pe, page_table, seq_info, sm_scale, o, lse_out,
-            partial_out, partial_lse, counters, stride_qn_b, stride_qn_h, stride_qp_b,
-            stride_qp_h, stride_kv, stride_kpe, stride_pt_b, stride_o_b, stride_o_h,
-            stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s, nhead, b,
-            split, hblock, NUM_KV_SPLITS, BLOCK_N, BLOCK_H, D_LATENT, D_ROPE,
-            DEVICE_PARTITION, MIN_TILES, DIRECT_OUTPUT, RETURN_LSE, DOT_MODE, TILE_N,
-            PREFETCH, PDL, False)
-
-
-@triton.jit
-def _split_attention(
-    q_nope, q_pe, kv_c, k_pe, page_table, seq_info, sm_scale,
-    o, lse_out, partial_out, partial_lse, counters,
-    stride_qn_b, stride_qn_h, stride_qp_b, stride_qp_h, stride_kv, stride_kpe, stride_pt_b,
-    stride_o_b, stride_o_h, stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
-    nhead, b, split, hblock,
-    NUM_KV_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
-    D_LATENT: tl.constexpr, D_ROPE: tl.constexpr, DEVICE_PARTITION: tl.constexpr,
-    MIN_TILES: tl.constexpr, DIRECT_OUTPUT: tl.constexpr, RETURN_LSE: tl.constexpr,
-    DOT_MODE: tl.constexpr, TILE_N: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
-    MERGE: tl.constexpr,
-):
-    """Stage 1's work for one (batch, split, head block); MERGE: count the partial as
-    written at the (batch, head block) counter the merge programs wait on."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     heads = hblock * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -240,87 +178,6 @@ def _split_attention(
                      mask=head_ok[:, None])
             tl.store(partial_lse + b * stride_pl_b + split * stride_pl_s + heads, lse,
                      mask=head_ok)
-            if MERGE:
-                _arrive(counters + (b * tl.num_programs(2) + hblock) * 2)
-
-
-@triton.jit
-def _arrive(counter):
-    """Count one written partial: every thread's stores come before the release (a CTA
-    barrier first, then one gpu-scope release add, as CUTLASS's barrier arrive does)."""
-    tl.debug_barrier()
-    tl.atomic_add(counter, 1, sem="release", scope="gpu")
-
-
-@triton.jit
-def _merge_program(partial_out, partial_lse, seq_info, o, lse_out, counters,
-                   stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
-                   stride_o_b, stride_o_h, nhead, b, m, hblock,
-                   NUM_KV_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
-                   D_LATENT: tl.constexpr, MIN_TILES: tl.constexpr, RETURN_LSE: tl.constexpr,
-                   MERGE_PROGRAMS: tl.constexpr, MERGE_DV: tl.constexpr,
-                   MERGE_DIAG: tl.constexpr):
-    """Merge program m of (batch b, head block): one (head, MERGE_DV columns) unit.
-
-    It waits until every active split of its (batch, head block) has arrived, reads the
-    partials through L2 (.cg), writes `o`, then departs; the last of the MERGE_PROGRAMS to
-    depart puts both counter words back to 0, so a CUDA graph replays the launch without a
-    memset node. Deadlock-free because a merge program only waits on split programs of a
-    lower linear block index (same batch and head block, smaller grid y), which the GPU
-    dispatches first and which never wait. One active split: stage 1 wrote `o`, no wait."""
-    seq_len = tl.load(seq_info + b)
-    active, _ = _device_partition(seq_len, NUM_KV_SPLITS, BLOCK_N, MIN_TILES)
-    if active > 1:
-        counter = counters + (b * tl.num_programs(2) + hblock) * 2
-        if MERGE_DIAG == 4:
-            h = hblock * BLOCK_H + m // (D_LATENT // MERGE_DV)
-            dblock = m % (D_LATENT // MERGE_DV)
-            for rep in range(0, 2):  # rep 0: all masked, runs the code once (i-cache)
-                if rep == 1:
-                    arrived = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")
-                    while arrived < active:
-                        arrived = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")
-                    tl.debug_barrier()
-                if active <= 16:
-                    _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
-                                stride_po_b, stride_po_s, stride_po_h, stride_pl_b,
-                                stride_pl_s, stride_o_b, stride_o_h, nhead, 16, MERGE_DV,
-                                RETURN_LSE, ".cg", rep == 1)
-                else:
-                    _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
-                                stride_po_b, stride_po_s, stride_po_h, stride_pl_b,
-                                stride_pl_s, stride_o_b, stride_o_h, nhead, 64, MERGE_DV,
-                                RETURN_LSE, ".cg", rep == 1)
-            _depart(counter, MERGE_PROGRAMS)
-        elif MERGE_DIAG != 3:
-            arrived = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")
-            while arrived < active:
-                arrived = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")
-            tl.debug_barrier()
-            if MERGE_DIAG != 0:
-                _depart(counter, MERGE_PROGRAMS)
-        h = hblock * BLOCK_H + m // (D_LATENT // MERGE_DV)
-        dblock = m % (D_LATENT // MERGE_DV)
-        if h < nhead and MERGE_DIAG != 2 and MERGE_DIAG != 4:
-            if active <= 16:
-                _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
-                            stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
-                            stride_o_b, stride_o_h, nhead, 16, MERGE_DV, RETURN_LSE, ".cg", True)
-            else:
-                _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
-                            stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
-                            stride_o_b, stride_o_h, nhead, 64, MERGE_DV, RETURN_LSE, ".cg", True)
-        if MERGE_DIAG == 0:
-            _depart(counter, MERGE_PROGRAMS)
-
-
-@triton.jit
-def _depart(counter, MERGE_PROGRAMS: tl.constexpr):
-    """Count this merge program out; the last one puts both words back to 0."""
-    gone = tl.atomic_add(counter + 1, 1, sem="relaxed", scope="gpu")
-    if gone == MERGE_PROGRAMS - 1:
-        tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
-        tl.atomic_xchg(counter + 1, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -357,24 +214,23 @@ def _mla_stage2_kernel(
         if SMALL_S > 0 and active <= SMALL_S:
             _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
                         stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
-                        stride_o_b, stride_o_h, nhead, SMALL_S, BLOCK_DV, RETURN_LSE, "", True)
+                        stride_o_b, stride_o_h, nhead, SMALL_S, BLOCK_DV, RETURN_LSE)
         elif MID_S > 0 and active <= MID_S:
             _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
                         stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
-                        stride_o_b, stride_o_h, nhead, MID_S, BLOCK_DV, RETURN_LSE, "", True)
+                        stride_o_b, stride_o_h, nhead, MID_S, BLOCK_DV, RETURN_LSE)
         else:
             _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
                         stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
-                        stride_o_b, stride_o_h, nhead, BLOCK_S, BLOCK_DV, RETURN_LSE, "", True)
+                        stride_o_b, stride_o_h, nhead, BLOCK_S, BLOCK_DV, RETURN_LSE)
 
 
 @triton.jit
 def _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
                 stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
                 stride_o_b, stride_o_h, nhead, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
-                RETURN_LSE: tl.constexpr, CACHE: tl.constexpr, live):
-    """Merge `active` splits of one (batch, head, column block), BLOCK_S splits per load
-    (CACHE ".cg": through L2 only, for partials written by other programs of this launch)."""
+                RETURN_LSE: tl.constexpr):
+    """Merge `active` splits of one (batch, head, column block), BLOCK_S splits per load."""
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = dblock * BLOCK_DV + tl.arange(0, BLOCK_DV)
     lse_base = partial_lse + b * stride_pl_b + h
@@ -383,11 +239,11 @@ def _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
     total = 0.0
     acc = tl.zeros([BLOCK_DV], tl.float32)
     for s0 in range(0, active, BLOCK_S):
-        split_ok = (s0 + offs_s < active) & live
+        split_ok = s0 + offs_s < active
         lse = tl.load(lse_base + (s0 + offs_s) * stride_pl_s, mask=split_ok,
-                      other=float("-inf"), cache_modifier=CACHE)
+                      other=float("-inf"))
         part = tl.load(out_base + (s0 + offs_s)[:, None] * stride_po_s + offs_d[None, :],
-                       mask=split_ok[:, None], other=0.0, cache_modifier=CACHE)
+                       mask=split_ok[:, None], other=0.0)
         new_top = tl.maximum(top, tl.max(lse, 0))
         safe_top = tl.where(new_top > float("-inf"), new_top, 0.0)
         rescale = tl.where(top > float("-inf"), tl.exp(top - safe_top), 0.0)
@@ -396,10 +252,9 @@ def _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
         total = total * rescale + tl.sum(weight, 0)
         top = new_top
     merged = tl.where(total > 0.0, acc / tl.where(total > 0.0, total, 1.0), 0.0)
-    tl.store(o + b * stride_o_b + h * stride_o_h + offs_d, merged.to(o.dtype.element_ty),
-             mask=(offs_d >= 0) & live)
+    tl.store(o + b * stride_o_b + h * stride_o_h + offs_d, merged.to(o.dtype.element_ty))
     if RETURN_LSE:
-        if dblock == 0 and live:
+        if dblock == 0:
             lse_all = tl.where(total > 0.0, top + tl.log(tl.where(total > 0.0, total, 1.0)),
                                float("-inf"))
             tl.store(lse_out + b * nhead + h, lse_all)
@@ -423,45 +278,13 @@ def pdl_enabled(like: torch.Tensor, device_partition: bool) -> bool:
             and torch.cuda.get_device_capability(like.device)[0] >= 9)
 
 
-def merge_in_grid_enabled(like: torch.Tensor) -> bool:
-    """Whether the device partition merges inside the stage-1 launch (MERGE_IN_GRID):
-    NVIDIA only, where the spin on the arrival counter is measured (GPU_NOTES)."""
-    assert MERGE_IN_GRID in MERGE_MODES, MERGE_IN_GRID
-    if MERGE_IN_GRID == "always":
-        return True
-    return MERGE_IN_GRID == "cuda" and like.is_cuda and torch.version.hip is None
-
-
-def merge_programs(block_h: int) -> int:
-    """Extra grid rows (grid y) of the in-grid merge: one per (head, MERGE_DV columns)."""
-    return block_h * (D_LATENT // MERGE_DV)
-
-
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
-def merge_counters(like: torch.Tensor, groups: int) -> torch.Tensor:
-    """The zeroed int32 [groups, 2] (arrived, departed) words of the in-grid merge, one
-    pair per (batch, head block). Kept per device and reused: every launch leaves them at
-    0, so a CUDA graph replays without a memset node (the first call, eager in practice,
-    allocates). One stream at a time uses them: launches on one stream never overlap."""
-    have = _COUNTERS.get(like.device)
-    if have is None or have.shape[0] < groups:
-        have = torch.zeros(max(groups, 1024), 2, dtype=torch.int32, device=like.device)
-        _COUNTERS[like.device] = have
-    return have
-
-
 def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tensor,
            kv_c: torch.Tensor, k_pe: torch.Tensor, page_table: torch.Tensor,
            seq_info: torch.Tensor, sm_scale: float, o: torch.Tensor,
            lse_out: torch.Tensor | None, partial_out: torch.Tensor | None,
            partial_lse: torch.Tensor | None, num_splits: int, block_n: int,
-           device_partition: bool, min_tiles: int, block_h: int,
-           merge_in_grid: bool = False) -> None:
-    """Launch stage 1 on grid (batch, NUM_KV_SPLITS, cdiv(nhead, BLOCK_H)); with
-    `merge_in_grid` (device partition, partials given) the grid gets merge_programs() more
-    rows and the launch also writes the merged `o` (no stage 2)."""
+           device_partition: bool, min_tiles: int, block_h: int) -> None:
+    """Launch stage 1 on grid (batch, NUM_KV_SPLITS, cdiv(nhead, BLOCK_H))."""
     for t in (q_nope, q_pe, o):
         assert t.stride(-1) == 1, "last dim must be contiguous"
     assert kv_c.stride(-1) == 1 and k_pe.stride(-1) == 1 and page_table.stride(-1) == 1
@@ -473,15 +296,11 @@ def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tens
     lse_arg = lse_out if lse_out is not None else o
     mode = dot_mode(kv_c)
     tile_n = min(STAGE1_TILE_N, block_n) if mode != 2 else block_n
-    mergers = merge_programs(block_h) if merge_in_grid and not direct and device_partition else 0
-    counters = merge_counters(o, grid[0] * grid[2]) if mergers else o
-    if mergers:
-        grid = (grid[0], grid[1] + mergers, grid[2])
 
     def launch(num_warps: int, num_stages: int) -> None:
         _mla_stage1_kernel[grid](
             q_nope, q_pe, kv_c, k_pe, page_table, seq_info, float(sm_scale),
-            o, lse_arg, partial_out, partial_lse, counters,
+            o, lse_arg, partial_out, partial_lse,
             q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1),
             kv_c.stride(0), k_pe.stride(0), page_table.stride(0),
             o.stride(0), o.stride(1), ppo[0], ppo[1], ppo[2], ppl[0], ppl[1],
@@ -490,9 +309,7 @@ def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tens
             D_LATENT=D_LATENT, D_ROPE=D_ROPE, DEVICE_PARTITION=device_partition,
             MIN_TILES=min_tiles, DIRECT_OUTPUT=direct, RETURN_LSE=lse_out is not None,
             DOT_MODE=mode, TILE_N=tile_n, PREFETCH=STAGE1_PREFETCH and mode != 2,
-            PDL=pdl_enabled(kv_c, device_partition) and not direct and not mergers,
-            MERGE_PROGRAMS=mergers, MERGE_DV=MERGE_DV, MERGE_DIAG=MERGE_DIAG,
-            num_warps=num_warps,
+            PDL=pdl_enabled(kv_c, device_partition) and not direct, num_warps=num_warps,
             num_stages=num_stages,
         )
 
