@@ -258,7 +258,7 @@ def compile_report() -> int:
                 f" smem {kernel.metadata.shared // 1024} KiB  "
                 + " ".join(f"{k}:{v}" for k, v in sorted(ops.items())))
 
-    def stage1(dtype: str, warps: int, stages: int, dot_mode: int, split_qk: bool = False):
+    def stage1(dtype: str, warps: int, stages: int, dot_mode: int):
         types = {n: f"*{dtype}" for n in ("q_nope", "q_pe", "kv_c", "k_pe", "o")}
         types.update(page_table="*i32", seq_info="*i32", lse_out="*fp32", partial_out="*fp32",
                      partial_lse="*fp32", sm_scale="fp32")
@@ -266,15 +266,13 @@ def compile_report() -> int:
                      DEVICE_PARTITION=True, MIN_TILES=1, DIRECT_OUTPUT=False, RETURN_LSE=False,
                      DOT_MODE=dot_mode,
                      TILE_N=64 if dot_mode == 2 else min(triton_mla.STAGE1_TILE_N, 64),
-                     PREFETCH=triton_mla.STAGE1_PREFETCH and dot_mode != 2, PDL=True,
-                     SPLIT_QK=split_qk)
+                     PREFETCH=triton_mla.STAGE1_PREFETCH and dot_mode != 2, PDL=True)
         return build(triton_mla._mla_stage1_kernel, types, const, warps, stages)
 
     rows = []
     for warps, stages in ((8, 5), (4, 5), (8, 3), (4, 2)):
         rows.append((f"stage 1 bf16 w{warps} s{stages}", lambda w=warps, s=stages: stage1(
             "bf16", w, s, 0)))
-    rows.append(("stage 1 bf16 w8 s3 split-qk", lambda: stage1("bf16", 8, 3, 0, True)))
     rows.append(("stage 1 fp32 tf32x3 w4 s2", lambda: stage1("fp32", 4, 2, 2)))
     rows.append(("stage 2", lambda: build(
         triton_mla._mla_stage2_kernel,

@@ -39,8 +39,6 @@ a Triton version does not fit the default config in shared memory."""
 STAGE2_WARPS = 4
 STAGE1_TILE_N = 64
 """KV rows per inner-loop tile of stage 1 (divides policies.BLOCK_N)."""
-STAGE1_SPLIT_QK = False
-"""Lab (GPU_NOTES run 16): stage 1 in four 128-column quarters of the latent (_split_qk_body)."""
 STAGE1_PREFETCH = True
 """Load the next tile's page-table entries one iteration ahead (by hand)."""
 USE_PDL = "device"
@@ -81,7 +79,6 @@ def _mla_stage1_kernel(
     D_LATENT: tl.constexpr, D_ROPE: tl.constexpr, DEVICE_PARTITION: tl.constexpr,
     MIN_TILES: tl.constexpr, DIRECT_OUTPUT: tl.constexpr, RETURN_LSE: tl.constexpr, DOT_MODE: tl.constexpr,
     TILE_N: tl.constexpr = 64, PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False,
-    SPLIT_QK: tl.constexpr = False,
 ):
     """One (batch, split, head block): online softmax over the split's KV range.
 
@@ -109,212 +106,78 @@ def _mla_stage1_kernel(
     else:
         active = NUM_KV_SPLITS
         chunk = tl.cdiv(seq_len, NUM_KV_SPLITS)
-    if SPLIT_QK:
-        if split < active:
-            _split_qk_body(q_nope, q_pe, kv_c, k_pe, page_table, sm_scale, o, lse_out,
-                           partial_out, partial_lse, stride_qn_b, stride_qn_h, stride_kv,
-                           stride_kpe, stride_pt_b, stride_o_b, stride_o_h, stride_po_b,
-                           stride_po_s, stride_po_h, stride_pl_b, stride_pl_s, nhead, b, split,
-                           heads, head_ok, qp, seq_len, active, chunk, BLOCK_H, D_LATENT,
-                           DEVICE_PARTITION, DIRECT_OUTPUT, RETURN_LSE, DOT_MODE, TILE_N,
-                           PREFETCH)
-    else:
-        if split < active:
-            start = split * chunk
-            end = tl.minimum(start + chunk, seq_len)
-            qk_scale = sm_scale * 1.4426950408889634  # scores in log2 units: exp2 below
+    if split < active:
+        start = split * chunk
+        end = tl.minimum(start + chunk, seq_len)
+        qk_scale = sm_scale * 1.4426950408889634  # scores in log2 units: exp2 below
 
-            m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-            l_i = tl.zeros([BLOCK_H], tl.float32)
-            acc = tl.zeros([BLOCK_H, D_LATENT], tl.float32)
-            pt_row = page_table + b * stride_pt_b
-            if PREFETCH:
-                first = start + tl.arange(0, TILE_N)
-                next_slots = tl.load(pt_row + first, mask=first < end, other=0)
-            for start_n in range(start, end, TILE_N):
-                offs_n = start_n + tl.arange(0, TILE_N)
-                row_ok = offs_n < end
-                if PREFETCH:
-                    slots = next_slots
-                    ahead = offs_n + TILE_N
-                    next_slots = tl.load(pt_row + ahead, mask=ahead < end, other=0)
-                else:
-                    slots = tl.load(pt_row + offs_n, mask=row_ok, other=0)
-                slots = slots.to(tl.int64)
-                latent = tl.load(kv_c + slots[:, None] * stride_kv + offs_d[None, :],
-                                 mask=row_ok[:, None], other=0.0)
-                rope = tl.load(k_pe + slots[:, None] * stride_kpe + offs_r[None, :],
-                               mask=row_ok[:, None], other=0.0)
-                if DOT_MODE == 1:
-                    latent = latent.to(tl.float32)
-                    qk = tl.dot(qn.to(tl.float32), tl.trans(latent), input_precision="ieee")
-                    qk += tl.dot(qp.to(tl.float32), tl.trans(rope.to(tl.float32)),
-                                 input_precision="ieee")
-                elif DOT_MODE == 2:
-                    qk = tl.dot(qn, tl.trans(latent), input_precision="tf32x3")
-                    qk += tl.dot(qp, tl.trans(rope), input_precision="tf32x3")
-                else:
-                    qk = tl.dot(qn, tl.trans(latent))
-                    qk += tl.dot(qp, tl.trans(rope))
-                qk = tl.where(row_ok[None, :], qk * qk_scale, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(qk, 1))
-                alpha = tl.exp2(m_i - m_new)
-                p = tl.exp2(qk - m_new[:, None])
-                l_i = l_i * alpha + tl.sum(p, 1)
-                if DOT_MODE == 1:
-                    pv = tl.dot(p, latent, input_precision="ieee")
-                elif DOT_MODE == 2:
-                    pv = tl.dot(p, latent, input_precision="tf32x3")
-                else:
-                    pv = tl.dot(p.to(latent.dtype), latent)
-                acc = acc * alpha[:, None] + pv
-                m_i = m_new
-
-            nonempty = l_i > 0.0
-            out = tl.where(nonempty[:, None], acc / tl.where(nonempty, l_i, 1.0)[:, None], 0.0)
-            lse = tl.where(nonempty, (m_i + tl.log2(tl.where(nonempty, l_i, 1.0))) * 0.6931471805599453,
-                           float("-inf"))
-            if DIRECT_OUTPUT:
-                write_o = True
-            elif DEVICE_PARTITION:
-                write_o = active == 1
-            else:
-                write_o = False
-            if write_o:
-                tl.store(o + b * stride_o_b + heads[:, None] * stride_o_h + offs_d[None, :],
-                         out.to(o.dtype.element_ty), mask=head_ok[:, None])
-                if RETURN_LSE:
-                    tl.store(lse_out + b * nhead + heads, lse, mask=head_ok)
-            else:
-                base = b * stride_po_b + split * stride_po_s
-                tl.store(partial_out + base + heads[:, None] * stride_po_h + offs_d[None, :], out,
-                         mask=head_ok[:, None])
-                tl.store(partial_lse + b * stride_pl_b + split * stride_pl_s + heads, lse,
-                         mask=head_ok)
-
-
-@triton.jit
-def _dot_nt(a, b, DOT_MODE: tl.constexpr):
-    """a @ b.T in the precision DOT_MODE names (see dot_mode)."""
-    if DOT_MODE == 1:
-        r = tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), input_precision="ieee")
-    elif DOT_MODE == 2:
-        r = tl.dot(a, tl.trans(b), input_precision="tf32x3")
-    else:
-        r = tl.dot(a, tl.trans(b))
-    return r
-
-
-@triton.jit
-def _dot_pv(p, v, DOT_MODE: tl.constexpr):
-    """p @ v (p float32 scores) in the precision DOT_MODE names."""
-    if DOT_MODE == 1:
-        r = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-    elif DOT_MODE == 2:
-        r = tl.dot(p, v, input_precision="tf32x3")
-    else:
-        r = tl.dot(p.to(v.dtype), v)
-    return r
-
-
-@triton.jit
-def _finish(acc, l_i, nonempty):
-    return tl.where(nonempty[:, None], acc / tl.where(nonempty, l_i, 1.0)[:, None], 0.0)
-
-
-@triton.jit
-def _split_qk_body(q_nope, q_pe, kv_c, k_pe, page_table, sm_scale, o, lse_out, partial_out,
-                   partial_lse, stride_qn_b, stride_qn_h, stride_kv, stride_kpe, stride_pt_b,
-                   stride_o_b, stride_o_h, stride_po_b, stride_po_s, stride_po_h, stride_pl_b,
-                   stride_pl_s, nhead, b, split, heads, head_ok, qp, seq_len, active, chunk,
-                   BLOCK_H: tl.constexpr, D_LATENT: tl.constexpr,
-                   DEVICE_PARTITION: tl.constexpr, DIRECT_OUTPUT: tl.constexpr,
-                   RETURN_LSE: tl.constexpr, DOT_MODE: tl.constexpr, TILE_N: tl.constexpr,
-                   PREFETCH: tl.constexpr):
-    """Stage 1's loop with the latent dimension in four 128-column quarters (lab, run 16):
-    the q.k products of the quarters are independent MMA chains (Triton fuses a sum of two
-    dots into one chain, so four quarters give two chains of 16 steps instead of one of
-    36), and each quarter's P.V goes to its own accumulator."""
-    C: tl.constexpr = D_LATENT // 4
-    offs_c = tl.arange(0, C)
-    offs_r = tl.arange(0, 64)
-    qrow = q_nope + b * stride_qn_b + heads[:, None] * stride_qn_h
-    q0 = tl.load(qrow + offs_c[None, :], mask=head_ok[:, None], other=0.0)
-    q1 = tl.load(qrow + C + offs_c[None, :], mask=head_ok[:, None], other=0.0)
-    q2 = tl.load(qrow + 2 * C + offs_c[None, :], mask=head_ok[:, None], other=0.0)
-    q3 = tl.load(qrow + 3 * C + offs_c[None, :], mask=head_ok[:, None], other=0.0)
-    start = split * chunk
-    end = tl.minimum(start + chunk, seq_len)
-    qk_scale = sm_scale * 1.4426950408889634
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc0 = tl.zeros([BLOCK_H, C], tl.float32)
-    acc1 = tl.zeros([BLOCK_H, C], tl.float32)
-    acc2 = tl.zeros([BLOCK_H, C], tl.float32)
-    acc3 = tl.zeros([BLOCK_H, C], tl.float32)
-    pt_row = page_table + b * stride_pt_b
-    if PREFETCH:
-        first = start + tl.arange(0, TILE_N)
-        next_slots = tl.load(pt_row + first, mask=first < end, other=0)
-    for start_n in range(start, end, TILE_N):
-        offs_n = start_n + tl.arange(0, TILE_N)
-        row_ok = offs_n < end
+        m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_H], tl.float32)
+        acc = tl.zeros([BLOCK_H, D_LATENT], tl.float32)
+        pt_row = page_table + b * stride_pt_b
         if PREFETCH:
-            slots = next_slots
-            ahead = offs_n + TILE_N
-            next_slots = tl.load(pt_row + ahead, mask=ahead < end, other=0)
+            first = start + tl.arange(0, TILE_N)
+            next_slots = tl.load(pt_row + first, mask=first < end, other=0)
+        for start_n in range(start, end, TILE_N):
+            offs_n = start_n + tl.arange(0, TILE_N)
+            row_ok = offs_n < end
+            if PREFETCH:
+                slots = next_slots
+                ahead = offs_n + TILE_N
+                next_slots = tl.load(pt_row + ahead, mask=ahead < end, other=0)
+            else:
+                slots = tl.load(pt_row + offs_n, mask=row_ok, other=0)
+            slots = slots.to(tl.int64)
+            latent = tl.load(kv_c + slots[:, None] * stride_kv + offs_d[None, :],
+                             mask=row_ok[:, None], other=0.0)
+            rope = tl.load(k_pe + slots[:, None] * stride_kpe + offs_r[None, :],
+                           mask=row_ok[:, None], other=0.0)
+            if DOT_MODE == 1:
+                latent = latent.to(tl.float32)
+                qk = tl.dot(qn.to(tl.float32), tl.trans(latent), input_precision="ieee")
+                qk += tl.dot(qp.to(tl.float32), tl.trans(rope.to(tl.float32)),
+                             input_precision="ieee")
+            elif DOT_MODE == 2:
+                qk = tl.dot(qn, tl.trans(latent), input_precision="tf32x3")
+                qk += tl.dot(qp, tl.trans(rope), input_precision="tf32x3")
+            else:
+                qk = tl.dot(qn, tl.trans(latent))
+                qk += tl.dot(qp, tl.trans(rope))
+            qk = tl.where(row_ok[None, :], qk * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(qk - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            if DOT_MODE == 1:
+                pv = tl.dot(p, latent, input_precision="ieee")
+            elif DOT_MODE == 2:
+                pv = tl.dot(p, latent, input_precision="tf32x3")
+            else:
+                pv = tl.dot(p.to(latent.dtype), latent)
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+
+        nonempty = l_i > 0.0
+        out = tl.where(nonempty[:, None], acc / tl.where(nonempty, l_i, 1.0)[:, None], 0.0)
+        lse = tl.where(nonempty, (m_i + tl.log2(tl.where(nonempty, l_i, 1.0))) * 0.6931471805599453,
+                       float("-inf"))
+        if DIRECT_OUTPUT:
+            write_o = True
+        elif DEVICE_PARTITION:
+            write_o = active == 1
         else:
-            slots = tl.load(pt_row + offs_n, mask=row_ok, other=0)
-        rows = kv_c + slots.to(tl.int64)[:, None] * stride_kv
-        l0 = tl.load(rows + offs_c[None, :], mask=row_ok[:, None], other=0.0)
-        l1 = tl.load(rows + C + offs_c[None, :], mask=row_ok[:, None], other=0.0)
-        l2 = tl.load(rows + 2 * C + offs_c[None, :], mask=row_ok[:, None], other=0.0)
-        l3 = tl.load(rows + 3 * C + offs_c[None, :], mask=row_ok[:, None], other=0.0)
-        rope = tl.load(k_pe + slots.to(tl.int64)[:, None] * stride_kpe + offs_r[None, :],
-                       mask=row_ok[:, None], other=0.0)
-        qk = ((_dot_nt(q0, l0, DOT_MODE) + _dot_nt(q1, l1, DOT_MODE))
-              + (_dot_nt(q2, l2, DOT_MODE) + _dot_nt(q3, l3, DOT_MODE)))
-        qk += _dot_nt(qp, rope, DOT_MODE)
-        qk = tl.where(row_ok[None, :], qk * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc0 = acc0 * alpha[:, None] + _dot_pv(p, l0, DOT_MODE)
-        acc1 = acc1 * alpha[:, None] + _dot_pv(p, l1, DOT_MODE)
-        acc2 = acc2 * alpha[:, None] + _dot_pv(p, l2, DOT_MODE)
-        acc3 = acc3 * alpha[:, None] + _dot_pv(p, l3, DOT_MODE)
-        m_i = m_new
-    nonempty = l_i > 0.0
-    lse = tl.where(nonempty, (m_i + tl.log2(tl.where(nonempty, l_i, 1.0))) * 0.6931471805599453,
-                   float("-inf"))
-    if DIRECT_OUTPUT:
-        write_o = True
-    elif DEVICE_PARTITION:
-        write_o = active == 1
-    else:
-        write_o = False
-    if write_o:
-        orow = o + b * stride_o_b + heads[:, None] * stride_o_h
-        ty = o.dtype.element_ty
-        tl.store(orow + offs_c[None, :], _finish(acc0, l_i, nonempty).to(ty), mask=head_ok[:, None])
-        tl.store(orow + C + offs_c[None, :], _finish(acc1, l_i, nonempty).to(ty),
-                 mask=head_ok[:, None])
-        tl.store(orow + 2 * C + offs_c[None, :], _finish(acc2, l_i, nonempty).to(ty),
-                 mask=head_ok[:, None])
-        tl.store(orow + 3 * C + offs_c[None, :], _finish(acc3, l_i, nonempty).to(ty),
-                 mask=head_ok[:, None])
-        if RETURN_LSE:
-            tl.store(lse_out + b * nhead + heads, lse, mask=head_ok)
-    else:
-        prow = partial_out + b * stride_po_b + split * stride_po_s + heads[:, None] * stride_po_h
-        tl.store(prow + offs_c[None, :], _finish(acc0, l_i, nonempty), mask=head_ok[:, None])
-        tl.store(prow + C + offs_c[None, :], _finish(acc1, l_i, nonempty), mask=head_ok[:, None])
-        tl.store(prow + 2 * C + offs_c[None, :], _finish(acc2, l_i, nonempty),
-                 mask=head_ok[:, None])
-        tl.store(prow + 3 * C + offs_c[None, :], _finish(acc3, l_i, nonempty),
-                 mask=head_ok[:, None])
-        tl.store(partial_lse + b * stride_pl_b + split * stride_pl_s + heads, lse, mask=head_ok)
+            write_o = False
+        if write_o:
+            tl.store(o + b * stride_o_b + heads[:, None] * stride_o_h + offs_d[None, :],
+                     out.to(o.dtype.element_ty), mask=head_ok[:, None])
+            if RETURN_LSE:
+                tl.store(lse_out + b * nhead + heads, lse, mask=head_ok)
+        else:
+            base = b * stride_po_b + split * stride_po_s
+            tl.store(partial_out + base + heads[:, None] * stride_po_h + offs_d[None, :], out,
+                     mask=head_ok[:, None])
+            tl.store(partial_lse + b * stride_pl_b + split * stride_pl_s + heads, lse,
+                     mask=head_ok)
 
 
 @triton.jit
@@ -446,8 +309,7 @@ def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tens
             D_LATENT=D_LATENT, D_ROPE=D_ROPE, DEVICE_PARTITION=device_partition,
             MIN_TILES=min_tiles, DIRECT_OUTPUT=direct, RETURN_LSE=lse_out is not None,
             DOT_MODE=mode, TILE_N=tile_n, PREFETCH=STAGE1_PREFETCH and mode != 2,
-            PDL=pdl_enabled(kv_c, device_partition) and not direct, SPLIT_QK=STAGE1_SPLIT_QK,
-            num_warps=num_warps,
+            PDL=pdl_enabled(kv_c, device_partition) and not direct, num_warps=num_warps,
             num_stages=num_stages,
         )
 
