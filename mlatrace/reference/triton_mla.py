@@ -41,6 +41,13 @@ STAGE1_TILE_N = 64
 """KV rows per inner-loop tile of stage 1 (divides policies.BLOCK_N)."""
 STAGE1_PREFETCH = True
 """Load the next tile's page-table entries one iteration ahead (by hand)."""
+STAGE1_KEYS_ON_M = False
+"""Stage 1 with the scores transposed ([keys, heads]) and the next KV tile loaded into
+registers one iteration ahead (by hand, no Triton pipelining): the 64 keys fill the M side
+of Hopper's warpgroup MMA, and the loads of tile i+1 are in flight while tile i computes.
+16-bit caches only (float32 keeps the heads-on-M body)."""
+KEYS_ON_M_WARPS = 8
+KEYS_ON_M_STAGES = 1
 USE_PDL = "device"
 """Launch stage 2 as a programmatic dependent launch (Hopper, CUDA only): its launch and
 its seq_info read overlap stage 1, so the second graph node costs little when stage 2 has
@@ -48,6 +55,9 @@ nothing to merge (one active split). "device": for the device partition only (th
 default, what samples/bench measures: device 7.5 -> 6.6 us at length 1, 46.2 -> 45.9 us at
 100K); "all": every policy (fixed splits gain 0-0.7 us too, GPU_NOTES run 3c); "off"."""
 PDL_MODES = ("off", "device", "all")
+STAGE2_ONE_SPLIT_NO_WAIT = False
+"""Device partition with PDL: when one split is active (stage 1 wrote `o`), stage 2 exits
+without gdc_wait, so the second graph node ends before stage 1 does."""
 STAGE2_SMALL_S = 16
 STAGE2_MID_S = 64
 """Stage 2's split tiers: at most 16 (else 64) active splits load a [16 | 64, BLOCK_DV]
@@ -79,6 +89,7 @@ def _mla_stage1_kernel(
     D_LATENT: tl.constexpr, D_ROPE: tl.constexpr, DEVICE_PARTITION: tl.constexpr,
     MIN_TILES: tl.constexpr, DIRECT_OUTPUT: tl.constexpr, RETURN_LSE: tl.constexpr, DOT_MODE: tl.constexpr,
     TILE_N: tl.constexpr = 64, PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False,
+    KEYS_ON_M: tl.constexpr = False,
 ):
     """One (batch, split, head block): online softmax over the split's KV range.
 
@@ -111,51 +122,15 @@ def _mla_stage1_kernel(
         end = tl.minimum(start + chunk, seq_len)
         qk_scale = sm_scale * 1.4426950408889634  # scores in log2 units: exp2 below
 
-        m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_H], tl.float32)
-        acc = tl.zeros([BLOCK_H, D_LATENT], tl.float32)
         pt_row = page_table + b * stride_pt_b
-        if PREFETCH:
-            first = start + tl.arange(0, TILE_N)
-            next_slots = tl.load(pt_row + first, mask=first < end, other=0)
-        for start_n in range(start, end, TILE_N):
-            offs_n = start_n + tl.arange(0, TILE_N)
-            row_ok = offs_n < end
-            if PREFETCH:
-                slots = next_slots
-                ahead = offs_n + TILE_N
-                next_slots = tl.load(pt_row + ahead, mask=ahead < end, other=0)
-            else:
-                slots = tl.load(pt_row + offs_n, mask=row_ok, other=0)
-            slots = slots.to(tl.int64)
-            latent = tl.load(kv_c + slots[:, None] * stride_kv + offs_d[None, :],
-                             mask=row_ok[:, None], other=0.0)
-            rope = tl.load(k_pe + slots[:, None] * stride_kpe + offs_r[None, :],
-                           mask=row_ok[:, None], other=0.0)
-            if DOT_MODE == 1:
-                latent = latent.to(tl.float32)
-                qk = tl.dot(qn.to(tl.float32), tl.trans(latent), input_precision="ieee")
-                qk += tl.dot(qp.to(tl.float32), tl.trans(rope.to(tl.float32)),
-                             input_precision="ieee")
-            elif DOT_MODE == 2:
-                qk = tl.dot(qn, tl.trans(latent), input_precision="tf32x3")
-                qk += tl.dot(qp, tl.trans(rope), input_precision="tf32x3")
-            else:
-                qk = tl.dot(qn, tl.trans(latent))
-                qk += tl.dot(qp, tl.trans(rope))
-            qk = tl.where(row_ok[None, :], qk * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(qk - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            if DOT_MODE == 1:
-                pv = tl.dot(p, latent, input_precision="ieee")
-            elif DOT_MODE == 2:
-                pv = tl.dot(p, latent, input_precision="tf32x3")
-            else:
-                pv = tl.dot(p.to(latent.dtype), latent)
-            acc = acc * alpha[:, None] + pv
-            m_i = m_new
+        if KEYS_ON_M:
+            m_i, l_i, acc = _split_keys_on_m(qn, qp, kv_c, k_pe, pt_row, stride_kv, stride_kpe,
+                                             start, end, qk_scale, BLOCK_H, D_LATENT, D_ROPE,
+                                             TILE_N, DOT_MODE)
+        else:
+            m_i, l_i, acc = _split_heads_on_m(qn, qp, kv_c, k_pe, pt_row, stride_kv,
+                                              stride_kpe, start, end, qk_scale, BLOCK_H,
+                                              D_LATENT, D_ROPE, TILE_N, DOT_MODE, PREFETCH)
 
         nonempty = l_i > 0.0
         out = tl.where(nonempty[:, None], acc / tl.where(nonempty, l_i, 1.0)[:, None], 0.0)
@@ -181,6 +156,118 @@ def _mla_stage1_kernel(
 
 
 @triton.jit
+def _split_heads_on_m(qn, qp, kv_c, k_pe, pt_row, stride_kv, stride_kpe, start, end, qk_scale,
+                      BLOCK_H: tl.constexpr, D_LATENT: tl.constexpr, D_ROPE: tl.constexpr,
+                      TILE_N: tl.constexpr, DOT_MODE: tl.constexpr, PREFETCH: tl.constexpr):
+    """Online softmax over KV rows [start, end): scores [heads, keys], Triton pipelines the
+    KV loads (num_stages). Returns (row max, row sum, unnormalised output [heads, 512])."""
+    offs_d = tl.arange(0, D_LATENT)
+    offs_r = tl.arange(0, D_ROPE)
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, D_LATENT], tl.float32)
+    if PREFETCH:
+        first = start + tl.arange(0, TILE_N)
+        next_slots = tl.load(pt_row + first, mask=first < end, other=0)
+    for start_n in range(start, end, TILE_N):
+        offs_n = start_n + tl.arange(0, TILE_N)
+        row_ok = offs_n < end
+        if PREFETCH:
+            slots = next_slots
+            ahead = offs_n + TILE_N
+            next_slots = tl.load(pt_row + ahead, mask=ahead < end, other=0)
+        else:
+            slots = tl.load(pt_row + offs_n, mask=row_ok, other=0)
+        slots = slots.to(tl.int64)
+        latent = tl.load(kv_c + slots[:, None] * stride_kv + offs_d[None, :],
+                         mask=row_ok[:, None], other=0.0)
+        rope = tl.load(k_pe + slots[:, None] * stride_kpe + offs_r[None, :],
+                       mask=row_ok[:, None], other=0.0)
+        if DOT_MODE == 1:
+            latent = latent.to(tl.float32)
+            qk = tl.dot(qn.to(tl.float32), tl.trans(latent), input_precision="ieee")
+            qk += tl.dot(qp.to(tl.float32), tl.trans(rope.to(tl.float32)),
+                         input_precision="ieee")
+        elif DOT_MODE == 2:
+            qk = tl.dot(qn, tl.trans(latent), input_precision="tf32x3")
+            qk += tl.dot(qp, tl.trans(rope), input_precision="tf32x3")
+        else:
+            qk = tl.dot(qn, tl.trans(latent))
+            qk += tl.dot(qp, tl.trans(rope))
+        qk = tl.where(row_ok[None, :], qk * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if DOT_MODE == 1:
+            pv = tl.dot(p, latent, input_precision="ieee")
+        elif DOT_MODE == 2:
+            pv = tl.dot(p, latent, input_precision="tf32x3")
+        else:
+            pv = tl.dot(p.to(latent.dtype), latent)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _split_keys_on_m(qn, qp, kv_c, k_pe, pt_row, stride_kv, stride_kpe, start, end, qk_scale,
+                     BLOCK_H: tl.constexpr, D_LATENT: tl.constexpr, D_ROPE: tl.constexpr,
+                     TILE_N: tl.constexpr, DOT_MODE: tl.constexpr):
+    """Same result as `_split_heads_on_m`, scores transposed ([keys, heads]) so TILE_N = 64
+    keys are the MMA's M (a Hopper warpgroup MMA, operands in shared memory). The next
+    tile is loaded into registers at the top of each iteration (and its page-table entries
+    one tile earlier still), so its loads overlap this tile's MMAs and softmax."""
+    offs_d = tl.arange(0, D_LATENT)
+    offs_r = tl.arange(0, D_ROPE)
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc_t = tl.zeros([D_LATENT, BLOCK_H], tl.float32)
+    qn_t = tl.trans(qn)
+    qp_t = tl.trans(qp)
+    first = start + tl.arange(0, TILE_N)
+    slots = tl.load(pt_row + first, mask=first < end, other=0).to(tl.int64)
+    latent_next = tl.load(kv_c + slots[:, None] * stride_kv + offs_d[None, :],
+                          mask=(first < end)[:, None], other=0.0)
+    rope_next = tl.load(k_pe + slots[:, None] * stride_kpe + offs_r[None, :],
+                        mask=(first < end)[:, None], other=0.0)
+    second = first + TILE_N
+    slots_next = tl.load(pt_row + second, mask=second < end, other=0)
+    for start_n in range(start, end, TILE_N):
+        latent = latent_next
+        rope = rope_next
+        row_ok = start_n + tl.arange(0, TILE_N) < end
+        ahead = start_n + TILE_N + tl.arange(0, TILE_N)
+        ahead_ok = ahead < end
+        ahead_slots = slots_next.to(tl.int64)
+        latent_next = tl.load(kv_c + ahead_slots[:, None] * stride_kv + offs_d[None, :],
+                              mask=ahead_ok[:, None], other=0.0)
+        rope_next = tl.load(k_pe + ahead_slots[:, None] * stride_kpe + offs_r[None, :],
+                            mask=ahead_ok[:, None], other=0.0)
+        further = ahead + TILE_N
+        slots_next = tl.load(pt_row + further, mask=further < end, other=0)
+        if DOT_MODE == 1:
+            latent = latent.to(tl.float32)
+            s_t = tl.dot(latent, qn_t.to(tl.float32), input_precision="ieee")
+            s_t += tl.dot(rope.to(tl.float32), qp_t.to(tl.float32), input_precision="ieee")
+        else:
+            s_t = tl.dot(latent, qn_t)
+            s_t += tl.dot(rope, qp_t)
+        s_t = tl.where(row_ok[:, None], s_t * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s_t, 0))
+        alpha = tl.exp2(m_i - m_new)
+        p_t = tl.exp2(s_t - m_new[None, :])
+        l_i = l_i * alpha + tl.sum(p_t, 0)
+        if DOT_MODE == 1:
+            pv_t = tl.dot(tl.trans(latent), p_t, input_precision="ieee")
+        else:
+            pv_t = tl.dot(tl.trans(latent), p_t.to(latent.dtype))
+        acc_t = acc_t * alpha[None, :] + pv_t
+        m_i = m_new
+    return m_i, l_i, tl.trans(acc_t)
+
+
+@triton.jit
 def _mla_stage2_kernel(
     partial_out, partial_lse, seq_info, o, lse_out,
     stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s, stride_o_b, stride_o_h,
@@ -188,7 +275,7 @@ def _mla_stage2_kernel(
     NUM_KV_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
     BLOCK_DV: tl.constexpr, DEVICE_PARTITION: tl.constexpr, MIN_TILES: tl.constexpr,
     RETURN_LSE: tl.constexpr, PDL: tl.constexpr = False, SMALL_S: tl.constexpr = 0,
-    MID_S: tl.constexpr = 0,
+    MID_S: tl.constexpr = 0, ONE_SPLIT_NO_WAIT: tl.constexpr = False,
 ):
     """One (batch, head, column block): online LSE-weighted merge, BLOCK_S splits per load
     (all of them when BLOCK_S >= splits: one round trip to memory). When at most SMALL_S
@@ -207,7 +294,11 @@ def _mla_stage2_kernel(
     else:
         active = NUM_KV_SPLITS
     if PDL:
-        tl.extra.cuda.gdc_wait()
+        if ONE_SPLIT_NO_WAIT:
+            if active > 1:
+                tl.extra.cuda.gdc_wait()
+        else:
+            tl.extra.cuda.gdc_wait()
     # With one active split stage 1 already wrote o (device partition only).
     if active > 1:
         # Few active splits (short sequences under the device partition): a narrow tile.
@@ -295,7 +386,11 @@ def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tens
                                                                                (0, 0, 0))
     lse_arg = lse_out if lse_out is not None else o
     mode = dot_mode(kv_c)
-    tile_n = min(STAGE1_TILE_N, block_n) if mode != 2 else block_n
+    keys_on_m = STAGE1_KEYS_ON_M and mode != 2 and block_h == 16
+    if keys_on_m:
+        tile_n = 64
+    else:
+        tile_n = min(STAGE1_TILE_N, block_n) if mode != 2 else block_n
 
     def launch(num_warps: int, num_stages: int) -> None:
         _mla_stage1_kernel[grid](
@@ -309,10 +404,13 @@ def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tens
             D_LATENT=D_LATENT, D_ROPE=D_ROPE, DEVICE_PARTITION=device_partition,
             MIN_TILES=min_tiles, DIRECT_OUTPUT=direct, RETURN_LSE=lse_out is not None,
             DOT_MODE=mode, TILE_N=tile_n, PREFETCH=STAGE1_PREFETCH and mode != 2,
-            PDL=pdl_enabled(kv_c, device_partition) and not direct, num_warps=num_warps,
-            num_stages=num_stages,
+            PDL=pdl_enabled(kv_c, device_partition) and not direct, KEYS_ON_M=keys_on_m,
+            num_warps=num_warps, num_stages=num_stages,
         )
 
+    if keys_on_m:
+        launch(KEYS_ON_M_WARPS, KEYS_ON_M_STAGES)
+        return
     if mode == 2:
         launch(SAFE_WARPS, SAFE_STAGES)
         return
@@ -339,6 +437,7 @@ def stage2(grid: tuple[int, int, int], *, partial_out: torch.Tensor,
         NUM_KV_SPLITS=num_splits, BLOCK_N=block_n, BLOCK_S=block_s, BLOCK_DV=block_dv,
         DEVICE_PARTITION=device_partition, MIN_TILES=min_tiles,
         RETURN_LSE=lse_out is not None, PDL=pdl,
+        ONE_SPLIT_NO_WAIT=STAGE2_ONE_SPLIT_NO_WAIT and device_partition,
         SMALL_S=STAGE2_SMALL_S if STAGE2_SMALL_S < block_s else 0,
         MID_S=STAGE2_MID_S if STAGE2_MID_S < block_s else 0, num_warps=STAGE2_WARPS,
         **({"launch_pdl": True} if pdl else {}),
