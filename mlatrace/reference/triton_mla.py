@@ -42,12 +42,14 @@ STAGE1_TILE_N = 64
 STAGE1_PREFETCH = True
 """Load the next tile's page-table entries one iteration ahead (by hand)."""
 STAGE1_KEYS_ON_M = False
-"""Stage 1 with the scores transposed ([keys, heads]) and the next KV tile loaded into
-registers one iteration ahead (by hand, no Triton pipelining): the 64 keys fill the M side
-of Hopper's warpgroup MMA, and the loads of tile i+1 are in flight while tile i computes.
-16-bit caches only (float32 keeps the heads-on-M body)."""
-KEYS_ON_M_WARPS = 8
-KEYS_ON_M_STAGES = 1
+"""Stage 1 with the scores transposed ([keys, heads]): the 64 keys of a tile fill the M
+side of Hopper's warpgroup MMA. 16-bit caches only (float32 keeps the heads-on-M body).
+(A form that carried the next tile in registers miscompiled on Triton 3.6: run 18.)"""
+KEYS_ON_M_WARPS = 4
+KEYS_ON_M_STAGES = 2
+STAGE1_L2_AHEAD = 0
+"""16-bit caches on NVIDIA GPUs: prefetch the KV rows of tile i + STAGE1_L2_AHEAD into L2
+(cp.async.bulk.prefetch.L2) at the top of iteration i; 0 turns it off."""
 USE_PDL = "device"
 """Launch stage 2 as a programmatic dependent launch (Hopper, CUDA only): its launch and
 its seq_info read overlap stage 1, so the second graph node costs little when stage 2 has
@@ -89,7 +91,7 @@ def _mla_stage1_kernel(
     D_LATENT: tl.constexpr, D_ROPE: tl.constexpr, DEVICE_PARTITION: tl.constexpr,
     MIN_TILES: tl.constexpr, DIRECT_OUTPUT: tl.constexpr, RETURN_LSE: tl.constexpr, DOT_MODE: tl.constexpr,
     TILE_N: tl.constexpr = 64, PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False,
-    KEYS_ON_M: tl.constexpr = False,
+    KEYS_ON_M: tl.constexpr = False, L2_AHEAD: tl.constexpr = 0,
 ):
     """One (batch, split, head block): online softmax over the split's KV range.
 
@@ -126,11 +128,12 @@ def _mla_stage1_kernel(
         if KEYS_ON_M:
             m_i, l_i, acc = _split_keys_on_m(qn, qp, kv_c, k_pe, pt_row, stride_kv, stride_kpe,
                                              start, end, qk_scale, BLOCK_H, D_LATENT, D_ROPE,
-                                             TILE_N, DOT_MODE)
+                                             TILE_N, DOT_MODE, PREFETCH, L2_AHEAD)
         else:
             m_i, l_i, acc = _split_heads_on_m(qn, qp, kv_c, k_pe, pt_row, stride_kv,
                                               stride_kpe, start, end, qk_scale, BLOCK_H,
-                                              D_LATENT, D_ROPE, TILE_N, DOT_MODE, PREFETCH)
+                                              D_LATENT, D_ROPE, TILE_N, DOT_MODE, PREFETCH,
+                                              L2_AHEAD)
 
         nonempty = l_i > 0.0
         out = tl.where(nonempty[:, None], acc / tl.where(nonempty, l_i, 1.0)[:, None], 0.0)
@@ -158,7 +161,8 @@ def _mla_stage1_kernel(
 @triton.jit
 def _split_heads_on_m(qn, qp, kv_c, k_pe, pt_row, stride_kv, stride_kpe, start, end, qk_scale,
                       BLOCK_H: tl.constexpr, D_LATENT: tl.constexpr, D_ROPE: tl.constexpr,
-                      TILE_N: tl.constexpr, DOT_MODE: tl.constexpr, PREFETCH: tl.constexpr):
+                      TILE_N: tl.constexpr, DOT_MODE: tl.constexpr, PREFETCH: tl.constexpr,
+                      L2_AHEAD: tl.constexpr):
     """Online softmax over KV rows [start, end): scores [heads, keys], Triton pipelines the
     KV loads (num_stages). Returns (row max, row sum, unnormalised output [heads, 512])."""
     offs_d = tl.arange(0, D_LATENT)
@@ -169,9 +173,17 @@ def _split_heads_on_m(qn, qp, kv_c, k_pe, pt_row, stride_kv, stride_kpe, start, 
     if PREFETCH:
         first = start + tl.arange(0, TILE_N)
         next_slots = tl.load(pt_row + first, mask=first < end, other=0)
+    if L2_AHEAD > 0:
+        pf_first = start + L2_AHEAD * TILE_N + tl.arange(0, TILE_N)
+        pf_slots = tl.load(pt_row + pf_first, mask=pf_first < end, other=0)
     for start_n in range(start, end, TILE_N):
         offs_n = start_n + tl.arange(0, TILE_N)
         row_ok = offs_n < end
+        if L2_AHEAD > 0:
+            pf_rows = offs_n + L2_AHEAD * TILE_N
+            _l2_prefetch_rows(kv_c, k_pe, pf_slots, pf_rows < end, stride_kv, stride_kpe)
+            pf_next = pf_rows + TILE_N
+            pf_slots = tl.load(pt_row + pf_next, mask=pf_next < end, other=0)
         if PREFETCH:
             slots = next_slots
             ahead = offs_n + TILE_N
@@ -213,11 +225,12 @@ def _split_heads_on_m(qn, qp, kv_c, k_pe, pt_row, stride_kv, stride_kpe, start, 
 @triton.jit
 def _split_keys_on_m(qn, qp, kv_c, k_pe, pt_row, stride_kv, stride_kpe, start, end, qk_scale,
                      BLOCK_H: tl.constexpr, D_LATENT: tl.constexpr, D_ROPE: tl.constexpr,
-                     TILE_N: tl.constexpr, DOT_MODE: tl.constexpr):
+                     TILE_N: tl.constexpr, DOT_MODE: tl.constexpr, PREFETCH: tl.constexpr,
+                     L2_AHEAD: tl.constexpr):
     """Same result as `_split_heads_on_m`, scores transposed ([keys, heads]) so TILE_N = 64
-    keys are the MMA's M (a Hopper warpgroup MMA, operands in shared memory). The next
-    tile is loaded into registers at the top of each iteration (and its page-table entries
-    one tile earlier still), so its loads overlap this tile's MMAs and softmax."""
+    keys are the MMA's M (a Hopper warpgroup MMA, operands in shared memory). Triton's
+    pipeliner issues tile i+1's copy only after tile i's MMAs; L2_AHEAD > 0 prefetches the
+    rows of tile i+L2_AHEAD into L2 at the top of iteration i so that copy hits L2."""
     offs_d = tl.arange(0, D_LATENT)
     offs_r = tl.arange(0, D_ROPE)
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
@@ -225,27 +238,31 @@ def _split_keys_on_m(qn, qp, kv_c, k_pe, pt_row, stride_kv, stride_kpe, start, e
     acc_t = tl.zeros([D_LATENT, BLOCK_H], tl.float32)
     qn_t = tl.trans(qn)
     qp_t = tl.trans(qp)
-    first = start + tl.arange(0, TILE_N)
-    slots = tl.load(pt_row + first, mask=first < end, other=0).to(tl.int64)
-    latent_next = tl.load(kv_c + slots[:, None] * stride_kv + offs_d[None, :],
-                          mask=(first < end)[:, None], other=0.0)
-    rope_next = tl.load(k_pe + slots[:, None] * stride_kpe + offs_r[None, :],
-                        mask=(first < end)[:, None], other=0.0)
-    second = first + TILE_N
-    slots_next = tl.load(pt_row + second, mask=second < end, other=0)
+    if PREFETCH:
+        first = start + tl.arange(0, TILE_N)
+        next_slots = tl.load(pt_row + first, mask=first < end, other=0)
+    if L2_AHEAD > 0:
+        pf_first = start + L2_AHEAD * TILE_N + tl.arange(0, TILE_N)
+        pf_slots = tl.load(pt_row + pf_first, mask=pf_first < end, other=0)
     for start_n in range(start, end, TILE_N):
-        latent = latent_next
-        rope = rope_next
-        row_ok = start_n + tl.arange(0, TILE_N) < end
-        ahead = start_n + TILE_N + tl.arange(0, TILE_N)
-        ahead_ok = ahead < end
-        ahead_slots = slots_next.to(tl.int64)
-        latent_next = tl.load(kv_c + ahead_slots[:, None] * stride_kv + offs_d[None, :],
-                              mask=ahead_ok[:, None], other=0.0)
-        rope_next = tl.load(k_pe + ahead_slots[:, None] * stride_kpe + offs_r[None, :],
-                            mask=ahead_ok[:, None], other=0.0)
-        further = ahead + TILE_N
-        slots_next = tl.load(pt_row + further, mask=further < end, other=0)
+        offs_n = start_n + tl.arange(0, TILE_N)
+        row_ok = offs_n < end
+        if L2_AHEAD > 0:
+            pf_rows = offs_n + L2_AHEAD * TILE_N
+            _l2_prefetch_rows(kv_c, k_pe, pf_slots, pf_rows < end, stride_kv, stride_kpe)
+            pf_next = pf_rows + TILE_N
+            pf_slots = tl.load(pt_row + pf_next, mask=pf_next < end, other=0)
+        if PREFETCH:
+            slots = next_slots
+            ahead = offs_n + TILE_N
+            next_slots = tl.load(pt_row + ahead, mask=ahead < end, other=0)
+        else:
+            slots = tl.load(pt_row + offs_n, mask=row_ok, other=0)
+        slots = slots.to(tl.int64)
+        latent = tl.load(kv_c + slots[:, None] * stride_kv + offs_d[None, :],
+                         mask=row_ok[:, None], other=0.0)
+        rope = tl.load(k_pe + slots[:, None] * stride_kpe + offs_r[None, :],
+                       mask=row_ok[:, None], other=0.0)
         if DOT_MODE == 1:
             latent = latent.to(tl.float32)
             s_t = tl.dot(latent, qn_t.to(tl.float32), input_precision="ieee")
@@ -265,6 +282,23 @@ def _split_keys_on_m(qn, qp, kv_c, k_pe, pt_row, stride_kv, stride_kpe, start, e
         acc_t = acc_t * alpha[None, :] + pv_t
         m_i = m_new
     return m_i, l_i, tl.trans(acc_t)
+
+
+@triton.jit
+def _l2_prefetch_rows(kv_c, k_pe, slots, ok, stride_kv, stride_kpe):
+    """Hopper bulk prefetch into L2 of KV rows (bf16: 1024 latent + 128 rope bytes each);
+    the result is a dummy, the instruction has no register output."""
+    rows = slots.to(tl.int64)
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $2, 0; "
+        "@p cp.async.bulk.prefetch.L2.global [$1], 1024; mov.u32 $0, 0; }",
+        "=r,l,r", [kv_c + rows * stride_kv, ok.to(tl.int32)], dtype=tl.int32, is_pure=False,
+        pack=1)
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $2, 0; "
+        "@p cp.async.bulk.prefetch.L2.global [$1], 128; mov.u32 $0, 0; }",
+        "=r,l,r", [k_pe + rows * stride_kpe, ok.to(tl.int32)], dtype=tl.int32, is_pure=False,
+        pack=1)
 
 
 @triton.jit
@@ -405,6 +439,7 @@ def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tens
             MIN_TILES=min_tiles, DIRECT_OUTPUT=direct, RETURN_LSE=lse_out is not None,
             DOT_MODE=mode, TILE_N=tile_n, PREFETCH=STAGE1_PREFETCH and mode != 2,
             PDL=pdl_enabled(kv_c, device_partition) and not direct, KEYS_ON_M=keys_on_m,
+            L2_AHEAD=STAGE1_L2_AHEAD if mode == 0 and kv_c.element_size() == 2 else 0,
             num_warps=num_warps, num_stages=num_stages,
         )
 

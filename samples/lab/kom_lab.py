@@ -1,4 +1,5 @@
-"""Session 4 lab (run 17): keys-on-M stage 1 with register prefetch (STAGE1_KEYS_ON_M) and
+"""Session 4 lab (runs 17, 19): keys-on-M stage 1 (STAGE1_KEYS_ON_M), L2 prefetch
+(STAGE1_L2_AHEAD) and
 stage 2 without gdc_wait when one split is active (STAGE2_ONE_SPLIT_NO_WAIT).
 
   python3 samples/lab/kom_lab.py OUT_DIR [pdl] [check] [ab]
@@ -80,12 +81,21 @@ def pdl_order() -> dict:
 
 BEST = {1: 1, 64: 1, 512: 8, 1024: 16, 4096: 64, 8192: 128, 16384: 128, 32768: 128,
         65536: 128, 100_000: 128}
-VARIANTS = {"ship": (False, False), "kom": (True, False), "nowait": (False, True),
-            "kom_nowait": (True, True)}
+VARIANTS = {  # keys on M, warps, stages, L2 tiles ahead, stage 2 no-wait
+    "ship": (False, 8, 3, 0, False), "ship_l2": (False, 8, 3, 2, False),
+    "kom8": (True, 8, 2, 0, False), "kom8_l2": (True, 8, 2, 2, False),
+    "kom8_l3": (True, 8, 2, 3, False), "kom4_l2": (True, 4, 2, 2, False),
+    "nowait": (False, 8, 3, 0, True)}
+DEVICE_ONLY = ("nowait",)
 
 
 def set_variant(name: str) -> None:
-    triton_mla.STAGE1_KEYS_ON_M, triton_mla.STAGE2_ONE_SPLIT_NO_WAIT = VARIANTS[name]
+    keys, warps, stages, ahead, nowait = VARIANTS[name]
+    triton_mla.STAGE1_KEYS_ON_M = keys
+    triton_mla.KEYS_ON_M_WARPS = warps
+    triton_mla.KEYS_ON_M_STAGES = stages
+    triton_mla.STAGE1_L2_AHEAD = ahead
+    triton_mla.STAGE2_ONE_SPLIT_NO_WAIT = nowait
 
 
 def ab() -> list[dict]:
@@ -105,7 +115,7 @@ def ab() -> list[dict]:
             for variant in VARIANTS:
                 set_variant(variant)
                 for name, (policy, hint) in policies.items():
-                    if variant in ("nowait", "kom_nowait") and name != "device":
+                    if variant in DEVICE_ONLY and name != "device":
                         continue
                     key = f"{name}_{variant}"
                     us = timer.per_call_us(sb.mla_calls(sets, policy, hint, "triton"))["us"]
@@ -122,9 +132,10 @@ def ab() -> list[dict]:
 if "pdl" in STEPS:
     (OUT / "pdl.json").write_text(json.dumps(pdl_order(), indent=1))
 if "check" in STEPS:
-    set_variant("kom_nowait")
+    set_variant("kom8_l2")
+    triton_mla.STAGE2_ONE_SPLIT_NO_WAIT = True
     rc = gpu_check.main(["--quick", "--out", str(OUT / "check_kom")])
     set_variant("ship")
-    print("gpu_check (keys on M, no wait) rc", rc, flush=True)
+    print("gpu_check (keys on M, L2 prefetch, no wait) rc", rc, flush=True)
 if "ab" in STEPS:
     ab()
