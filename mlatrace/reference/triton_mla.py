@@ -12,7 +12,8 @@ Partition (mirrors `policies.kv_split_range` and `policies.device_partition`):
 
 Stage 2 of the device partition is a programmatic dependent launch on Hopper (USE_PDL):
 stage 1 triggers it at once, stage 2 reads seq_info while stage 1 runs and waits
-(gdc_wait) before it reads a partial or writes `o`.
+(gdc_wait) before it reads a partial or writes `o`; with one active split it has nothing
+to merge and exits without waiting.
 """
 
 from __future__ import annotations
@@ -41,15 +42,6 @@ STAGE1_TILE_N = 64
 """KV rows per inner-loop tile of stage 1 (divides policies.BLOCK_N)."""
 STAGE1_PREFETCH = True
 """Load the next tile's page-table entries one iteration ahead (by hand)."""
-STAGE1_KEYS_ON_M = False
-"""Stage 1 with the scores transposed ([keys, heads]): the 64 keys of a tile fill the M
-side of Hopper's warpgroup MMA. 16-bit caches only (float32 keeps the heads-on-M body).
-(A form that carried the next tile in registers miscompiled on Triton 3.6: run 18.)"""
-KEYS_ON_M_WARPS = 4
-KEYS_ON_M_STAGES = 2
-STAGE1_L2_AHEAD = 0
-"""16-bit caches on NVIDIA GPUs: prefetch the KV rows of tile i + STAGE1_L2_AHEAD into L2
-(cp.async.bulk.prefetch.L2) at the top of iteration i; 0 turns it off."""
 USE_PDL = "device"
 """Launch stage 2 as a programmatic dependent launch (Hopper, CUDA only): its launch and
 its seq_info read overlap stage 1, so the second graph node costs little when stage 2 has
@@ -57,9 +49,12 @@ nothing to merge (one active split). "device": for the device partition only (th
 default, what samples/bench measures: device 7.5 -> 6.6 us at length 1, 46.2 -> 45.9 us at
 100K); "all": every policy (fixed splits gain 0-0.7 us too, GPU_NOTES run 3c); "off"."""
 PDL_MODES = ("off", "device", "all")
-STAGE2_ONE_SPLIT_NO_WAIT = False
-"""Device partition with PDL: when one split is active (stage 1 wrote `o`), stage 2 exits
-without gdc_wait, so the second graph node ends before stage 1 does."""
+STAGE2_ONE_SPLIT_NO_WAIT = True
+"""Device partition with PDL: when one split is active, stage 1 wrote `o` and stage 2
+exits without gdc_wait, so the second graph node ends before stage 1 instead of after it
+(H200, GPU_NOTES run 19: length 1 6.64 -> 6.08 us, one split 5.97). Work launched after
+stage 2 still starts after stage 1 completes: stream order holds through a PDL secondary
+that never waits (run 17, tests/test_pdl_order.py)."""
 STAGE2_SMALL_S = 16
 STAGE2_MID_S = 64
 """Stage 2's split tiers: at most 16 (else 64) active splits load a [16 | 64, BLOCK_DV]
@@ -91,7 +86,6 @@ def _mla_stage1_kernel(
     D_LATENT: tl.constexpr, D_ROPE: tl.constexpr, DEVICE_PARTITION: tl.constexpr,
     MIN_TILES: tl.constexpr, DIRECT_OUTPUT: tl.constexpr, RETURN_LSE: tl.constexpr, DOT_MODE: tl.constexpr,
     TILE_N: tl.constexpr = 64, PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False,
-    KEYS_ON_M: tl.constexpr = False, L2_AHEAD: tl.constexpr = 0,
 ):
     """One (batch, split, head block): online softmax over the split's KV range.
 
@@ -124,16 +118,51 @@ def _mla_stage1_kernel(
         end = tl.minimum(start + chunk, seq_len)
         qk_scale = sm_scale * 1.4426950408889634  # scores in log2 units: exp2 below
 
+        m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_H], tl.float32)
+        acc = tl.zeros([BLOCK_H, D_LATENT], tl.float32)
         pt_row = page_table + b * stride_pt_b
-        if KEYS_ON_M:
-            m_i, l_i, acc = _split_keys_on_m(qn, qp, kv_c, k_pe, pt_row, stride_kv, stride_kpe,
-                                             start, end, qk_scale, BLOCK_H, D_LATENT, D_ROPE,
-                                             TILE_N, DOT_MODE, PREFETCH, L2_AHEAD)
-        else:
-            m_i, l_i, acc = _split_heads_on_m(qn, qp, kv_c, k_pe, pt_row, stride_kv,
-                                              stride_kpe, start, end, qk_scale, BLOCK_H,
-                                              D_LATENT, D_ROPE, TILE_N, DOT_MODE, PREFETCH,
-                                              L2_AHEAD)
+        if PREFETCH:
+            first = start + tl.arange(0, TILE_N)
+            next_slots = tl.load(pt_row + first, mask=first < end, other=0)
+        for start_n in range(start, end, TILE_N):
+            offs_n = start_n + tl.arange(0, TILE_N)
+            row_ok = offs_n < end
+            if PREFETCH:
+                slots = next_slots
+                ahead = offs_n + TILE_N
+                next_slots = tl.load(pt_row + ahead, mask=ahead < end, other=0)
+            else:
+                slots = tl.load(pt_row + offs_n, mask=row_ok, other=0)
+            slots = slots.to(tl.int64)
+            latent = tl.load(kv_c + slots[:, None] * stride_kv + offs_d[None, :],
+                             mask=row_ok[:, None], other=0.0)
+            rope = tl.load(k_pe + slots[:, None] * stride_kpe + offs_r[None, :],
+                           mask=row_ok[:, None], other=0.0)
+            if DOT_MODE == 1:
+                latent = latent.to(tl.float32)
+                qk = tl.dot(qn.to(tl.float32), tl.trans(latent), input_precision="ieee")
+                qk += tl.dot(qp.to(tl.float32), tl.trans(rope.to(tl.float32)),
+                             input_precision="ieee")
+            elif DOT_MODE == 2:
+                qk = tl.dot(qn, tl.trans(latent), input_precision="tf32x3")
+                qk += tl.dot(qp, tl.trans(rope), input_precision="tf32x3")
+            else:
+                qk = tl.dot(qn, tl.trans(latent))
+                qk += tl.dot(qp, tl.trans(rope))
+            qk = tl.where(row_ok[None, :], qk * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(qk - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            if DOT_MODE == 1:
+                pv = tl.dot(p, latent, input_precision="ieee")
+            elif DOT_MODE == 2:
+                pv = tl.dot(p, latent, input_precision="tf32x3")
+            else:
+                pv = tl.dot(p.to(latent.dtype), latent)
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
 
         nonempty = l_i > 0.0
         out = tl.where(nonempty[:, None], acc / tl.where(nonempty, l_i, 1.0)[:, None], 0.0)
@@ -159,149 +188,6 @@ def _mla_stage1_kernel(
 
 
 @triton.jit
-def _split_heads_on_m(qn, qp, kv_c, k_pe, pt_row, stride_kv, stride_kpe, start, end, qk_scale,
-                      BLOCK_H: tl.constexpr, D_LATENT: tl.constexpr, D_ROPE: tl.constexpr,
-                      TILE_N: tl.constexpr, DOT_MODE: tl.constexpr, PREFETCH: tl.constexpr,
-                      L2_AHEAD: tl.constexpr):
-    """Online softmax over KV rows [start, end): scores [heads, keys], Triton pipelines the
-    KV loads (num_stages). Returns (row max, row sum, unnormalised output [heads, 512])."""
-    offs_d = tl.arange(0, D_LATENT)
-    offs_r = tl.arange(0, D_ROPE)
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, D_LATENT], tl.float32)
-    if PREFETCH:
-        first = start + tl.arange(0, TILE_N)
-        next_slots = tl.load(pt_row + first, mask=first < end, other=0)
-    if L2_AHEAD > 0:
-        pf_first = start + L2_AHEAD * TILE_N + tl.arange(0, TILE_N)
-        pf_slots = tl.load(pt_row + pf_first, mask=pf_first < end, other=0)
-    for start_n in range(start, end, TILE_N):
-        offs_n = start_n + tl.arange(0, TILE_N)
-        row_ok = offs_n < end
-        if L2_AHEAD > 0:
-            pf_rows = offs_n + L2_AHEAD * TILE_N
-            _l2_prefetch_rows(kv_c, k_pe, pf_slots, pf_rows < end, stride_kv, stride_kpe)
-            pf_next = pf_rows + TILE_N
-            pf_slots = tl.load(pt_row + pf_next, mask=pf_next < end, other=0)
-        if PREFETCH:
-            slots = next_slots
-            ahead = offs_n + TILE_N
-            next_slots = tl.load(pt_row + ahead, mask=ahead < end, other=0)
-        else:
-            slots = tl.load(pt_row + offs_n, mask=row_ok, other=0)
-        slots = slots.to(tl.int64)
-        latent = tl.load(kv_c + slots[:, None] * stride_kv + offs_d[None, :],
-                         mask=row_ok[:, None], other=0.0)
-        rope = tl.load(k_pe + slots[:, None] * stride_kpe + offs_r[None, :],
-                       mask=row_ok[:, None], other=0.0)
-        if DOT_MODE == 1:
-            latent = latent.to(tl.float32)
-            qk = tl.dot(qn.to(tl.float32), tl.trans(latent), input_precision="ieee")
-            qk += tl.dot(qp.to(tl.float32), tl.trans(rope.to(tl.float32)),
-                         input_precision="ieee")
-        elif DOT_MODE == 2:
-            qk = tl.dot(qn, tl.trans(latent), input_precision="tf32x3")
-            qk += tl.dot(qp, tl.trans(rope), input_precision="tf32x3")
-        else:
-            qk = tl.dot(qn, tl.trans(latent))
-            qk += tl.dot(qp, tl.trans(rope))
-        qk = tl.where(row_ok[None, :], qk * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if DOT_MODE == 1:
-            pv = tl.dot(p, latent, input_precision="ieee")
-        elif DOT_MODE == 2:
-            pv = tl.dot(p, latent, input_precision="tf32x3")
-        else:
-            pv = tl.dot(p.to(latent.dtype), latent)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
-    return m_i, l_i, acc
-
-
-@triton.jit
-def _split_keys_on_m(qn, qp, kv_c, k_pe, pt_row, stride_kv, stride_kpe, start, end, qk_scale,
-                     BLOCK_H: tl.constexpr, D_LATENT: tl.constexpr, D_ROPE: tl.constexpr,
-                     TILE_N: tl.constexpr, DOT_MODE: tl.constexpr, PREFETCH: tl.constexpr,
-                     L2_AHEAD: tl.constexpr):
-    """Same result as `_split_heads_on_m`, scores transposed ([keys, heads]) so TILE_N = 64
-    keys are the MMA's M (a Hopper warpgroup MMA, operands in shared memory). Triton's
-    pipeliner issues tile i+1's copy only after tile i's MMAs; L2_AHEAD > 0 prefetches the
-    rows of tile i+L2_AHEAD into L2 at the top of iteration i so that copy hits L2."""
-    offs_d = tl.arange(0, D_LATENT)
-    offs_r = tl.arange(0, D_ROPE)
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc_t = tl.zeros([D_LATENT, BLOCK_H], tl.float32)
-    qn_t = tl.trans(qn)
-    qp_t = tl.trans(qp)
-    if PREFETCH:
-        first = start + tl.arange(0, TILE_N)
-        next_slots = tl.load(pt_row + first, mask=first < end, other=0)
-    if L2_AHEAD > 0:
-        pf_first = start + L2_AHEAD * TILE_N + tl.arange(0, TILE_N)
-        pf_slots = tl.load(pt_row + pf_first, mask=pf_first < end, other=0)
-    for start_n in range(start, end, TILE_N):
-        offs_n = start_n + tl.arange(0, TILE_N)
-        row_ok = offs_n < end
-        if L2_AHEAD > 0:
-            pf_rows = offs_n + L2_AHEAD * TILE_N
-            _l2_prefetch_rows(kv_c, k_pe, pf_slots, pf_rows < end, stride_kv, stride_kpe)
-            pf_next = pf_rows + TILE_N
-            pf_slots = tl.load(pt_row + pf_next, mask=pf_next < end, other=0)
-        if PREFETCH:
-            slots = next_slots
-            ahead = offs_n + TILE_N
-            next_slots = tl.load(pt_row + ahead, mask=ahead < end, other=0)
-        else:
-            slots = tl.load(pt_row + offs_n, mask=row_ok, other=0)
-        slots = slots.to(tl.int64)
-        latent = tl.load(kv_c + slots[:, None] * stride_kv + offs_d[None, :],
-                         mask=row_ok[:, None], other=0.0)
-        rope = tl.load(k_pe + slots[:, None] * stride_kpe + offs_r[None, :],
-                       mask=row_ok[:, None], other=0.0)
-        if DOT_MODE == 1:
-            latent = latent.to(tl.float32)
-            s_t = tl.dot(latent, qn_t.to(tl.float32), input_precision="ieee")
-            s_t += tl.dot(rope.to(tl.float32), qp_t.to(tl.float32), input_precision="ieee")
-        else:
-            s_t = tl.dot(latent, qn_t)
-            s_t += tl.dot(rope, qp_t)
-        s_t = tl.where(row_ok[:, None], s_t * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s_t, 0))
-        alpha = tl.exp2(m_i - m_new)
-        p_t = tl.exp2(s_t - m_new[None, :])
-        l_i = l_i * alpha + tl.sum(p_t, 0)
-        if DOT_MODE == 1:
-            pv_t = tl.dot(tl.trans(latent), p_t, input_precision="ieee")
-        else:
-            pv_t = tl.dot(tl.trans(latent), p_t.to(latent.dtype))
-        acc_t = acc_t * alpha[None, :] + pv_t
-        m_i = m_new
-    return m_i, l_i, tl.trans(acc_t)
-
-
-@triton.jit
-def _l2_prefetch_rows(kv_c, k_pe, slots, ok, stride_kv, stride_kpe):
-    """Hopper bulk prefetch into L2 of KV rows (bf16: 1024 latent + 128 rope bytes each);
-    the result is a dummy, the instruction has no register output."""
-    rows = slots.to(tl.int64)
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $2, 0; "
-        "@p cp.async.bulk.prefetch.L2.global [$1], 1024; mov.u32 $0, 0; }",
-        "=r,l,r", [kv_c + rows * stride_kv, ok.to(tl.int32)], dtype=tl.int32, is_pure=False,
-        pack=1)
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $2, 0; "
-        "@p cp.async.bulk.prefetch.L2.global [$1], 128; mov.u32 $0, 0; }",
-        "=r,l,r", [k_pe + rows * stride_kpe, ok.to(tl.int32)], dtype=tl.int32, is_pure=False,
-        pack=1)
-
-
-@triton.jit
 def _mla_stage2_kernel(
     partial_out, partial_lse, seq_info, o, lse_out,
     stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s, stride_o_b, stride_o_h,
@@ -318,7 +204,8 @@ def _mla_stage2_kernel(
 
     With PDL this grid is a programmatic dependent of stage 1: it may start while stage 1
     runs, reads seq_info (which stage 1 never writes) meanwhile, and waits for stage 1's
-    completion and memory (gdc_wait) before touching the partials or `o`."""
+    completion and memory (gdc_wait) before touching the partials or `o`. With one active
+    split it touches neither, so it exits without waiting (ONE_SPLIT_NO_WAIT)."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     dblock = tl.program_id(2)
@@ -420,11 +307,7 @@ def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tens
                                                                                (0, 0, 0))
     lse_arg = lse_out if lse_out is not None else o
     mode = dot_mode(kv_c)
-    keys_on_m = STAGE1_KEYS_ON_M and mode != 2 and block_h == 16
-    if keys_on_m:
-        tile_n = 64
-    else:
-        tile_n = min(STAGE1_TILE_N, block_n) if mode != 2 else block_n
+    tile_n = min(STAGE1_TILE_N, block_n) if mode != 2 else block_n
 
     def launch(num_warps: int, num_stages: int) -> None:
         _mla_stage1_kernel[grid](
@@ -438,14 +321,10 @@ def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tens
             D_LATENT=D_LATENT, D_ROPE=D_ROPE, DEVICE_PARTITION=device_partition,
             MIN_TILES=min_tiles, DIRECT_OUTPUT=direct, RETURN_LSE=lse_out is not None,
             DOT_MODE=mode, TILE_N=tile_n, PREFETCH=STAGE1_PREFETCH and mode != 2,
-            PDL=pdl_enabled(kv_c, device_partition) and not direct, KEYS_ON_M=keys_on_m,
-            L2_AHEAD=STAGE1_L2_AHEAD if mode == 0 and kv_c.element_size() == 2 else 0,
-            num_warps=num_warps, num_stages=num_stages,
+            PDL=pdl_enabled(kv_c, device_partition) and not direct, num_warps=num_warps,
+            num_stages=num_stages,
         )
 
-    if keys_on_m:
-        launch(KEYS_ON_M_WARPS, KEYS_ON_M_STAGES)
-        return
     if mode == 2:
         launch(SAFE_WARPS, SAFE_STAGES)
         return
