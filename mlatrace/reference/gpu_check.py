@@ -278,7 +278,7 @@ def compile_report() -> int:
         triton_mla._mla_stage2_kernel,
         dict(partial_out="*fp32", partial_lse="*fp32", seq_info="*i32", o="*bf16",
              lse_out="*fp32"),
-        dict(NUM_KV_SPLITS=132, BLOCK_N=64, BLOCK_S=256, BLOCK_DV=16, DEVICE_PARTITION=True,
+        dict(NUM_KV_SPLITS=132, BLOCK_N=64, BLOCK_S=256, BLOCK_DV=32, DEVICE_PARTITION=True,
              MIN_TILES=1, RETURN_LSE=False), 4, 1)))
     rows.append(("PA v1 bf16 group 4 head 128", lambda: build(
         triton_pa._paged_attention_v1_kernel,
