@@ -251,7 +251,9 @@ TRITON_MLA_CASES = {  # id: (policy, hint, lengths, nhead, dtype)
     "stage2-several-loads": ("fixed:5", 1, [300, 77], 16, "float32"),   # MAX_BLOCK_S = 2
     "device-stage2-several-loads": ("device", 1, [400, 1], 16, "float32"),
     "device-stage2-tiers": ("device", 1, [130, 300, 600], 16, "float32"),  # 3, 5, 10 active
+    "legacy-4splits-int64-offsets": ("legacy", 200, [200, 5, 64], 16, "bfloat16"),
 }
+INT64_OFFSETS = ("legacy-4splits-int64-offsets",)   # the path of caches past 2**31 elements
 SMALL_STAGE2_BLOCK = ("stage2-several-loads", "device-stage2-several-loads")
 STAGE2_TIERS = {"device-stage2-tiers": (4, 8)}   # small tier, mid tier, then the wide tile
 TRITON_PA_CASES = {  # id: (lengths, captured max, dtype)
@@ -274,6 +276,7 @@ def run_triton_cases(device: str) -> dict[str, list[float]]:
         saved_block = mla.MAX_BLOCK_S
         saved_tiers = triton_mla.STAGE2_SMALL_S, triton_mla.STAGE2_MID_S
         mla.MAX_BLOCK_S = 2 if case_id in SMALL_STAGE2_BLOCK else saved_block
+        triton_mla.STAGE1_OFFSETS_32 = case_id not in INT64_OFFSETS
         triton_mla.STAGE2_SMALL_S, triton_mla.STAGE2_MID_S = STAGE2_TIERS.get(case_id,
                                                                               saved_tiers)
         try:
@@ -283,6 +286,7 @@ def run_triton_cases(device: str) -> dict[str, list[float]]:
         finally:
             mla.MAX_BLOCK_S = saved_block
             triton_mla.STAGE2_SMALL_S, triton_mla.STAGE2_MID_S = saved_tiers
+            triton_mla.STAGE1_OFFSETS_32 = True
         ref, ref_lse = mla_reference(q_nope, q_pe, kv_c, page_table, lengths, SM_SCALE)
         lse_err = (lse.double() - ref_lse).abs().max().item()
         results[case_id] = [rel_err(o, ref), lse_err]
@@ -465,3 +469,13 @@ def test_pa_v1_graph_replay_contract_gpu():
 
 if __name__ == "__main__" and sys.argv[1:] == ["--triton-cases"]:
     print(json.dumps(run_triton_cases("cuda" if HAS_CUDA else "cpu")))
+
+
+def test_stage1_offsets_are_32_bit_only_while_the_caches_fit():
+    from mlatrace.reference.triton_mla import offsets_fit_int32
+
+    small = torch.empty((100_000, 576), dtype=torch.bfloat16, device="meta")
+    big = torch.empty((4_000_000, 576), dtype=torch.bfloat16, device="meta")  # 2.3e9 elements
+    assert offsets_fit_int32(small, small[:, 512:])
+    assert not offsets_fit_int32(big, big[:, 512:])
+    assert not offsets_fit_int32(small, big[:, 512:])
