@@ -266,7 +266,8 @@ def compile_report() -> int:
                      DEVICE_PARTITION=True, MIN_TILES=1, DIRECT_OUTPUT=False, RETURN_LSE=False,
                      DOT_MODE=dot_mode,
                      TILE_N=64 if dot_mode == 2 else min(triton_mla.STAGE1_TILE_N, 64),
-                     PREFETCH=triton_mla.STAGE1_PREFETCH and dot_mode != 2, PDL=True)
+                     PREFETCH=triton_mla.STAGE1_PREFETCH and dot_mode != 2, PDL=True,
+                     OFFSETS_32=True)
         return build(triton_mla._mla_stage1_kernel, types, const, warps, stages)
 
     rows = []
