@@ -7,7 +7,8 @@ import torch
 
 from mlatrace.bench import splits_bench as sb
 
-cfg = sb.Config(lengths=(1, 64), sweep=(), tune=False)
+cfg = sb.Config(lengths=(1, 64), sweep=(), min_replays=200, max_replays=200,
+                seconds_per_point=0.25, tune=False)
 timer = sb.Timer(cfg)
 ORDER = [("legacy@1", "legacy", 1), ("fixed:1", "fixed:1", None), ("device", "device", 1),
          ("fixed:128", "fixed:128", None), ("legacy@1", "legacy", 1),
