@@ -7,7 +7,7 @@ import torch
 
 from mlatrace.bench import splits_bench as sb
 
-cfg = sb.Config(lengths=(1, 64), sweep=(), min_replays=200, max_replays=200,
+cfg = sb.Config(lengths=(1, 64), sweep=(), min_replays=20, max_replays=200,
                 seconds_per_point=0.25, tune=False)
 timer = sb.Timer(cfg)
 ORDER = [("legacy@1", "legacy", 1), ("fixed:1", "fixed:1", None), ("device", "device", 1),
