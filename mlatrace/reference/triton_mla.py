@@ -42,9 +42,6 @@ STAGE1_TILE_N = 64
 """KV rows per inner-loop tile of stage 1 (divides policies.BLOCK_N)."""
 STAGE1_PREFETCH = True
 """Load the next tile's page-table entries one iteration ahead (by hand)."""
-STAGE1_MAXNREG = None
-"""Register cap for stage 1 (ptxas .maxnreg), so two 8-warp programs fit one SM (128);
-None: the compiler's choice."""
 STAGE1_OFFSETS_32 = True
 """32-bit KV row offsets when every element offset of kv_c and k_pe fits in int32 (off:
 always 64-bit, as caches past 2**31 elements get). With stage 1's unmasked loads (rows
@@ -340,7 +337,6 @@ def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tens
             PDL=pdl_enabled(kv_c, device_partition) and not direct,
             OFFSETS_32=STAGE1_OFFSETS_32 and offsets_fit_int32(kv_c, k_pe),
             num_warps=num_warps, num_stages=num_stages,
-            **({"maxnreg": STAGE1_MAXNREG} if STAGE1_MAXNREG and mode != 1 else {}),
         )
 
     if mode == 2:
