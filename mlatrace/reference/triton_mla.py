@@ -42,9 +42,6 @@ STAGE1_TILE_N = 64
 """KV rows per inner-loop tile of stage 1 (divides policies.BLOCK_N)."""
 STAGE1_PREFETCH = True
 """Load the next tile's page-table entries one iteration ahead (by hand)."""
-STAGE1_ONE_TILE = True
-"""A split of at most one tile (every split of a short sequence) runs straight-line code
-instead of the pipelined loop."""
 STAGE1_OFFSETS_32 = True
 """32-bit KV row offsets when every element offset of kv_c and k_pe fits in int32 (off:
 always 64-bit, as caches past 2**31 elements get). With stage 1's unmasked loads (rows
@@ -95,7 +92,7 @@ def _mla_stage1_kernel(
     D_LATENT: tl.constexpr, D_ROPE: tl.constexpr, DEVICE_PARTITION: tl.constexpr,
     MIN_TILES: tl.constexpr, DIRECT_OUTPUT: tl.constexpr, RETURN_LSE: tl.constexpr, DOT_MODE: tl.constexpr,
     TILE_N: tl.constexpr = 64, PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False,
-    OFFSETS_32: tl.constexpr = False, ONE_TILE: tl.constexpr = False,
+    OFFSETS_32: tl.constexpr = False,
 ):
     """One (batch, split, head block): online softmax over the split's KV range.
 
@@ -136,32 +133,44 @@ def _mla_stage1_kernel(
         # their scores are set to -inf below, so they add nothing, and no load needs a
         # predicate (fewer instructions on stage 1's per-tile critical path).
         last = tl.maximum(end - 1, 0)
-        one_tile = False
-        if ONE_TILE:
-            one_tile = (end > start) & (end - start <= TILE_N)
-        if one_tile:
-            # A split of one tile (short sequences): straight-line code, no pipeline
-            # prologue to fill and drain.
-            offs_n = start + tl.arange(0, TILE_N)
-            slots = tl.load(pt_row + tl.minimum(offs_n, last))
-            latent, rope = _kv_tile(kv_c, k_pe, slots, stride_kv, stride_kpe, offs_d, offs_r,
-                                    OFFSETS_32)
-            m_i, l_i, acc = _attend_tile(qn, qp, latent, rope, offs_n < end, m_i, l_i, acc,
-                                         qk_scale, DOT_MODE)
-        else:
+        if PREFETCH:
+            next_slots = tl.load(pt_row + tl.minimum(start + tl.arange(0, TILE_N), last))
+        for start_n in range(start, end, TILE_N):
+            offs_n = start_n + tl.arange(0, TILE_N)
+            row_ok = offs_n < end
             if PREFETCH:
-                next_slots = tl.load(pt_row + tl.minimum(start + tl.arange(0, TILE_N), last))
-            for start_n in range(start, end, TILE_N):
-                offs_n = start_n + tl.arange(0, TILE_N)
-                if PREFETCH:
-                    slots = next_slots
-                    next_slots = tl.load(pt_row + tl.minimum(offs_n + TILE_N, last))
-                else:
-                    slots = tl.load(pt_row + tl.minimum(offs_n, last))
-                latent, rope = _kv_tile(kv_c, k_pe, slots, stride_kv, stride_kpe, offs_d,
-                                        offs_r, OFFSETS_32)
-                m_i, l_i, acc = _attend_tile(qn, qp, latent, rope, offs_n < end, m_i, l_i,
-                                             acc, qk_scale, DOT_MODE)
+                slots = next_slots
+                next_slots = tl.load(pt_row + tl.minimum(offs_n + TILE_N, last))
+            else:
+                slots = tl.load(pt_row + tl.minimum(offs_n, last))
+            if not OFFSETS_32:
+                slots = slots.to(tl.int64)
+            latent = tl.load(kv_c + slots[:, None] * stride_kv + offs_d[None, :])
+            rope = tl.load(k_pe + slots[:, None] * stride_kpe + offs_r[None, :])
+            if DOT_MODE == 1:
+                latent = latent.to(tl.float32)
+                qk = tl.dot(qn.to(tl.float32), tl.trans(latent), input_precision="ieee")
+                qk += tl.dot(qp.to(tl.float32), tl.trans(rope.to(tl.float32)),
+                             input_precision="ieee")
+            elif DOT_MODE == 2:
+                qk = tl.dot(qn, tl.trans(latent), input_precision="tf32x3")
+                qk += tl.dot(qp, tl.trans(rope), input_precision="tf32x3")
+            else:
+                qk = tl.dot(qn, tl.trans(latent))
+                qk += tl.dot(qp, tl.trans(rope))
+            qk = tl.where(row_ok[None, :], qk * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(qk - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            if DOT_MODE == 1:
+                pv = tl.dot(p, latent, input_precision="ieee")
+            elif DOT_MODE == 2:
+                pv = tl.dot(p, latent, input_precision="tf32x3")
+            else:
+                pv = tl.dot(p.to(latent.dtype), latent)
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
 
         nonempty = l_i > 0.0
         out = tl.where(nonempty[:, None], acc / tl.where(nonempty, l_i, 1.0)[:, None], 0.0)
@@ -184,44 +193,6 @@ def _mla_stage1_kernel(
                      mask=head_ok[:, None])
             tl.store(partial_lse + b * stride_pl_b + split * stride_pl_s + heads, lse,
                      mask=head_ok)
-
-
-@triton.jit
-def _kv_tile(kv_c, k_pe, slots, stride_kv, stride_kpe, offs_d, offs_r, OFFSETS_32: tl.constexpr):
-    """The latent and rope rows of one tile, unmasked (the caller clamps the slots)."""
-    if not OFFSETS_32:
-        slots = slots.to(tl.int64)
-    latent = tl.load(kv_c + slots[:, None] * stride_kv + offs_d[None, :])
-    rope = tl.load(k_pe + slots[:, None] * stride_kpe + offs_r[None, :])
-    return latent, rope
-
-
-@triton.jit
-def _attend_tile(qn, qp, latent, rope, row_ok, m_i, l_i, acc, qk_scale,
-                 DOT_MODE: tl.constexpr):
-    """One online-softmax step over a tile: returns the new (row max, row sum, output)."""
-    if DOT_MODE == 1:
-        latent = latent.to(tl.float32)
-        qk = tl.dot(qn.to(tl.float32), tl.trans(latent), input_precision="ieee")
-        qk += tl.dot(qp.to(tl.float32), tl.trans(rope.to(tl.float32)), input_precision="ieee")
-    elif DOT_MODE == 2:
-        qk = tl.dot(qn, tl.trans(latent), input_precision="tf32x3")
-        qk += tl.dot(qp, tl.trans(rope), input_precision="tf32x3")
-    else:
-        qk = tl.dot(qn, tl.trans(latent))
-        qk += tl.dot(qp, tl.trans(rope))
-    qk = tl.where(row_ok[None, :], qk * qk_scale, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(qk - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    if DOT_MODE == 1:
-        pv = tl.dot(p, latent, input_precision="ieee")
-    elif DOT_MODE == 2:
-        pv = tl.dot(p, latent, input_precision="tf32x3")
-    else:
-        pv = tl.dot(p.to(latent.dtype), latent)
-    return m_new, l_i, acc * alpha[:, None] + pv
 
 
 @triton.jit
@@ -365,7 +336,7 @@ def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tens
             DOT_MODE=mode, TILE_N=tile_n, PREFETCH=STAGE1_PREFETCH and mode != 2,
             PDL=pdl_enabled(kv_c, device_partition) and not direct,
             OFFSETS_32=STAGE1_OFFSETS_32 and offsets_fit_int32(kv_c, k_pe),
-            ONE_TILE=STAGE1_ONE_TILE, num_warps=num_warps, num_stages=num_stages,
+            num_warps=num_warps, num_stages=num_stages,
         )
 
     if mode == 2:
