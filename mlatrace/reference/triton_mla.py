@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
+from mlatrace.reference import gluon_mla
 from mlatrace.reference.mla import D_LATENT, D_ROPE
 
 STAGE1_WARPS = 8
@@ -67,6 +68,9 @@ STAGE2_MID_S = 64
 tile instead of [BLOCK_S, BLOCK_DV]. Device policy on the H200 (GPU_NOTES run 8), no tiers
 -> tiers: 512 tokens 9.53 -> 8.30 us, 1024 9.64 -> 8.57, 2048 10.13 -> 9.71, 100K
 unchanged (45.9 -> 46.1). 0 turns a tier off."""
+STAGE1_GLUON = True
+"""16-bit caches on a Hopper GPU: stage 1 runs the Gluon warpgroup-MMA kernel
+(`gluon_mla`, keys on M, cp.async ring) instead of the portable Triton one."""
 FALLBACK_CONFIG = True
 """Retry stage 1 with SAFE_WARPS/SAFE_STAGES when the default config does not fit (off:
 raise instead, so a tuning sweep never times the fallback under another config's name)."""
@@ -341,6 +345,20 @@ def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tens
 
     if mode == 2:
         launch(SAFE_WARPS, SAFE_STAGES)
+        return
+    if STAGE1_GLUON and block_h == 16 and gluon_mla.available(kv_c):
+        gluon_mla._mla_stage1_wgmma_kernel[grid](
+            q_nope, q_pe, kv_c, k_pe, page_table, seq_info, float(sm_scale),
+            o, lse_arg, partial_out, partial_lse,
+            q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1),
+            kv_c.stride(0), k_pe.stride(0), page_table.stride(0),
+            o.stride(0), o.stride(1), ppo[0], ppo[1], ppo[2], ppl[0], ppl[1],
+            q_nope.shape[1],
+            NUM_KV_SPLITS=num_splits, BLOCK_N=block_n, DEVICE_PARTITION=device_partition,
+            MIN_TILES=min_tiles, DIRECT_OUTPUT=direct, RETURN_LSE=lse_out is not None,
+            PDL=pdl_enabled(kv_c, device_partition) and not direct, NBUF=gluon_mla.NBUF,
+            WARPS=gluon_mla.NUM_WARPS, num_warps=gluon_mla.NUM_WARPS,
+        )
         return
     try:
         launch(STAGE1_WARPS, STAGE1_STAGES)

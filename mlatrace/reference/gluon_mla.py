@@ -1,0 +1,261 @@
+"""Stage 1 of the reference MLA decode for Hopper, in Gluon (warpgroup MMA, keys on M).
+
+The portable Triton stage 1 (`triton_mla._mla_stage1_kernel`) puts the 16 heads on M, so
+its q.k is a chain of 36 dependent mma.sync steps per warp and the SM idles on that
+chain while the next tile's rows wait in flight (GPU_NOTES runs 3c, 5, 26). Here one
+warpgroup computes S^T = K q^T (M = 64 keys, N = 16 heads, K = 576) and O^T += V^T P^T
+(M = 512 latent columns, N = 16, K = 64 keys) with asynchronous warpgroup MMAs read from
+shared memory, while the gathered KV rows of the next tile arrive by cp.async into a
+ring of NBUF shared buffers. The page-table entries of a tile are read one tile ahead
+of its copies, so a copy never waits on its own index load.
+
+Same arguments, partition and outputs as the Triton stage 1 for 16-bit caches (DOT_MODE
+0): partial output + LSE per (batch, split, head block of 16), or `o` directly when the
+launch has one split (DIRECT_OUTPUT) or the device partition has one active split.
+Gluon compiles for NVIDIA only (no interpreter): CPU runs and other GPUs keep the Triton
+kernel (`available()`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        async_copy,
+        fence_async_shared,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+except ImportError:  # a Triton without Gluon: the Triton kernel serves every launch
+    gluon = None
+
+TILE_N = 64
+"""KV rows per tile: M of the q.k warpgroup MMA (its minimum)."""
+NBUF = 2
+"""Shared KV buffers (73.7 KiB each with 16-bit caches): copies of tile t+1 are in flight
+while tile t is computed."""
+NUM_WARPS = 4
+"""One warpgroup."""
+
+
+def available(kv_c: torch.Tensor) -> bool:
+    """Whether this stage 1 can serve a launch on `kv_c`: Gluon present, an NVIDIA Hopper
+    device (compute capability 9.x), 16-bit caches."""
+    return (gluon is not None and kv_c.is_cuda and torch.version.hip is None
+            and kv_c.dtype in (torch.bfloat16, torch.float16)
+            and torch.cuda.get_device_capability(kv_c.device)[0] == 9)
+
+
+if gluon is not None:
+
+    @gluon.jit
+    def _launch_dependents():
+        """griddepcontrol.launch_dependents: a PDL-launched stage 2 may start now."""
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [],
+                                  dtype=gl.int32, is_pure=False, pack=1)
+
+    @gluon.jit
+    def _issue_rows(smem, cache, slots, stride, WIDTH: gl.constexpr, load_layout: gl.constexpr):
+        """cp.async the gathered rows `slots` of one cache ([TILE, WIDTH]) into a ring slot."""
+        offs = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, load_layout))
+        async_copy.async_copy_global_to_shared(
+            smem, cache + gl.expand_dims(slots, 1) * stride + gl.expand_dims(offs, 0))
+
+    @gluon.jit
+    def _mla_stage1_wgmma_kernel(
+        q_nope, q_pe, kv_c, k_pe, page_table, seq_info, sm_scale,
+        o, lse_out, partial_out, partial_lse,
+        stride_qn_b, stride_qn_h, stride_qp_b, stride_qp_h, stride_kv, stride_kpe,
+        stride_pt_b, stride_o_b, stride_o_h, stride_po_b, stride_po_s, stride_po_h,
+        stride_pl_b, stride_pl_s, nhead,
+        NUM_KV_SPLITS: gl.constexpr, BLOCK_N: gl.constexpr, DEVICE_PARTITION: gl.constexpr,
+        MIN_TILES: gl.constexpr, DIRECT_OUTPUT: gl.constexpr, RETURN_LSE: gl.constexpr,
+        PDL: gl.constexpr, NBUF: gl.constexpr, WARPS: gl.constexpr,
+    ):
+        """One (batch, split, head block of 16): online softmax over the split's KV range."""
+        BLOCK_H: gl.constexpr = 16
+        TILE: gl.constexpr = 64
+        b = gl.program_id(0)
+        split = gl.program_id(1)
+        hblock = gl.program_id(2)
+        if PDL:
+            _launch_dependents()
+
+        # WARPS 4: one warpgroup owns all 16 heads. WARPS 8: each warpgroup owns 8 heads
+        # (its own q.k, softmax and P.V columns), both issue the copies.
+        WG: gl.constexpr = WARPS // 4
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WG],
+                                                      instr_shape=[16, 16 // WG, 16])
+        load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
+        row_layout: gl.constexpr = gl.SliceLayout(1, load_layout)
+        dtype: gl.constexpr = kv_c.dtype.element_ty
+        kvl_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([TILE, 512], dtype)
+        kvr_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([TILE, 64], dtype)
+        qn_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, 512], dtype)
+        qp_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, 64], dtype)
+        p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([TILE, BLOCK_H], dtype)
+
+        # NBUF 2: latent and rope rings of 2, P in its own buffer. NBUF 3: latent ring of 3,
+        # rope ring of 2 (a tile's rope is reloaded after its P.V), P in the tile's rope
+        # slot (free once q.k has read it): 226 KiB, about the most Hopper gives a CTA.
+        RBUF: gl.constexpr = 2
+        kvl = gl.allocate_shared_memory(dtype, [NBUF, TILE, 512], kvl_layout)
+        kvr = gl.allocate_shared_memory(dtype, [RBUF, TILE, 64], kvr_layout)
+        qn_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, 512], qn_layout)
+        qp_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, 64], qp_layout)
+        if NBUF == 2:
+            p_own = gl.allocate_shared_memory(dtype, [TILE, BLOCK_H], p_layout)
+
+        # q does not depend on the length: its loads are in flight while seq_info arrives.
+        heads_l = hblock * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_layout)
+        head_ok_l = gl.expand_dims(heads_l < nhead, 1)
+        offs_d = gl.arange(0, 512, layout=gl.SliceLayout(0, load_layout))
+        offs_r = gl.arange(0, 64, layout=gl.SliceLayout(0, load_layout))
+        qn = gl.load(q_nope + b * stride_qn_b + gl.expand_dims(heads_l, 1) * stride_qn_h
+                     + gl.expand_dims(offs_d, 0), mask=head_ok_l, other=0.0)
+        qp = gl.load(q_pe + b * stride_qp_b + gl.expand_dims(heads_l, 1) * stride_qp_h
+                     + gl.expand_dims(offs_r, 0), mask=head_ok_l, other=0.0)
+        seq_len = gl.load(seq_info + b)
+        if DEVICE_PARTITION:
+            tiles = gl.maximum((seq_len + BLOCK_N - 1) // BLOCK_N, 1)
+            per = gl.maximum((tiles + gl.minimum(tiles, NUM_KV_SPLITS) - 1)
+                             // gl.minimum(tiles, NUM_KV_SPLITS), MIN_TILES)
+            active = (tiles + per - 1) // per
+            chunk = per * BLOCK_N
+        else:
+            active = NUM_KV_SPLITS
+            chunk = (seq_len + NUM_KV_SPLITS - 1) // NUM_KV_SPLITS
+        if split < active:
+            start = split * chunk
+            end = gl.minimum(start + chunk, seq_len)
+            last = gl.maximum(end - 1, 0)
+            n_tiles = (end - start + TILE - 1) // TILE
+            pt_row = page_table + b * stride_pt_b
+            offs_t = gl.arange(0, TILE, layout=row_layout)
+
+            qn_smem.store(qn)
+            qp_smem.store(qp)
+            # Ring prologue: tiles 0 .. NBUF-2 in flight (one commit group per tile, or
+            # latent and rope apart with NBUF 3), the next tile's page-table entries loaded.
+            for i in gl.static_range(NBUF - 1):
+                slots = gl.load(pt_row + gl.minimum(start + i * TILE + offs_t, last))
+                if i < n_tiles:
+                    _issue_rows(kvl.index(i), kv_c, slots, stride_kv, 512, load_layout)
+                    if NBUF == 3:
+                        async_copy.commit_group()
+                    _issue_rows(kvr.index(i), k_pe, slots, stride_kpe, 64, load_layout)
+                elif NBUF == 3:
+                    async_copy.commit_group()
+                async_copy.commit_group()
+            next_slots = gl.load(pt_row + gl.minimum(start + (NBUF - 1) * TILE + offs_t, last))
+
+            qk_scale = sm_scale * 1.4426950408889634  # scores in log2 units: exp2 below
+            m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, mma))
+            l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(0, mma))
+            acc = gl.zeros([512, BLOCK_H], gl.float32, layout=mma)
+            s_zero = gl.zeros([TILE, BLOCK_H], gl.float32, layout=mma)
+            keys = gl.arange(0, TILE, layout=gl.SliceLayout(1, mma))
+            for t in range(0, n_tiles):
+                # Issue tile t + NBUF - 1 into the slots tile t - 1 freed (NBUF 3: its latent
+                # now, its rope after this tile's P.V), then read the page-table entries of
+                # the tile after it (used next iteration).
+                ahead = t + NBUF - 1
+                ahead_slots = next_slots
+                if ahead < n_tiles:
+                    _issue_rows(kvl.index(ahead % NBUF), kv_c, ahead_slots, stride_kv, 512,
+                                load_layout)
+                    if NBUF == 2:
+                        _issue_rows(kvr.index(ahead % RBUF), k_pe, ahead_slots, stride_kpe, 64,
+                                    load_layout)
+                async_copy.commit_group()
+                next_slots = gl.load(pt_row + gl.minimum(start + (ahead + 1) * TILE + offs_t,
+                                                         last))
+                # Groups committed after tile t's: NBUF 2: one; NBUF 3: L(t+1), R(t+1), L(t+2).
+                async_copy.wait_group(2 * NBUF - 3)
+                fence_async_shared()
+                gl.thread_barrier()
+
+                buf = t % NBUF
+                rbuf = t % RBUF
+                s = warpgroup_mma(kvl.index(buf), qn_smem.permute((1, 0)), s_zero,
+                                  use_acc=False, is_async=True)
+                s = warpgroup_mma(kvr.index(rbuf), qp_smem.permute((1, 0)), s, is_async=True)
+                s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+                row_ok = gl.expand_dims(start + t * TILE + keys < end, 1)
+                s = gl.where(row_ok, s * qk_scale, float("-inf"))
+                m_new = gl.maximum(m_i, gl.max(s, 0))
+                alpha = gl.exp2(m_i - m_new)
+                p = gl.exp2(s - gl.expand_dims(m_new, 0))
+                l_i = l_i * alpha + gl.sum(p, 0)
+                acc = acc * gl.expand_dims(alpha, 0)
+                m_i = m_new
+                if NBUF == 2:
+                    p_smem = p_own
+                    p_smem.store(p.to(dtype))
+                else:
+                    # P as [16 heads, 64 keys] in rows 0-15 of the rope slot (same 128-byte
+                    # swizzle), read K-major through a transposed view like q.
+                    p_rows = kvr.index(rbuf).slice(0, BLOCK_H, dim=0)
+                    p_rows.store(gl.permute(p.to(dtype), (1, 0)))
+                    p_smem = p_rows.permute((1, 0))
+                fence_async_shared()
+                gl.thread_barrier()
+                acc = warpgroup_mma(kvl.index(buf).permute((1, 0)), p_smem, acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+                gl.thread_barrier()  # every warp is done with slot `buf` before its reuse
+                if NBUF == 3:
+                    if ahead < n_tiles:
+                        _issue_rows(kvr.index(rbuf), k_pe, ahead_slots, stride_kpe, 64,
+                                    load_layout)
+                    async_copy.commit_group()
+            async_copy.wait_group(0)
+
+            heads = hblock * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, mma))
+            cols = gl.arange(0, 512, layout=gl.SliceLayout(1, mma))
+            nonempty = l_i > 0.0
+            out = gl.where(gl.expand_dims(nonempty, 0),
+                           acc / gl.expand_dims(gl.where(nonempty, l_i, 1.0), 0), 0.0)
+            lse = gl.where(nonempty,
+                           (m_i + gl.log2(gl.where(nonempty, l_i, 1.0))) * 0.6931471805599453,
+                           float("-inf"))
+            # One split's result is the output: stage 1 writes `o` (stage 2 is skipped or
+            # exits), else a partial and its LSE for stage 2.
+            if DIRECT_OUTPUT:
+                _store_output(o, lse_out, out, lse, b, heads, cols, stride_o_b, stride_o_h,
+                              nhead, RETURN_LSE)
+            elif DEVICE_PARTITION:
+                if active == 1:
+                    _store_output(o, lse_out, out, lse, b, heads, cols, stride_o_b,
+                                  stride_o_h, nhead, RETURN_LSE)
+                else:
+                    _store_partial(partial_out, partial_lse, out, lse, b, split, heads, cols,
+                                   stride_po_b, stride_po_s, stride_po_h, stride_pl_b,
+                                   stride_pl_s, nhead)
+            else:
+                _store_partial(partial_out, partial_lse, out, lse, b, split, heads, cols,
+                               stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
+                               nhead)
+
+    @gluon.jit
+    def _store_output(o, lse_out, out, lse, b, heads, cols, stride_o_b, stride_o_h, nhead,
+                      RETURN_LSE: gl.constexpr):
+        """out^T [512, 16] into o[b, heads, :] (16-bit), and the LSE when asked."""
+        head_ok = heads < nhead
+        gl.store(o + b * stride_o_b + gl.expand_dims(heads, 0) * stride_o_h
+                 + gl.expand_dims(cols, 1), out.to(o.dtype.element_ty),
+                 mask=gl.expand_dims(head_ok, 0) & gl.expand_dims(cols < 512, 1))
+        if RETURN_LSE:
+            gl.store(lse_out + b * nhead + heads, lse, mask=head_ok)
+
+    @gluon.jit
+    def _store_partial(partial_out, partial_lse, out, lse, b, split, heads, cols,
+                       stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s, nhead):
+        """out^T [512, 16] and its LSE into the split's fp32 partial slots."""
+        head_ok = heads < nhead
+        gl.store(partial_out + b * stride_po_b + split * stride_po_s
+                 + gl.expand_dims(heads, 0) * stride_po_h + gl.expand_dims(cols, 1), out,
+                 mask=gl.expand_dims(head_ok, 0) & gl.expand_dims(cols < 512, 1))
+        gl.store(partial_lse + b * stride_pl_b + split * stride_pl_s + heads, lse, mask=head_ok)
