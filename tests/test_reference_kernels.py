@@ -445,6 +445,33 @@ def test_mla_graph_replay_at_longer_lengths_gpu(policy):
 
 @pytest.mark.gpu
 @gpu
+@pytest.mark.parametrize("policy", ["legacy", "bucketed", "device", "fixed:5"])
+def test_gluon_stage1_on_hopper_matches_float64_like_triton_stage1_gpu(policy, monkeypatch):
+    """bf16 stage 1 on a Hopper GPU runs the Gluon kernel (counted), and both it and the
+    Triton kernel it replaces match float64 on the CPU cases (heads not a multiple of 16,
+    lengths off the 64-row tile) plus long ones, one split (direct `o`) included."""
+    from mlatrace.reference import gluon_mla, triton_mla
+
+    if not gluon_mla.available(torch.empty(1, 576, dtype=torch.bfloat16, device="cuda")):
+        pytest.skip("the Gluon stage 1 serves Hopper GPUs under Triton "
+                    f"{gluon_mla.GLUON_TRITON} only")
+    kernel = gluon_mla._mla_stage1_wgmma_kernel
+    launches = []
+    run = kernel.run
+    monkeypatch.setattr(kernel, "run", lambda *a, **k: launches.append(1) or run(*a, **k))
+    cases = MLA_CASES + [(2, 16, [100_000, 4095]), (1, 128, [30_001])]
+    for gluon_on in (True, False):
+        monkeypatch.setattr(triton_mla, "STAGE1_GLUON", gluon_on)
+        launches.clear()
+        for batch, nhead, lengths in cases:
+            check_mla(batch, nhead, lengths, torch.bfloat16, policy, "triton", device="cuda",
+                      hint=1)
+            check_mla(batch, nhead, lengths, torch.bfloat16, policy, "triton", device="cuda")
+        assert bool(launches) == gluon_on
+
+
+@pytest.mark.gpu
+@gpu
 def test_pa_v1_graph_replay_contract_gpu():
     lengths_capture, captured_max = [64, 64], 1024
     query, key_cache, value_cache, tables, seq_lens = make_pa_inputs(

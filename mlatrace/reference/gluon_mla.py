@@ -6,10 +6,11 @@ chain while the next tile's rows wait in flight (GPU_NOTES runs 3c, 5, 26). Here
 warpgroup computes S^T = K q^T (M = 64 keys, N = 16 heads, K = 576) and O^T += V^T P^T
 (M = 512 latent columns, N = 16, K = 64 keys) with asynchronous warpgroup MMAs read from
 shared memory, while the gathered KV rows of the next tile arrive by cp.async into a
-ring of NBUF shared buffers. The page-table entries of a tile are read one tile ahead
-of its copies, so a copy never waits on its own index load.
+ring of two shared buffers (164 KiB: one program per SM). The page-table entries of a
+tile are read one tile ahead of its copies, so a copy never waits on its own index load.
+A third buffer (226 KiB, with P in the rope slot) measured slower (GPU_NOTES run 32).
 
-Same arguments, partition and outputs as the Triton stage 1 for 16-bit caches (DOT_MODE
+Same arguments, partition and outputs as the Triton stage 1 for bf16 caches (DOT_MODE
 0): partial output + LSE per (batch, split, head block of 16), or `o` directly when the
 launch has one split (DIRECT_OUTPUT) or the device partition has one active split.
 Gluon compiles for NVIDIA only (no interpreter): CPU runs and other GPUs keep the Triton
@@ -19,6 +20,12 @@ kernel (`available()`).
 from __future__ import annotations
 
 import torch
+import triton
+
+GLUON_TRITON = "3.6"
+"""The Triton release this Gluon code is written and measured against (the H200's).
+Gluon is experimental and renames its API between releases (3.9: `async_load`,
+`gl.barrier`), so other releases keep the portable Triton kernel."""
 
 try:
     from triton.experimental import gluon
@@ -34,18 +41,18 @@ except ImportError:  # a Triton without Gluon: the Triton kernel serves every la
 
 TILE_N = 64
 """KV rows per tile: M of the q.k warpgroup MMA (its minimum)."""
-NBUF = 2
-"""Shared KV buffers (73.7 KiB each with 16-bit caches): copies of tile t+1 are in flight
-while tile t is computed."""
 NUM_WARPS = 4
-"""One warpgroup."""
+"""One warpgroup. Measured against two (each owning 8 heads, GPU_NOTES run 32): 8 warps
+are slower at every length (100K 38.0 -> 40.5 us)."""
 
 
 def available(kv_c: torch.Tensor) -> bool:
-    """Whether this stage 1 can serve a launch on `kv_c`: Gluon present, an NVIDIA Hopper
-    device (compute capability 9.x), 16-bit caches."""
-    return (gluon is not None and kv_c.is_cuda and torch.version.hip is None
-            and kv_c.dtype in (torch.bfloat16, torch.float16)
+    """Whether this stage 1 can serve a launch on `kv_c`: Triton GLUON_TRITON, an NVIDIA
+    Hopper device (compute capability 9.x), bf16 caches (the dtype gpu_check covers; fp16
+    and fp32 keep the Triton kernel)."""
+    return (gluon is not None and triton.__version__.startswith(GLUON_TRITON + ".")
+            and kv_c.is_cuda and torch.version.hip is None
+            and kv_c.dtype == torch.bfloat16
             and torch.cuda.get_device_capability(kv_c.device)[0] == 9)
 
 
@@ -58,11 +65,32 @@ if gluon is not None:
                                   dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
-    def _issue_rows(smem, cache, slots, stride, WIDTH: gl.constexpr, load_layout: gl.constexpr):
-        """cp.async the gathered rows `slots` of one cache ([TILE, WIDTH]) into a ring slot."""
-        offs = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, load_layout))
+    def _issue_tile(latent_smem, rope_smem, kv_c, k_pe, slots, stride_kv, stride_kpe,
+                    load_layout: gl.constexpr):
+        """cp.async one tile's gathered rows (latent and rope parts) into a ring slot, as
+        one commit group."""
+        rows = gl.expand_dims(slots, 1)
+        offs_d = gl.arange(0, 512, layout=gl.SliceLayout(0, load_layout))
+        offs_r = gl.arange(0, 64, layout=gl.SliceLayout(0, load_layout))
         async_copy.async_copy_global_to_shared(
-            smem, cache + gl.expand_dims(slots, 1) * stride + gl.expand_dims(offs, 0))
+            latent_smem, kv_c + rows * stride_kv + gl.expand_dims(offs_d, 0))
+        async_copy.async_copy_global_to_shared(
+            rope_smem, k_pe + rows * stride_kpe + gl.expand_dims(offs_r, 0))
+        async_copy.commit_group()
+
+    @gluon.jit
+    def _load_q(q_nope, q_pe, b, hblock, nhead, stride_qn_b, stride_qn_h, stride_qp_b,
+                stride_qp_h, load_layout: gl.constexpr):
+        """q of one head block into registers (rows past nhead are zeros)."""
+        heads = hblock * 16 + gl.arange(0, 16, layout=gl.SliceLayout(1, load_layout))
+        head_ok = gl.expand_dims(heads < nhead, 1)
+        offs_d = gl.arange(0, 512, layout=gl.SliceLayout(0, load_layout))
+        offs_r = gl.arange(0, 64, layout=gl.SliceLayout(0, load_layout))
+        qn = gl.load(q_nope + b * stride_qn_b + gl.expand_dims(heads, 1) * stride_qn_h
+                     + gl.expand_dims(offs_d, 0), mask=head_ok, other=0.0)
+        qp = gl.load(q_pe + b * stride_qp_b + gl.expand_dims(heads, 1) * stride_qp_h
+                     + gl.expand_dims(offs_r, 0), mask=head_ok, other=0.0)
+        return qn, qp
 
     @gluon.jit
     def _mla_stage1_wgmma_kernel(
@@ -73,9 +101,10 @@ if gluon is not None:
         stride_pl_b, stride_pl_s, nhead,
         NUM_KV_SPLITS: gl.constexpr, BLOCK_N: gl.constexpr, DEVICE_PARTITION: gl.constexpr,
         MIN_TILES: gl.constexpr, DIRECT_OUTPUT: gl.constexpr, RETURN_LSE: gl.constexpr,
-        PDL: gl.constexpr, NBUF: gl.constexpr, WARPS: gl.constexpr,
+        PDL: gl.constexpr,
     ):
-        """One (batch, split, head block of 16): online softmax over the split's KV range."""
+        """One (batch, split, head block of 16): online softmax over the split's KV range,
+        a ring of two tiles (tile t+1's rows arrive while tile t is computed)."""
         BLOCK_H: gl.constexpr = 16
         TILE: gl.constexpr = 64
         b = gl.program_id(0)
@@ -84,40 +113,22 @@ if gluon is not None:
         if PDL:
             _launch_dependents()
 
-        # WARPS 4: one warpgroup owns all 16 heads. WARPS 8: each warpgroup owns 8 heads
-        # (its own q.k, softmax and P.V columns), both issue the copies.
-        WG: gl.constexpr = WARPS // 4
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WG],
-                                                      instr_shape=[16, 16 // WG, 16])
-        load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, 16, 16])
+        load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         row_layout: gl.constexpr = gl.SliceLayout(1, load_layout)
         dtype: gl.constexpr = kv_c.dtype.element_ty
-        kvl_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([TILE, 512], dtype)
-        kvr_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([TILE, 64], dtype)
-        qn_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, 512], dtype)
-        qp_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, 64], dtype)
-        p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([TILE, BLOCK_H], dtype)
+        kvl = gl.allocate_shared_memory(
+            dtype, [2, TILE, 512], gl.NVMMASharedLayout.get_default_for([TILE, 512], dtype))
+        kvr = gl.allocate_shared_memory(
+            dtype, [2, TILE, 64], gl.NVMMASharedLayout.get_default_for([TILE, 64], dtype))
+        qn_smem = gl.allocate_shared_memory(
+            dtype, [BLOCK_H, 512], gl.NVMMASharedLayout.get_default_for([BLOCK_H, 512], dtype))
+        qp_smem = gl.allocate_shared_memory(
+            dtype, [BLOCK_H, 64], gl.NVMMASharedLayout.get_default_for([BLOCK_H, 64], dtype))
+        p_smem = gl.allocate_shared_memory(
+            dtype, [TILE, BLOCK_H], gl.NVMMASharedLayout.get_default_for([TILE, BLOCK_H], dtype))
 
-        # NBUF 2: latent and rope rings of 2, P in its own buffer. NBUF 3: latent ring of 3,
-        # rope ring of 2 (a tile's rope is reloaded after its P.V), P in the tile's rope
-        # slot (free once q.k has read it): 226 KiB, about the most Hopper gives a CTA.
-        RBUF: gl.constexpr = 2
-        kvl = gl.allocate_shared_memory(dtype, [NBUF, TILE, 512], kvl_layout)
-        kvr = gl.allocate_shared_memory(dtype, [RBUF, TILE, 64], kvr_layout)
-        qn_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, 512], qn_layout)
-        qp_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, 64], qp_layout)
-        if NBUF == 2:
-            p_own = gl.allocate_shared_memory(dtype, [TILE, BLOCK_H], p_layout)
-
-        # q does not depend on the length: its loads are in flight while seq_info arrives.
-        heads_l = hblock * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_layout)
-        head_ok_l = gl.expand_dims(heads_l < nhead, 1)
-        offs_d = gl.arange(0, 512, layout=gl.SliceLayout(0, load_layout))
-        offs_r = gl.arange(0, 64, layout=gl.SliceLayout(0, load_layout))
-        qn = gl.load(q_nope + b * stride_qn_b + gl.expand_dims(heads_l, 1) * stride_qn_h
-                     + gl.expand_dims(offs_d, 0), mask=head_ok_l, other=0.0)
-        qp = gl.load(q_pe + b * stride_qp_b + gl.expand_dims(heads_l, 1) * stride_qp_h
-                     + gl.expand_dims(offs_r, 0), mask=head_ok_l, other=0.0)
         seq_len = gl.load(seq_info + b)
         if DEVICE_PARTITION:
             tiles = gl.maximum((seq_len + BLOCK_N - 1) // BLOCK_N, 1)
@@ -131,26 +142,23 @@ if gluon is not None:
         if split < active:
             start = split * chunk
             end = gl.minimum(start + chunk, seq_len)
-            last = gl.maximum(end - 1, 0)
             n_tiles = (end - start + TILE - 1) // TILE
+            # Rows past `end` read row end-1 again (a written, finite row of this
+            # sequence): their scores are set to -inf, so no copy needs a predicate.
+            last = gl.maximum(end - 1, 0)
             pt_row = page_table + b * stride_pt_b
             offs_t = gl.arange(0, TILE, layout=row_layout)
-
+            slots = gl.load(pt_row + gl.minimum(start + offs_t, last))
+            # q only where there are rows (idle programs exit after seq_info), in flight
+            # with the first tile's page-table entries (GPU_NOTES run 33: 0.03-0.08 us
+            # faster than loading it first, while seq_info arrives).
+            qn, qp = _load_q(q_nope, q_pe, b, hblock, nhead, stride_qn_b, stride_qn_h,
+                             stride_qp_b, stride_qp_h, load_layout)
+            _issue_tile(kvl.index(0), kvr.index(0), kv_c, k_pe, slots, stride_kv, stride_kpe,
+                        load_layout)
+            next_slots = gl.load(pt_row + gl.minimum(start + TILE + offs_t, last))
             qn_smem.store(qn)
             qp_smem.store(qp)
-            # Ring prologue: tiles 0 .. NBUF-2 in flight (one commit group per tile, or
-            # latent and rope apart with NBUF 3), the next tile's page-table entries loaded.
-            for i in gl.static_range(NBUF - 1):
-                slots = gl.load(pt_row + gl.minimum(start + i * TILE + offs_t, last))
-                if i < n_tiles:
-                    _issue_rows(kvl.index(i), kv_c, slots, stride_kv, 512, load_layout)
-                    if NBUF == 3:
-                        async_copy.commit_group()
-                    _issue_rows(kvr.index(i), k_pe, slots, stride_kpe, 64, load_layout)
-                elif NBUF == 3:
-                    async_copy.commit_group()
-                async_copy.commit_group()
-            next_slots = gl.load(pt_row + gl.minimum(start + (NBUF - 1) * TILE + offs_t, last))
 
             qk_scale = sm_scale * 1.4426950408889634  # scores in log2 units: exp2 below
             m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, mma))
@@ -159,30 +167,22 @@ if gluon is not None:
             s_zero = gl.zeros([TILE, BLOCK_H], gl.float32, layout=mma)
             keys = gl.arange(0, TILE, layout=gl.SliceLayout(1, mma))
             for t in range(0, n_tiles):
-                # Issue tile t + NBUF - 1 into the slots tile t - 1 freed (NBUF 3: its latent
-                # now, its rope after this tile's P.V), then read the page-table entries of
-                # the tile after it (used next iteration).
-                ahead = t + NBUF - 1
-                ahead_slots = next_slots
-                if ahead < n_tiles:
-                    _issue_rows(kvl.index(ahead % NBUF), kv_c, ahead_slots, stride_kv, 512,
-                                load_layout)
-                    if NBUF == 2:
-                        _issue_rows(kvr.index(ahead % RBUF), k_pe, ahead_slots, stride_kpe, 64,
-                                    load_layout)
-                async_copy.commit_group()
-                next_slots = gl.load(pt_row + gl.minimum(start + (ahead + 1) * TILE + offs_t,
-                                                         last))
-                # Groups committed after tile t's: NBUF 2: one; NBUF 3: L(t+1), R(t+1), L(t+2).
-                async_copy.wait_group(2 * NBUF - 3)
+                # Tile t+1 into the slot tile t-1 freed (an empty group past the end keeps
+                # the count), then the page-table entries of tile t+2 (used next iteration).
+                if t + 1 < n_tiles:
+                    _issue_tile(kvl.index((t + 1) % 2), kvr.index((t + 1) % 2), kv_c, k_pe,
+                                next_slots, stride_kv, stride_kpe, load_layout)
+                else:
+                    async_copy.commit_group()
+                next_slots = gl.load(pt_row + gl.minimum(start + (t + 2) * TILE + offs_t, last))
+                async_copy.wait_group(1)  # tile t's copies (this thread's) are done
                 fence_async_shared()
-                gl.thread_barrier()
+                gl.thread_barrier()       # ... and every thread's
 
-                buf = t % NBUF
-                rbuf = t % RBUF
+                buf = t % 2
                 s = warpgroup_mma(kvl.index(buf), qn_smem.permute((1, 0)), s_zero,
                                   use_acc=False, is_async=True)
-                s = warpgroup_mma(kvr.index(rbuf), qp_smem.permute((1, 0)), s, is_async=True)
+                s = warpgroup_mma(kvr.index(buf), qp_smem.permute((1, 0)), s, is_async=True)
                 s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
                 row_ok = gl.expand_dims(start + t * TILE + keys < end, 1)
                 s = gl.where(row_ok, s * qk_scale, float("-inf"))
@@ -192,25 +192,12 @@ if gluon is not None:
                 l_i = l_i * alpha + gl.sum(p, 0)
                 acc = acc * gl.expand_dims(alpha, 0)
                 m_i = m_new
-                if NBUF == 2:
-                    p_smem = p_own
-                    p_smem.store(p.to(dtype))
-                else:
-                    # P as [16 heads, 64 keys] in rows 0-15 of the rope slot (same 128-byte
-                    # swizzle), read K-major through a transposed view like q.
-                    p_rows = kvr.index(rbuf).slice(0, BLOCK_H, dim=0)
-                    p_rows.store(gl.permute(p.to(dtype), (1, 0)))
-                    p_smem = p_rows.permute((1, 0))
+                p_smem.store(p.to(dtype))
                 fence_async_shared()
                 gl.thread_barrier()
                 acc = warpgroup_mma(kvl.index(buf).permute((1, 0)), p_smem, acc, is_async=True)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
                 gl.thread_barrier()  # every warp is done with slot `buf` before its reuse
-                if NBUF == 3:
-                    if ahead < n_tiles:
-                        _issue_rows(kvr.index(rbuf), k_pe, ahead_slots, stride_kpe, 64,
-                                    load_layout)
-                    async_copy.commit_group()
             async_copy.wait_group(0)
 
             heads = hblock * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, mma))

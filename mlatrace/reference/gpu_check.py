@@ -1,5 +1,8 @@
 """GPU check of the reference kernels: compiled Triton vs float64 at full size, on CUDA.
 
+On a Hopper GPU with Triton 3.6, bf16 stage 1 runs the Gluon kernel (`gluon_mla`); the
+checks below cover it there, and the Triton stage 1 everywhere else (fp32, other GPUs).
+
 `python3 -m mlatrace.reference.gpu_check [--out DIR] [--quick]` checks, on fresh random
 inputs with scattered page tables and NaN-poisoned outputs:
 - `mla_gluon` (nhead 16 and 128, bf16 and fp32, every policy, lengths 1 .. 100K), eager
@@ -221,13 +224,13 @@ def compile_report() -> int:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from mlatrace.reference import triton_mla, triton_pa
+    from mlatrace.reference import gluon_mla, triton_mla, triton_pa
 
     not_aligned = {"stride_pt_b", "stride_bt_s", "max_num_blocks", "nhead"}
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
                              "cuobjdump")
 
-    def build(fn, types: dict, const: dict, warps: int, stages: int):
+    def build(fn, types: dict, const: dict, warps: int, stages: int, source=ASTSource):
         const = {**{p.name: p.default for p in fn.params
                     if p.is_constexpr and p.name not in const
                     and p.default is not inspect.Parameter.empty},
@@ -240,8 +243,8 @@ def compile_report() -> int:
             sig[name] = types.get(name, "i32")
             if sig[name].startswith("*") or (sig[name] == "i32" and name not in not_aligned):
                 attrs[(i,)] = [["tt.divisibility", 16]]
-        src = ASTSource(fn, sig, attrs=attrs,
-                        constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
+        src = source(fn, sig, attrs=attrs,
+                     constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
         return triton.compile(src, target=GPUTarget("cuda", 90, 32),
                               options=dict(num_warps=warps, num_stages=stages))
 
@@ -275,6 +278,17 @@ def compile_report() -> int:
         rows.append((f"stage 1 bf16 w{warps} s{stages}", lambda w=warps, s=stages: stage1(
             "bf16", w, s, 0)))
     rows.append(("stage 1 fp32 tf32x3 w4 s2", lambda: stage1("fp32", 4, 2, 2)))
+    if gluon_mla.gluon is not None and triton.__version__.startswith(gluon_mla.GLUON_TRITON + "."):
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        types = {n: "*bf16" for n in ("q_nope", "q_pe", "kv_c", "k_pe", "o")}
+        types.update(page_table="*i32", seq_info="*i32", lse_out="*fp32", partial_out="*fp32",
+                     partial_lse="*fp32", sm_scale="fp32")
+        rows.append(("stage 1 bf16 Gluon (H200 path)", lambda: build(
+            gluon_mla._mla_stage1_wgmma_kernel, types,
+            dict(NUM_KV_SPLITS=132, BLOCK_N=64, DEVICE_PARTITION=True, MIN_TILES=1,
+                 DIRECT_OUTPUT=False, RETURN_LSE=False, PDL=True),
+            gluon_mla.NUM_WARPS, 1, source=GluonASTSource)))
     rows.append(("stage 2", lambda: build(
         triton_mla._mla_stage2_kernel,
         dict(partial_out="*fp32", partial_lse="*fp32", seq_info="*i32", o="*bf16",

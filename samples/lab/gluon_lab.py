@@ -1,8 +1,12 @@
 """Session 5 lab: the Gluon stage 1 (warpgroup MMA, keys on M, cp.async ring;
 `gluon_mla`) against the portable Triton stage 1, interleaved A/B at the bench's
-lengths, min of two medians; device policy and the best fixed split of run 23.
+lengths, min of two medians; device policy and the best fixed split of run 23. Runs
+29-32 compared ring depths and warp counts (commit ebb7e96); run 33 compares q loaded
+before / after the partition, and times a plain copy moving the same bytes as the 100K
+decode through the same graph timer (what launch and ramp leave of the ceiling at this
+size).
 
-  python3 samples/lab/gluon_lab.py OUT_JSON [NBUFxWARPS ...]"""
+  python3 samples/lab/gluon_lab.py OUT_JSON"""
 
 import json
 import sys
@@ -10,19 +14,16 @@ import sys
 import torch
 
 from mlatrace.bench import splits_bench as sb
-from mlatrace.reference import gluon_mla, gpu_check, triton_mla
+from mlatrace.reference import gpu_check, triton_mla
 
 BEST = {1: 1, 64: 1, 512: 8, 1024: 16, 4096: 64, 8192: 128, 16384: 128, 32768: 128,
         65536: 128, 100_000: 128}
 BYTES_100K = 115.6e6
-variants = {"triton": (False, 2, 4)}
-for spec in (sys.argv[2:] or ["2x4"]):   # NBUF x WARPS
-    nbuf, warps = spec.split("x")
-    variants[f"g{spec}"] = (True, int(nbuf), int(warps))
+variants = {"triton": False, "gluon": True}   # run 33's "qearly" knob: git history
 
 
 def set_variant(name: str) -> None:
-    triton_mla.STAGE1_GLUON, gluon_mla.NBUF, gluon_mla.NUM_WARPS = variants[name]
+    triton_mla.STAGE1_GLUON = variants[name]
 
 
 # Correctness first (gpu_check's bf16 MLA checks: every policy, eager and graph@1,
@@ -68,6 +69,12 @@ for length in cfg.lengths:
 for variant in variants:
     set_variant(variant)
     print(variant, sb.stage_breakdown(cfg, timer, 100_000, lambda line: None))
+half = int(BYTES_100K // 4)   # bf16 elements: read + write = the decode's bytes
+pairs = [(torch.randn(half, device="cuda").to(torch.bfloat16),
+          torch.empty(half, dtype=torch.bfloat16, device="cuda")) for _ in range(4)]
+copy_us = timer.per_call_us([lambda s=s, d=d: d.copy_(s) for s, d in pairs])["us"]
+print(f"same-size copy (115.6 MB moved) in the graph timer: {copy_us:.2f} us,"
+      f" {BYTES_100K / copy_us / 1e6:.2f} TB/s; ceiling {sb.read_ceiling('cuda') / 1e12:.2f}")
 r = rows[-1]
 print("100K TB/s: " + "  ".join(f"{k} {BYTES_100K / v / 1e6:.2f}" for k, v in r.items()
                                 if k != "length"))
