@@ -44,9 +44,12 @@ NHEAD = 16                      # Kimi-K3 TP8-like small-head decode
 ROTATION_BYTES = 200 << 20      # rotate input sets until this much data (> L2) is touched
 MAX_SETS = 16
 KV_ROW_BYTES = 576 * 2          # bf16 latent + rope per token
-TUNE_CONFIGS = (  # stage 1 of the device policy: (budget, TILE_N, warps, stages, prefetch)
-    (132, 64, 8, 3, True), (132, 64, 16, 3, True), (264, 64, 4, 2, False),
-    (264, 32, 4, 3, True), (264, 32, 8, 3, True), (132, 32, 8, 5, True),
+TUNE_CONFIGS = (  # stage 1 of the device policy: (kernel, budget, TILE_N, warps, stages,
+    # prefetch); the last four are the portable Triton kernel's, the Gluon one (Hopper,
+    # bf16) takes only the budget
+    ("gluon", 132, 64, 4, 2, True), ("gluon", 264, 64, 4, 2, True),
+    ("triton", 132, 64, 8, 3, True), ("triton", 132, 64, 16, 3, True),
+    ("triton", 264, 64, 4, 2, False), ("triton", 264, 32, 4, 3, True),
 )
 TUNE_PDL_LENGTHS = (1, 512, 4096, 100_000)
 TUNE_TIER_LENGTHS = (512, 2048)
@@ -332,31 +335,36 @@ def tune(cfg: Config, timer: Timer, res: Results, log: Callable[[str], None]) ->
     smallest chunk (min tiles per split) at mid lengths. Restores every knob after."""
     import torch
 
-    from mlatrace.reference import mla, policies, triton_mla
+    from mlatrace.reference import gluon_mla, mla, policies, triton_mla
 
     length = max(cfg.lengths)
     saved_stage2 = (mla.MAX_BLOCK_S, mla.BLOCK_DV)
     saved_pdl = triton_mla.USE_PDL
+    saved_gluon = triton_mla.STAGE1_GLUON
     sets = make_sets(length, cfg.nhead, cfg.device)
     saved = stage1_knobs()
     saved_min_tiles = policies.DEVICE_MIN_TILES_PER_SPLIT
     saved_tiers = (triton_mla.STAGE2_SMALL_S, triton_mla.STAGE2_MID_S)
     try:
         triton_mla.FALLBACK_CONFIG = False   # a config that does not fit is an error here
-        for knobs in TUNE_CONFIGS:
-            set_stage1_knobs(knobs)
+        for kernel, *knobs in TUNE_CONFIGS:
+            triton_mla.STAGE1_GLUON = kernel == "gluon"
+            if kernel == "gluon" and not gluon_mla.available(sets[0]["kv_c"]):
+                continue                     # the Gluon kernel does not serve this machine
+            set_stage1_knobs(tuple(knobs))
             try:
                 t = timer.per_call_us(mla_calls(sets, "device", 1, "triton"))
             except Exception as exc:  # a config that does not compile: record and go on
                 t = dict(us=float("nan"), error=f"{type(exc).__name__}: {exc}"[:300])
             budget, tile_n, warps, stages, prefetch = knobs
-            entry = dict(length=length, budget=budget, tile_n=tile_n, warps=warps,
-                         stages=stages, prefetch=prefetch, **t,
+            entry = dict(length=length, kernel=kernel, budget=budget, tile_n=tile_n,
+                         warps=warps, stages=stages, prefetch=prefetch, **t,
                          bytes_per_s=mla_bytes(length, cfg.nhead) / (t["us"] * 1e-6))
             res.tuning.append(entry)
-            log(f"tune {length}: budget {budget:4d} tile {tile_n:3d} warps {warps} stages"
-                f" {stages} prefetch {int(prefetch)}: {t['us']:9.1f} us"
+            log(f"tune {length}: {kernel} budget {budget:4d} tile {tile_n:3d} warps {warps}"
+                f" stages {stages} prefetch {int(prefetch)}: {t['us']:9.1f} us"
                 f"  {entry['bytes_per_s'] / 1e12:5.2f} TB/s {t.get('error', '')}")
+        triton_mla.STAGE1_GLUON = saved_gluon
         set_stage1_knobs(saved)
         triton_mla.FALLBACK_CONFIG = True
         for block_s, block_dv in TUNE_STAGE2:
@@ -519,12 +527,15 @@ def markdown(res: Results) -> str:
                      f" stage 2 {s['stage2_us']:.1f} us ({s['splits']} splits launched).")
     if res.tuning:
         lines += ["", f"Tuning, device policy at {res.tuning[0]['length']} tokens (us per call;"
-                  " stage 1 budget, inner tile, warps, stages, page-table prefetch):", "",
-                  "| budget | tile | warps | stages | prefetch | us | TB/s |",
-                  "|---:|---:|---:|---:|---:|---:|---:|"]
+                  " stage 1 kernel and launch budget; inner tile, warps, stages and page-table"
+                  " prefetch of the Triton kernel):", "",
+                  "| stage 1 | budget | tile | warps | stages | prefetch | us | TB/s |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
         for t in res.tuning:
-            lines.append(f"| {t['budget']} | {t['tile_n']} | {t['warps']} | {t['stages']} |"
-                         f" {int(t['prefetch'])} | {t['us']:.1f} | {t['bytes_per_s'] / 1e12:.2f} |")
+            knobs = ("| - | - | - | - |" if t.get("kernel") == "gluon" else
+                     f"| {t['tile_n']} | {t['warps']} | {t['stages']} | {int(t['prefetch'])} |")
+            lines.append(f"| {t.get('kernel', 'triton')} | {t['budget']} {knobs}"
+                         f" {t['us']:.1f} | {t['bytes_per_s'] / 1e12:.2f} |")
     if res.pdl:
         lines += ["", "Stage 2 as a programmatic dependent launch (PDL off / on for every policy):"
                   " " + "; ".join(f"{t['length']} {t['pdl']}: device {t['us']:.1f} us, best fixed"

@@ -4,7 +4,7 @@ lengths, min of two medians; device policy and the best fixed split of run 23. R
 29-32 compared ring depths and warp counts (commit ebb7e96); run 33 compares q loaded
 before / after the partition, and times a plain copy moving the same bytes as the 100K
 decode through the same graph timer (what launch and ramp leave of the ceiling at this
-size).
+size). Run 35: one KV slot per program and two programs per SM (RING 1, budget 264).
 
   python3 samples/lab/gluon_lab.py OUT_JSON"""
 
@@ -14,16 +14,17 @@ import sys
 import torch
 
 from mlatrace.bench import splits_bench as sb
-from mlatrace.reference import gpu_check, triton_mla
+from mlatrace.reference import gluon_mla, gpu_check, policies, triton_mla
 
 BEST = {1: 1, 64: 1, 512: 8, 1024: 16, 4096: 64, 8192: 128, 16384: 128, 32768: 128,
         65536: 128, 100_000: 128}
 BYTES_100K = 115.6e6
-variants = {"triton": False, "gluon": True}   # run 33's "qearly" knob: git history
+# run 33's "qearly" knob: git history. Run 35: (Gluon on, RING, device launch budget).
+variants = {"triton": (False, 2, 132), "g2b132": (True, 2, 132), "g1b264": (True, 1, 264)}
 
 
 def set_variant(name: str) -> None:
-    triton_mla.STAGE1_GLUON = variants[name]
+    triton_mla.STAGE1_GLUON, gluon_mla.RING, policies.DEVICE_PROGRAM_BUDGET = variants[name]
 
 
 # Correctness first (gpu_check's bf16 MLA checks: every policy, eager and graph@1,
@@ -48,11 +49,11 @@ for length in cfg.lengths:
     torch.manual_seed(length)
     sets = sb.make_sets(length, 16, "cuda")
     row = {"length": length}
-    policies = {"device": ("device", 1), "best": (f"fixed:{BEST[length]}", length)}
+    calls = {"device": ("device", 1), "best": (f"fixed:{BEST[length]}", length)}
     for _ in range(2):
         for variant in variants:
             set_variant(variant)
-            for name, (policy, hint) in policies.items():
+            for name, (policy, hint) in calls.items():
                 key = f"{name}_{variant}"
                 try:
                     us = timer.per_call_us(sb.mla_calls(sets, policy, hint, "triton"))["us"]
