@@ -8,7 +8,8 @@ warpgroup computes S^T = K q^T (M = 64 keys, N = 16 heads, K = 576) and O^T += V
 shared memory, while the gathered KV rows of the next tile arrive by cp.async into a
 ring of two shared buffers (164 KiB: one program per SM). The page-table entries of a
 tile are read one tile ahead of its copies, so a copy never waits on its own index load.
-A third buffer (226 KiB, with P in the rope slot) measured slower (GPU_NOTES run 32).
+Measured slower on the H200 (GPU_NOTES runs 31-35): a third buffer (226 KiB, P in the
+rope slot), two warpgroups per program, and one buffer with two programs per SM.
 
 Same arguments, partition and outputs as the Triton stage 1 for bf16 caches (DOT_MODE
 0): partial output + LSE per (batch, split, head block of 16), or `o` directly when the
@@ -41,9 +42,6 @@ except ImportError:  # a Triton without Gluon: the Triton kernel serves every la
 
 TILE_N = 64
 """KV rows per tile: M of the q.k warpgroup MMA (its minimum)."""
-RING = 2
-"""KV tiles in flight per program: 2 (164 KiB, one program per SM) or 1 (92 KiB, two
-programs per SM at a launch budget of two per SM)."""
 NUM_WARPS = 4
 """One warpgroup. Measured against two (each owning 8 heads, GPU_NOTES run 32): 8 warps
 are slower at every length (100K 38.0 -> 40.5 us)."""
@@ -104,7 +102,7 @@ if gluon is not None:
         stride_pl_b, stride_pl_s, nhead,
         NUM_KV_SPLITS: gl.constexpr, BLOCK_N: gl.constexpr, DEVICE_PARTITION: gl.constexpr,
         MIN_TILES: gl.constexpr, DIRECT_OUTPUT: gl.constexpr, RETURN_LSE: gl.constexpr,
-        PDL: gl.constexpr, RING: gl.constexpr = 2,
+        PDL: gl.constexpr,
     ):
         """One (batch, split, head block of 16): online softmax over the split's KV range,
         a ring of two tiles (tile t+1's rows arrive while tile t is computed)."""
@@ -122,9 +120,9 @@ if gluon is not None:
         row_layout: gl.constexpr = gl.SliceLayout(1, load_layout)
         dtype: gl.constexpr = kv_c.dtype.element_ty
         kvl = gl.allocate_shared_memory(
-            dtype, [RING, TILE, 512], gl.NVMMASharedLayout.get_default_for([TILE, 512], dtype))
+            dtype, [2, TILE, 512], gl.NVMMASharedLayout.get_default_for([TILE, 512], dtype))
         kvr = gl.allocate_shared_memory(
-            dtype, [RING, TILE, 64], gl.NVMMASharedLayout.get_default_for([TILE, 64], dtype))
+            dtype, [2, TILE, 64], gl.NVMMASharedLayout.get_default_for([TILE, 64], dtype))
         qn_smem = gl.allocate_shared_memory(
             dtype, [BLOCK_H, 512], gl.NVMMASharedLayout.get_default_for([BLOCK_H, 512], dtype))
         qp_smem = gl.allocate_shared_memory(
@@ -172,19 +170,17 @@ if gluon is not None:
             for t in range(0, n_tiles):
                 # Tile t+1 into the slot tile t-1 freed (an empty group past the end keeps
                 # the count), then the page-table entries of tile t+2 (used next iteration).
-                if RING == 2:
-                    if t + 1 < n_tiles:
-                        _issue_tile(kvl.index((t + 1) % 2), kvr.index((t + 1) % 2), kv_c, k_pe,
-                                    next_slots, stride_kv, stride_kpe, load_layout)
-                    else:
-                        async_copy.commit_group()
-                    next_slots = gl.load(pt_row + gl.minimum(start + (t + 2) * TILE + offs_t,
-                                                             last))
-                async_copy.wait_group(RING - 1)  # tile t's copies (this thread's) are done
+                if t + 1 < n_tiles:
+                    _issue_tile(kvl.index((t + 1) % 2), kvr.index((t + 1) % 2), kv_c, k_pe,
+                                next_slots, stride_kv, stride_kpe, load_layout)
+                else:
+                    async_copy.commit_group()
+                next_slots = gl.load(pt_row + gl.minimum(start + (t + 2) * TILE + offs_t, last))
+                async_copy.wait_group(1)  # tile t's copies (this thread's) are done
                 fence_async_shared()
                 gl.thread_barrier()       # ... and every thread's
 
-                buf = t % RING
+                buf = t % 2
                 s = warpgroup_mma(kvl.index(buf), qn_smem.permute((1, 0)), s_zero,
                                   use_acc=False, is_async=True)
                 s = warpgroup_mma(kvr.index(buf), qp_smem.permute((1, 0)), s, is_async=True)
@@ -203,12 +199,6 @@ if gluon is not None:
                 acc = warpgroup_mma(kvl.index(buf).permute((1, 0)), p_smem, acc, is_async=True)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
                 gl.thread_barrier()  # every warp is done with slot `buf` before its reuse
-                if RING == 1:  # one slot: tile t+1 only now (two programs per SM overlap)
-                    if t + 1 < n_tiles:
-                        _issue_tile(kvl.index(0), kvr.index(0), kv_c, k_pe, next_slots,
-                                    stride_kv, stride_kpe, load_layout)
-                    next_slots = gl.load(pt_row + gl.minimum(start + (t + 2) * TILE + offs_t,
-                                                             last))
             async_copy.wait_group(0)
 
             heads = hblock * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, mma))

@@ -356,7 +356,7 @@ def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tens
             q_nope.shape[1],
             NUM_KV_SPLITS=num_splits, BLOCK_N=block_n, DEVICE_PARTITION=device_partition,
             MIN_TILES=min_tiles, DIRECT_OUTPUT=direct, RETURN_LSE=lse_out is not None,
-            PDL=pdl_enabled(kv_c, device_partition) and not direct, RING=gluon_mla.RING,
+            PDL=pdl_enabled(kv_c, device_partition) and not direct,
             num_warps=gluon_mla.NUM_WARPS,
         )
         return
