@@ -132,15 +132,9 @@ def mla_calls(sets: list[dict], policy: str, hint: int, backend: str) -> list[Ca
 class Timer:
     """Captures calls into one CUDA graph and times its replays (CPU: plain calls, wall clock)."""
 
-    WARMUP_S = 1.0
-    """Replays of the first point before anything is timed: every graph runs ~0.19 us
-    faster in a process's first ~0.75 s on the H200 (GPU_NOTES runs 24-25), which made
-    the first column read low."""
-
     def __init__(self, cfg: Config):
         self.cfg = cfg
         self.cuda = cfg.device == "cuda"
-        self.warmed = False
 
     def per_call_us(self, calls: list[Callable[[], None]]) -> dict:
         import torch
@@ -161,13 +155,6 @@ class Timer:
                 c()
         graph.replay()
         torch.cuda.synchronize()
-        if not self.warmed:
-            t0 = time.perf_counter()
-            while time.perf_counter() - t0 < self.WARMUP_S:
-                for _ in range(20):
-                    graph.replay()
-                torch.cuda.synchronize()
-            self.warmed = True
         t0 = time.perf_counter()
         for _ in range(3):
             graph.replay()
