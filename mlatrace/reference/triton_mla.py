@@ -326,19 +326,22 @@ def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tens
     mode = dot_mode(kv_c)
     tile_n = min(STAGE1_TILE_N, block_n) if mode != 2 else block_n
 
-    def launch(num_warps: int, num_stages: int) -> None:
-        _mla_stage1_kernel[grid](
-            q_nope, q_pe, kv_c, k_pe, page_table, seq_info, float(sm_scale),
+    # Arguments both stage-1 kernels take (the Gluon one has fewer constexprs).
+    args = (q_nope, q_pe, kv_c, k_pe, page_table, seq_info, float(sm_scale),
             o, lse_arg, partial_out, partial_lse,
             q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1),
             kv_c.stride(0), k_pe.stride(0), page_table.stride(0),
             o.stride(0), o.stride(1), ppo[0], ppo[1], ppo[2], ppl[0], ppl[1],
-            q_nope.shape[1],
-            NUM_KV_SPLITS=num_splits, BLOCK_N=block_n, BLOCK_H=block_h,
-            D_LATENT=D_LATENT, D_ROPE=D_ROPE, DEVICE_PARTITION=device_partition,
-            MIN_TILES=min_tiles, DIRECT_OUTPUT=direct, RETURN_LSE=lse_out is not None,
+            q_nope.shape[1])
+    common = dict(NUM_KV_SPLITS=num_splits, BLOCK_N=block_n,
+                  DEVICE_PARTITION=device_partition, MIN_TILES=min_tiles,
+                  DIRECT_OUTPUT=direct, RETURN_LSE=lse_out is not None,
+                  PDL=pdl_enabled(kv_c, device_partition) and not direct)
+
+    def launch(num_warps: int, num_stages: int) -> None:
+        _mla_stage1_kernel[grid](
+            *args, **common, BLOCK_H=block_h, D_LATENT=D_LATENT, D_ROPE=D_ROPE,
             DOT_MODE=mode, TILE_N=tile_n, PREFETCH=STAGE1_PREFETCH and mode != 2,
-            PDL=pdl_enabled(kv_c, device_partition) and not direct,
             OFFSETS_32=STAGE1_OFFSETS_32 and offsets_fit_int32(kv_c, k_pe),
             num_warps=num_warps, num_stages=num_stages,
         )
@@ -347,18 +350,8 @@ def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tens
         launch(SAFE_WARPS, SAFE_STAGES)
         return
     if STAGE1_GLUON and block_h == 16 and gluon_mla.available(kv_c):
-        gluon_mla._mla_stage1_wgmma_kernel[grid](
-            q_nope, q_pe, kv_c, k_pe, page_table, seq_info, float(sm_scale),
-            o, lse_arg, partial_out, partial_lse,
-            q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1),
-            kv_c.stride(0), k_pe.stride(0), page_table.stride(0),
-            o.stride(0), o.stride(1), ppo[0], ppo[1], ppo[2], ppl[0], ppl[1],
-            q_nope.shape[1],
-            NUM_KV_SPLITS=num_splits, BLOCK_N=block_n, DEVICE_PARTITION=device_partition,
-            MIN_TILES=min_tiles, DIRECT_OUTPUT=direct, RETURN_LSE=lse_out is not None,
-            PDL=pdl_enabled(kv_c, device_partition) and not direct,
-            num_warps=gluon_mla.NUM_WARPS,
-        )
+        gluon_mla._mla_stage1_wgmma_kernel[grid](*args, **common,
+                                                 num_warps=gluon_mla.NUM_WARPS)
         return
     try:
         launch(STAGE1_WARPS, STAGE1_STAGES)
