@@ -14,8 +14,9 @@ rope slot), two warpgroups per program, and one buffer with two programs per SM.
 Same arguments, partition and outputs as the Triton stage 1 for bf16 caches (DOT_MODE
 0): partial output + LSE per (batch, split, head block of 16), or `o` directly when the
 launch has one split (DIRECT_OUTPUT) or the device partition has one active split.
-Gluon compiles for NVIDIA only (no interpreter): CPU runs and other GPUs keep the Triton
-kernel (`available()`).
+Row offsets are 32-bit (the caller checks `triton_mla.offsets_fit_int32`). Gluon compiles
+for NVIDIA only (no interpreter): CPU runs and other GPUs keep the Triton kernel
+(`available()`).
 """
 
 from __future__ import annotations
@@ -40,8 +41,6 @@ try:
 except ImportError:  # a Triton without Gluon: the Triton kernel serves every launch
     gluon = None
 
-TILE_N = 64
-"""KV rows per tile: M of the q.k warpgroup MMA (its minimum)."""
 NUM_WARPS = 4
 """One warpgroup. Measured against two (each owning 8 heads, GPU_NOTES run 32): 8 warps
 are slower at every length (100K 38.0 -> 40.5 us)."""
@@ -107,7 +106,7 @@ if gluon is not None:
         """One (batch, split, head block of 16): online softmax over the split's KV range,
         a ring of two tiles (tile t+1's rows arrive while tile t is computed)."""
         BLOCK_H: gl.constexpr = 16
-        TILE: gl.constexpr = 64
+        TILE: gl.constexpr = 64  # KV rows per tile: M of the q.k warpgroup MMA (its minimum)
         b = gl.program_id(0)
         split = gl.program_id(1)
         hblock = gl.program_id(2)
