@@ -472,6 +472,33 @@ def test_gluon_stage1_on_hopper_matches_float64_like_triton_stage1_gpu(policy, m
 
 @pytest.mark.gpu
 @gpu
+def test_caches_past_int32_offsets_take_the_64_bit_triton_stage1_gpu(monkeypatch):
+    """A 2.3e9-element cache (rows read past 2**31 elements): the Gluon kernel's offsets
+    are 32-bit, so stage 1 must run the Triton kernel with 64-bit offsets, and be right."""
+    from mlatrace.reference import gluon_mla
+
+    batch, nhead, lengths, dtype = 2, 16, [3000, 65], torch.bfloat16
+    q_nope, q_pe, kv_small, page_table, seq_info = make_mla_inputs(batch, nhead, lengths, dtype,
+                                                                   "cuda")
+    kv_big = torch.zeros(4_000_000, 576, dtype=dtype, device="cuda")
+    base = kv_big.shape[0] - kv_small.shape[0]
+    kv_big[base:] = kv_small
+    launches = []
+    if gluon_mla.gluon is not None:
+        kernel = gluon_mla._mla_stage1_wgmma_kernel
+        run = kernel.run
+        monkeypatch.setattr(kernel, "run", lambda *a, **k: launches.append(1) or run(*a, **k))
+    for policy in ("device", "fixed:1"):
+        o = torch.full((batch, nhead, 512), float("nan"), dtype=dtype, device="cuda")
+        mla_gluon(q_nope, q_pe, kv_big, o, page_table + base, seq_info, SM_SCALE,
+                  policy=policy, backend="triton")
+        ref, _ = mla_reference(q_nope, q_pe, kv_small, page_table, lengths, SM_SCALE)
+        assert rel_err(o, ref) < 1e-2, policy
+    assert not launches
+
+
+@pytest.mark.gpu
+@gpu
 def test_pa_v1_graph_replay_contract_gpu():
     lengths_capture, captured_max = [64, 64], 1024
     query, key_cache, value_cache, tables, seq_lens = make_pa_inputs(
