@@ -351,7 +351,6 @@ def tune(cfg: Config, timer: Timer, res: Results, log: Callable[[str], None]) ->
             log(f"tune {length}: {kernel} budget {budget:4d} tile {tile_n:3d} warps {warps}"
                 f" stages {stages} prefetch {int(prefetch)}: {t['us']:9.1f} us"
                 f"  {entry['bytes_per_s'] / 1e12:5.2f} TB/s {t.get('error', '')}")
-        triton_mla.STAGE1_GLUON = saved_gluon
         set_stage1_knobs(saved)
         triton_mla.FALLBACK_CONFIG = True
         for block_s, block_dv in TUNE_STAGE2:
@@ -413,6 +412,7 @@ def tune(cfg: Config, timer: Timer, res: Results, log: Callable[[str], None]) ->
     finally:
         set_stage1_knobs(saved)
         triton_mla.FALLBACK_CONFIG = True
+        triton_mla.STAGE1_GLUON = saved_gluon
         triton_mla.STAGE2_SMALL_S, triton_mla.STAGE2_MID_S = saved_tiers
         policies.DEVICE_MIN_TILES_PER_SPLIT = saved_min_tiles
         mla.MAX_BLOCK_S, mla.BLOCK_DV = saved_stage2

@@ -243,7 +243,6 @@ def _is_method(info: TargetInfo) -> bool:
     return isinstance(info.owner, type) and info.attr != "__new__"
 
 
-
 def _around_handler(runtime: ProbeRuntime, info: TargetInfo, before: Any, after: Any,
                     view: CallView, call: Callable, args: tuple, kwargs: dict) -> Any:
     """Run a handler's before/after around one call; a failing handler is disabled and
@@ -270,6 +269,7 @@ def _around_handler(runtime: ProbeRuntime, info: TargetInfo, before: Any, after:
         except Exception as exc:
             runtime.fail(info.target, exc)
     return result
+
 
 def _make_function(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
     """The replacement of a plain Python function or method: a plain function too.
