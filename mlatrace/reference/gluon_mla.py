@@ -98,10 +98,11 @@ if gluon is not None:
         o, lse_out, partial_out, partial_lse,
         stride_qn_b, stride_qn_h, stride_qp_b, stride_qp_h, stride_kv, stride_kpe,
         stride_pt_b, stride_o_b, stride_o_h, stride_po_b, stride_po_s, stride_po_h,
-        stride_pl_b, stride_pl_s, nhead,
+        stride_pl_b, stride_pl_s, nhead, counters,
         NUM_KV_SPLITS: gl.constexpr, BLOCK_N: gl.constexpr, DEVICE_PARTITION: gl.constexpr,
         MIN_TILES: gl.constexpr, DIRECT_OUTPUT: gl.constexpr, RETURN_LSE: gl.constexpr,
-        PDL: gl.constexpr,
+        PDL: gl.constexpr, IN_GRID_MERGE: gl.constexpr = False, MERGE_S_PAD: gl.constexpr = 1,
+        MERGE_COLS: gl.constexpr = 512, MERGE_DIAG: gl.constexpr = 0,
     ):
         """One (batch, split, head block of 16): online softmax over the split's KV range,
         a ring of two tiles (tile t+1's rows arrive while tile t is computed)."""
@@ -225,6 +226,16 @@ if gluon is not None:
                 _store_partial(partial_out, partial_lse, out, lse, b, split, heads, cols,
                                stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
                                nhead)
+        # One graph node: the group's programs (idle ones too) meet at a counter once
+        # every partial is stored, then merge a share of the output each.
+        if IN_GRID_MERGE:
+            if active > 1:
+                _group_barrier(counters + b * gl.num_programs(2) + hblock, NUM_KV_SPLITS)
+                if MERGE_DIAG != 1:  # lab diagnostic: 1 = barrier only (wrong output)
+                    _merge_share(partial_out, partial_lse, o, lse_out, b, split, hblock, active,
+                                 stride_po_b, stride_po_s, stride_po_h, stride_pl_b,
+                                 stride_pl_s, stride_o_b, stride_o_h, nhead, NUM_KV_SPLITS,
+                                 MERGE_S_PAD, MERGE_COLS, RETURN_LSE)
 
     @gluon.jit
     def _store_output(o, lse_out, out, lse, b, heads, cols, stride_o_b, stride_o_h, nhead,
@@ -246,3 +257,54 @@ if gluon is not None:
                  + gl.expand_dims(heads, 0) * stride_po_h + gl.expand_dims(cols, 1), out,
                  mask=gl.expand_dims(head_ok, 0) & gl.expand_dims(cols < 512, 1))
         gl.store(partial_lse + b * stride_pl_b + split * stride_pl_s + heads, lse, mask=head_ok)
+
+
+    @gluon.jit
+    def _group_barrier(counter, MEMBERS: gl.constexpr):
+        """Every program of a (batch, head block) waits here until all MEMBERS arrived.
+
+        The int64 counter only grows, by MEMBERS per launch (the host keeps one array per
+        MEMBERS), so an arrival's own count names its launch's target and nothing is reset
+        between launches (a CUDA graph replays it as is). The CTA barrier and one thread's
+        release add publish every thread's stores (the cooperative-groups grid sync
+        pattern); its acquire load, then the CTA barrier, order the merge's loads after
+        everyone's. Sound only when every member is resident at once: the host launches it
+        only when the grid fits the SMs (one program per SM) and nothing follows by PDL."""
+        gl.thread_barrier()
+        arrived = gl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+        target = arrived - arrived % MEMBERS + MEMBERS
+        while gl.atomic_add(counter, 0, sem="acquire", scope="gpu") < target:
+            pass
+        gl.thread_barrier()
+
+    @gluon.jit
+    def _merge_share(partial_out, partial_lse, o, lse_out, b, split, hblock, active,
+                     stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
+                     stride_o_b, stride_o_h, nhead, MEMBERS: gl.constexpr,
+                     S_PAD: gl.constexpr, COLS: gl.constexpr, RETURN_LSE: gl.constexpr):
+        """LSE-weighted merge of the `active` partials for this program's units (one head,
+        COLS columns each; unit u goes to program u mod MEMBERS), all splits in one load."""
+        TPW_C: gl.constexpr = 32 if COLS >= 128 else COLS // 4
+        layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 // TPW_C, TPW_C], [4, 1], [1, 0])
+        BLOCKS: gl.constexpr = 512 // COLS
+        offs_s = gl.arange(0, S_PAD, layout=gl.SliceLayout(1, layout))
+        s_ok = offs_s < active
+        for u in range(split, 16 * BLOCKS, MEMBERS):
+            h = hblock * 16 + u // BLOCKS
+            if h < nhead:
+                offs_c = (u % BLOCKS) * COLS + gl.arange(0, COLS, layout=gl.SliceLayout(0, layout))
+                lse = gl.load(partial_lse + b * stride_pl_b + offs_s * stride_pl_s + h,
+                              mask=s_ok, other=float("-inf"), cache_modifier=".cg")
+                part = gl.load(partial_out + b * stride_po_b + h * stride_po_h
+                               + gl.expand_dims(offs_s, 1) * stride_po_s
+                               + gl.expand_dims(offs_c, 0),
+                               mask=gl.expand_dims(s_ok, 1), other=0.0, cache_modifier=".cg")
+                top = gl.max(lse, 0)
+                weight = gl.where(s_ok, gl.exp(lse - top), 0.0)
+                total = gl.sum(weight, 0)
+                merged = gl.sum(gl.expand_dims(weight, 1) * part, 0) / total
+                gl.store(o + b * stride_o_b + h * stride_o_h + offs_c,
+                         merged.to(o.dtype.element_ty))
+                if RETURN_LSE:
+                    if u % BLOCKS == 0:
+                        gl.store(lse_out + b * nhead + h, top + gl.log(total))
