@@ -2,10 +2,12 @@
 
 The device partition's stage 2 is a PDL secondary of stage 1. With one active split it
 exits without `gdc_wait` (triton_mla.STAGE2_ONE_SPLIT_NO_WAIT), so it can finish before
-stage 1 does. That is only safe if work launched after stage 2 the ordinary way still
-starts after stage 1 completes. This test checks it with a slow primary, a secondary that
-records what it saw (proof that it overlapped the primary) and a reader launched after it,
-eagerly and in a CUDA graph.
+stage 1 does. That is only safe if work launched after stage 2 still sees stage 1's
+writes: a reader launched the ordinary way, and a reader that is itself a PDL secondary
+of stage 2 and reads after its own `gdc_wait` (what a Triton kernel launched with
+`launch_pdl=True` after the decode would do). This test checks both with a slow primary,
+a secondary that records what it saw (proof that it overlapped the primary) and the
+reader, eagerly and in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -38,14 +40,17 @@ def _secondary_without_wait(flag, early, i):
 
 
 @triton.jit
-def _reader(flag, seen, i):
+def _reader(flag, seen, i, WAIT: tl.constexpr):
+    if WAIT:
+        tl.extra.cuda.gdc_wait()
     tl.store(seen + i, tl.load(flag, volatile=True))
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _sm90(), reason="needs an NVIDIA GPU with PDL (sm_90+)")
+@pytest.mark.parametrize("reader", ["ordinary", "pdl"])
 @pytest.mark.parametrize("mode", ["stream", "graph"])
-def test_launch_after_a_non_waiting_pdl_secondary_sees_the_primary_done(mode):
+def test_launch_after_a_non_waiting_pdl_secondary_sees_the_primary_done(mode, reader):
     trials = 16
     flag = torch.zeros(1, dtype=torch.int32, device="cuda")
     sink = torch.ones(1, dtype=torch.float32, device="cuda")
@@ -56,7 +61,10 @@ def test_launch_after_a_non_waiting_pdl_secondary_sees_the_primary_done(mode):
         flag.zero_()
         _slow_primary[(1,)](flag, sink, SPIN=200_000)
         _secondary_without_wait[(1,)](flag, early, i, launch_pdl=True)
-        _reader[(1,)](flag, seen, i)
+        if reader == "pdl":
+            _reader[(1,)](flag, seen, i, WAIT=True, launch_pdl=True)
+        else:
+            _reader[(1,)](flag, seen, i, WAIT=False)
 
     if mode == "stream":
         for i in range(trials):
@@ -74,5 +82,5 @@ def test_launch_after_a_non_waiting_pdl_secondary_sees_the_primary_done(mode):
     torch.cuda.synchronize()
     # the secondary ran while the primary spun (else this test proves nothing) ...
     assert (early == 0).sum().item() >= trials // 2, early.tolist()
-    # ... and the ordinary launch after it still waited for the primary
+    # ... and the launch after it still waited for the primary
     assert seen.tolist() == [1] * trials

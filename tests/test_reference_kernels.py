@@ -472,6 +472,46 @@ def test_gluon_stage1_on_hopper_matches_float64_like_triton_stage1_gpu(policy, m
 
 @pytest.mark.gpu
 @gpu
+@pytest.mark.parametrize("columns", [1, 2, 4, 8])
+def test_one_tile_sequences_split_value_columns_over_idle_programs_gpu(columns, monkeypatch):
+    """Device partition on the Gluon stage 1: a sequence within one tile has its value
+    columns written by up to `columns` programs (`gluon_mla._one_tile_columns`). Every
+    launch shape (1, 2, 4 and 8 such programs: batch and heads set the splits), mixed with
+    longer sequences in the batch, matches float64 with LSE, eagerly and replayed from a
+    graph captured at length 1, into a poisoned `o`."""
+    from mlatrace.reference import gluon_mla, triton_mla
+
+    if not gluon_mla.available(torch.empty(1, 576, dtype=torch.bfloat16, device="cuda")):
+        pytest.skip("the Gluon stage 1 serves Hopper GPUs under Triton "
+                    f"{gluon_mla.GLUON_TRITON} only")
+    monkeypatch.setattr(triton_mla, "STAGE1_COLUMN_SPLITS", columns)
+    for batch, nhead, lengths in [(1, 16, [1]), (1, 16, [64]), (3, 128, [2, 64, 65]),
+                                  (8, 128, [63, 1, 9000, 64, 5, 17, 2, 40]),
+                                  (4, 20, [3, 64, 257, 1])]:
+        check_mla(batch, nhead, lengths, torch.bfloat16, "device", "triton", device="cuda",
+                  hint=1)
+    batch, nhead = 2, 16
+    q_nope, q_pe, kv_c, page_table, seq_info = make_mla_inputs(
+        batch, nhead, [1, 1], torch.bfloat16, "cuda", max_pages=5000)
+    o = torch.empty(batch, nhead, 512, dtype=torch.bfloat16, device="cuda")
+    call = lambda: mla_gluon(q_nope, q_pe, kv_c, o, page_table, seq_info, SM_SCALE,  # noqa: E731
+                             policy="device", backend="triton")
+    call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    for lengths in ([1, 1], [64, 4999], [3000, 33], [64, 64]):
+        seq_info.copy_(torch.tensor(lengths, dtype=torch.int32))
+        o.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref, _ = mla_reference(q_nope, q_pe, kv_c, page_table, lengths, SM_SCALE)
+        assert rel_err(o, ref) < 1e-2, (columns, lengths)
+
+
+@pytest.mark.gpu
+@gpu
 def test_caches_past_int32_offsets_take_the_64_bit_triton_stage1_gpu(monkeypatch):
     """A 2.3e9-element cache (rows read past 2**31 elements): the Gluon kernel's offsets
     are 32-bit, so stage 1 must run the Triton kernel with 64-bit offsets, and be right."""
@@ -533,3 +573,16 @@ def test_stage1_offsets_are_32_bit_only_while_the_caches_fit():
     assert offsets_fit_int32(small, small[:, 512:])
     assert not offsets_fit_int32(big, big[:, 512:])
     assert not offsets_fit_int32(small, big[:, 512:])
+
+
+def test_one_tile_column_programs_are_a_power_of_2_within_the_launch(monkeypatch):
+    """The programs sharing a one-tile sequence's value columns must exist in the launch
+    (at most NUM_KV_SPLITS) and divide 512 columns evenly (a power of 2 up to the knob)."""
+    from mlatrace.reference import triton_mla
+
+    monkeypatch.setattr(triton_mla, "STAGE1_COLUMN_SPLITS", 4)
+    assert [triton_mla.column_splits(n) for n in (1, 2, 3, 4, 5, 132)] == [1, 2, 2, 4, 4, 4]
+    monkeypatch.setattr(triton_mla, "STAGE1_COLUMN_SPLITS", 6)
+    assert triton_mla.column_splits(132) == 4
+    monkeypatch.setattr(triton_mla, "STAGE1_COLUMN_SPLITS", 1)
+    assert triton_mla.column_splits(132) == 1

@@ -13,7 +13,11 @@ rope slot), two warpgroups per program, and one buffer with two programs per SM.
 
 Same arguments, partition and outputs as the Triton stage 1 for bf16 caches (DOT_MODE
 0): partial output + LSE per (batch, split, head block of 16), or `o` directly when the
-launch has one split (DIRECT_OUTPUT) or the device partition has one active split.
+launch has one split (DIRECT_OUTPUT) or the device partition has one active split. In
+that last case the sequence fits one tile, and COL_SPLITS of the launch's otherwise idle
+programs each write a share of the value columns (`_one_tile_columns`): a short decode's
+P.V and epilogue are split over them (H200, GPU_NOTES runs 42-43: 1 token 5.06 -> 4.12
+us, 64 tokens 5.00 -> 3.82, against one split's 4.65 and 4.58).
 Row offsets are 32-bit (the caller checks `triton_mla.offsets_fit_int32`). Gluon compiles
 for NVIDIA only (no interpreter): CPU runs and other GPUs keep the Triton kernel
 (`available()`).
@@ -98,11 +102,10 @@ if gluon is not None:
         o, lse_out, partial_out, partial_lse,
         stride_qn_b, stride_qn_h, stride_qp_b, stride_qp_h, stride_kv, stride_kpe,
         stride_pt_b, stride_o_b, stride_o_h, stride_po_b, stride_po_s, stride_po_h,
-        stride_pl_b, stride_pl_s, nhead, counters,
+        stride_pl_b, stride_pl_s, nhead,
         NUM_KV_SPLITS: gl.constexpr, BLOCK_N: gl.constexpr, DEVICE_PARTITION: gl.constexpr,
         MIN_TILES: gl.constexpr, DIRECT_OUTPUT: gl.constexpr, RETURN_LSE: gl.constexpr,
-        PDL: gl.constexpr, IN_GRID_MERGE: gl.constexpr = False, MERGE_S_PAD: gl.constexpr = 1,
-        MERGE_COLS: gl.constexpr = 512, MERGE_DIAG: gl.constexpr = 0,
+        PDL: gl.constexpr, COL_SPLITS: gl.constexpr = 1,
     ):
         """One (batch, split, head block of 16): online softmax over the split's KV range,
         a ring of two tiles (tile t+1's rows arrive while tile t is computed)."""
@@ -140,7 +143,20 @@ if gluon is not None:
         else:
             active = NUM_KV_SPLITS
             chunk = (seq_len + NUM_KV_SPLITS - 1) // NUM_KV_SPLITS
-        if split < active:
+        # (`and` keeps the test a constexpr False when COL_SPLITS is 1: Triton 3.6 fails to
+        # lower stores under an `if` that folds to a constant false.)
+        if COL_SPLITS > 1 and active == 1:  # the device partition: one tile (<= BLOCK_N)
+            if split < COL_SPLITS:
+                v_smem = gl.allocate_shared_memory(
+                    dtype, [TILE, 512 // COL_SPLITS],
+                    gl.NVMMASharedLayout.get_default_for([TILE, 512 // COL_SPLITS], dtype))
+                _one_tile_columns(q_nope, q_pe, kv_c, k_pe, page_table, o, lse_out, sm_scale,
+                                  b, split, hblock, seq_len, nhead, stride_qn_b, stride_qn_h,
+                                  stride_qp_b, stride_qp_h, stride_kv, stride_kpe,
+                                  stride_pt_b, stride_o_b, stride_o_h, kvl.index(0),
+                                  kvr.index(0), v_smem, qn_smem, qp_smem, p_smem,
+                                  512 // COL_SPLITS, RETURN_LSE, load_layout, mma)
+        elif split < active:
             start = split * chunk
             end = gl.minimum(start + chunk, seq_len)
             n_tiles = (end - start + TILE - 1) // TILE
@@ -226,16 +242,65 @@ if gluon is not None:
                 _store_partial(partial_out, partial_lse, out, lse, b, split, heads, cols,
                                stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
                                nhead)
-        # One graph node: the group's programs (idle ones too) meet at a counter once
-        # every partial is stored, then merge a share of the output each.
-        if IN_GRID_MERGE:
-            if active > 1:
-                _group_barrier(counters + b * gl.num_programs(2) + hblock, NUM_KV_SPLITS)
-                if MERGE_DIAG != 1:  # lab diagnostic: 1 = barrier only (wrong output)
-                    _merge_share(partial_out, partial_lse, o, lse_out, b, split, hblock, active,
-                                 stride_po_b, stride_po_s, stride_po_h, stride_pl_b,
-                                 stride_pl_s, stride_o_b, stride_o_h, nhead, NUM_KV_SPLITS,
-                                 MERGE_S_PAD, MERGE_COLS, RETURN_LSE)
+
+    @gluon.jit
+    def _one_tile_columns(q_nope, q_pe, kv_c, k_pe, page_table, o, lse_out, sm_scale, b,
+                          split, hblock, seq_len, nhead, stride_qn_b, stride_qn_h,
+                          stride_qp_b, stride_qp_h, stride_kv, stride_kpe, stride_pt_b,
+                          stride_o_b, stride_o_h, kvl, kvr, v_smem, qn_smem, qp_smem, p_smem,
+                          COLS: gl.constexpr, RETURN_LSE: gl.constexpr,
+                          load_layout: gl.constexpr, mma: gl.constexpr):
+        """The whole sequence fits one tile (device partition, one active split): program
+        `split` computes all 64 keys' scores but only value columns [split*COLS, +COLS)
+        and writes them to `o`. The launch budget's idle programs share the P.V and the
+        epilogue, so the dependent chain of a short decode is shorter than one split's."""
+        TILE: gl.constexpr = 64
+        offs_t = gl.arange(0, TILE, layout=gl.SliceLayout(1, load_layout))
+        slots = gl.load(page_table + b * stride_pt_b
+                        + gl.minimum(offs_t, gl.maximum(seq_len - 1, 0)))
+        qn, qp = _load_q(q_nope, q_pe, b, hblock, nhead, stride_qn_b, stride_qn_h,
+                         stride_qp_b, stride_qp_h, load_layout)
+        rows = gl.expand_dims(slots, 1)
+        offs_v = split * COLS + gl.arange(0, COLS, layout=gl.SliceLayout(0, load_layout))
+        async_copy.async_copy_global_to_shared(v_smem, kv_c + rows * stride_kv
+                                               + gl.expand_dims(offs_v, 0))
+        _issue_tile(kvl, kvr, kv_c, k_pe, slots, stride_kv, stride_kpe, load_layout)
+        qn_smem.store(qn)
+        qp_smem.store(qp)
+        async_copy.wait_group(0)
+        fence_async_shared()
+        gl.thread_barrier()
+
+        s = warpgroup_mma(kvl, qn_smem.permute((1, 0)),
+                          gl.zeros([TILE, 16], gl.float32, layout=mma), use_acc=False,
+                          is_async=True)
+        s = warpgroup_mma(kvr, qp_smem.permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+        keys = gl.arange(0, TILE, layout=gl.SliceLayout(1, mma))
+        s = gl.where(gl.expand_dims(keys < seq_len, 1), s * (sm_scale * 1.4426950408889634),
+                     float("-inf"))
+        m = gl.max(s, 0)
+        m = gl.where(m > float("-inf"), m, 0.0)  # an empty sequence: no NaN, l = 0
+        p = gl.exp2(s - gl.expand_dims(m, 0))
+        l_sum = gl.sum(p, 0)
+        p_smem.store(p.to(kv_c.dtype.element_ty))
+        fence_async_shared()
+        gl.thread_barrier()
+        acc = warpgroup_mma(v_smem.permute((1, 0)), p_smem,
+                            gl.zeros([COLS, 16], gl.float32, layout=mma), use_acc=False,
+                            is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+
+        heads = hblock * 16 + gl.arange(0, 16, layout=gl.SliceLayout(0, mma))
+        cols = split * COLS + gl.arange(0, COLS, layout=gl.SliceLayout(1, mma))
+        nonempty = l_sum > 0.0
+        out = gl.where(gl.expand_dims(nonempty, 0),
+                       acc / gl.expand_dims(gl.where(nonempty, l_sum, 1.0), 0), 0.0)
+        lse = gl.where(nonempty,
+                       (m + gl.log2(gl.where(nonempty, l_sum, 1.0))) * 0.6931471805599453,
+                       float("-inf"))
+        _store_output(o, lse_out, out, lse, b, heads, cols, stride_o_b, stride_o_h, nhead,
+                      RETURN_LSE)
 
     @gluon.jit
     def _store_output(o, lse_out, out, lse, b, heads, cols, stride_o_b, stride_o_h, nhead,
@@ -257,54 +322,3 @@ if gluon is not None:
                  + gl.expand_dims(heads, 0) * stride_po_h + gl.expand_dims(cols, 1), out,
                  mask=gl.expand_dims(head_ok, 0) & gl.expand_dims(cols < 512, 1))
         gl.store(partial_lse + b * stride_pl_b + split * stride_pl_s + heads, lse, mask=head_ok)
-
-
-    @gluon.jit
-    def _group_barrier(counter, MEMBERS: gl.constexpr):
-        """Every program of a (batch, head block) waits here until all MEMBERS arrived.
-
-        The int64 counter only grows, by MEMBERS per launch (the host keeps one array per
-        MEMBERS), so an arrival's own count names its launch's target and nothing is reset
-        between launches (a CUDA graph replays it as is). The CTA barrier and one thread's
-        release add publish every thread's stores (the cooperative-groups grid sync
-        pattern); its acquire load, then the CTA barrier, order the merge's loads after
-        everyone's. Sound only when every member is resident at once: the host launches it
-        only when the grid fits the SMs (one program per SM) and nothing follows by PDL."""
-        gl.thread_barrier()
-        arrived = gl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-        target = arrived - arrived % MEMBERS + MEMBERS
-        while gl.atomic_add(counter, 0, sem="acquire", scope="gpu") < target:
-            pass
-        gl.thread_barrier()
-
-    @gluon.jit
-    def _merge_share(partial_out, partial_lse, o, lse_out, b, split, hblock, active,
-                     stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
-                     stride_o_b, stride_o_h, nhead, MEMBERS: gl.constexpr,
-                     S_PAD: gl.constexpr, COLS: gl.constexpr, RETURN_LSE: gl.constexpr):
-        """LSE-weighted merge of the `active` partials for this program's units (one head,
-        COLS columns each; unit u goes to program u mod MEMBERS), all splits in one load."""
-        TPW_C: gl.constexpr = 32 if COLS >= 128 else COLS // 4
-        layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 // TPW_C, TPW_C], [4, 1], [1, 0])
-        BLOCKS: gl.constexpr = 512 // COLS
-        offs_s = gl.arange(0, S_PAD, layout=gl.SliceLayout(1, layout))
-        s_ok = offs_s < active
-        for u in range(split, 16 * BLOCKS, MEMBERS):
-            h = hblock * 16 + u // BLOCKS
-            if h < nhead:
-                offs_c = (u % BLOCKS) * COLS + gl.arange(0, COLS, layout=gl.SliceLayout(0, layout))
-                lse = gl.load(partial_lse + b * stride_pl_b + offs_s * stride_pl_s + h,
-                              mask=s_ok, other=float("-inf"), cache_modifier=".cg")
-                part = gl.load(partial_out + b * stride_po_b + h * stride_po_h
-                               + gl.expand_dims(offs_s, 1) * stride_po_s
-                               + gl.expand_dims(offs_c, 0),
-                               mask=gl.expand_dims(s_ok, 1), other=0.0, cache_modifier=".cg")
-                top = gl.max(lse, 0)
-                weight = gl.where(s_ok, gl.exp(lse - top), 0.0)
-                total = gl.sum(weight, 0)
-                merged = gl.sum(gl.expand_dims(weight, 1) * part, 0) / total
-                gl.store(o + b * stride_o_b + h * stride_o_h + offs_c,
-                         merged.to(o.dtype.element_ty))
-                if RETURN_LSE:
-                    if u % BLOCKS == 0:
-                        gl.store(lse_out + b * nhead + h, top + gl.log(total))

@@ -91,15 +91,10 @@ def mla_gluon(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_c: torch.Tensor, o: t
     partial_out = torch.empty(batch, num_splits, nhead, D_LATENT, dtype=torch.float32,
                               device=o.device)
     partial_lse = torch.empty(batch, num_splits, nhead, dtype=torch.float32, device=o.device)
-    in_grid = backend == "triton" and _merges_in_grid(kv_c, k_pe, stage1_grid,
-                                                       device_partition)
     launch_stage1(STAGE1_NAME, stage1_grid, **common, partial_out=partial_out,
                   partial_lse=partial_lse, NUM_KV_SPLITS=num_splits, BLOCK_N=BLOCK_N,
                   BLOCK_H=HEAD_BLOCK, DEVICE_PARTITION=device_partition,
-                  MIN_TILES_PER_SPLIT=min_tiles, backend=backend, IN_GRID_MERGE=in_grid)
-    if in_grid:
-        skip_stage2(STAGE2_NAME, reason="merged_in_stage1")
-        return o, lse_out
+                  MIN_TILES_PER_SPLIT=min_tiles, backend=backend)
     stage2_grid = (batch, nhead, D_LATENT // BLOCK_DV)
     launch_stage2(STAGE2_NAME, stage2_grid, partial_out=partial_out, partial_lse=partial_lse,
                   seq_info=seq_info, o=o, lse_out=lse_out, NUM_KV_SPLITS=num_splits,
@@ -107,16 +102,6 @@ def mla_gluon(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_c: torch.Tensor, o: t
                   DEVICE_PARTITION=device_partition, MIN_TILES_PER_SPLIT=min_tiles,
                   backend=backend)
     return o, lse_out
-
-
-def _merges_in_grid(kv_c: torch.Tensor, k_pe: torch.Tensor, grid: tuple[int, int, int],
-                    device_partition: bool) -> bool:
-    """triton_mla.merges_in_grid, imported late (Triton is optional on CPU)."""
-    if not kv_c.is_cuda:
-        return False
-    from mlatrace.reference import triton_mla
-
-    return triton_mla.merges_in_grid(kv_c, k_pe, grid, device_partition, HEAD_BLOCK)
 
 
 def stage2_block_s(num_splits: int) -> int:
@@ -142,9 +127,8 @@ def launch_stage1(name: str, grid: tuple[int, int, int], *, q_nope: torch.Tensor
                   o: torch.Tensor, lse_out: torch.Tensor | None,
                   partial_out: torch.Tensor | None, partial_lse: torch.Tensor | None,
                   NUM_KV_SPLITS: int, BLOCK_N: int, BLOCK_H: int, DEVICE_PARTITION: bool,
-                  MIN_TILES_PER_SPLIT: int, backend: str, IN_GRID_MERGE: bool = False) -> None:
-    """Stage 1 over `grid` = (batch, NUM_KV_SPLITS, head blocks); partials=None writes `o`;
-    IN_GRID_MERGE: the launch also merges the partials into `o` (no stage 2).
+                  MIN_TILES_PER_SPLIT: int, backend: str) -> None:
+    """Stage 1 over `grid` = (batch, NUM_KV_SPLITS, head blocks); partials=None writes `o`.
 
     The device work goes through `graph.launch`, so a reference HostGraph capture on CPU
     records it with these host decisions frozen, as a CUDA graph does.
@@ -157,10 +141,8 @@ def launch_stage1(name: str, grid: tuple[int, int, int], *, q_nope: torch.Tensor
     if backend == "triton":
         from mlatrace.reference import triton_mla
 
-        graph.launch(triton_mla.stage1, grid, **args, block_h=BLOCK_H,
-                     in_grid_merge=IN_GRID_MERGE)
+        graph.launch(triton_mla.stage1, grid, **args, block_h=BLOCK_H)
     else:
-        assert not IN_GRID_MERGE, "the in-grid merge is a Triton-backend launch"
         graph.launch(stage1_torch, **args)
 
 

@@ -73,12 +73,16 @@ STAGE1_GLUON = True
 offsets fit in int32: stage 1 runs the Gluon warpgroup-MMA kernel (`gluon_mla`, keys on
 M, cp.async ring) instead of the portable Triton one. H200, device policy (GPU_NOTES run
 36 vs run 23): 1 token 5.9 -> 5.0 us, 4096 9.8 -> 8.6, 100K 43.9 -> 38.6 (3.00 TB/s)."""
-STAGE2_IN_GRID = False
-"""Device partition on the Gluon stage 1: no stage-2 launch. The (batch, head block)'s
-programs, idle ones included, meet at a self-resetting counter after their partials are
-stored and merge a share of the output each (`gluon_mla._merge_share`), so the decode is
-one graph node at every length, as one split is. Only when the whole grid fits the SMs at
-once (one program per SM), so every member of the wait is resident."""
+STAGE1_COLUMN_SPLITS = 4
+"""Device partition on the Gluon stage 1, a sequence within one tile (one active split):
+up to this many of the launch's programs (a power of 2 <= NUM_KV_SPLITS) each write
+512 / N value columns of `o` from the same scores, instead of one program writing all
+512 (`gluon_mla._one_tile_columns`); 1 turns it off. The launch budget's idle programs
+take the P.V and the epilogue off a short decode's dependent chain. H200, device policy,
+us (GPU_NOTES run 43, five interleaved rounds, median): N = 1 / 2 / 4 / 8 at 1 token
+5.06 / 4.31 / 4.12 / 4.55, at 64 tokens 5.00 / 4.19 / 3.82 / 3.59 (one split: 4.65,
+4.58); from 128 tokens up the main loop runs, 0.05-0.14 us slower with the path compiled
+in (512: 6.34 -> 6.45)."""
 FALLBACK_CONFIG = True
 """Retry stage 1 with SAFE_WARPS/SAFE_STAGES when the default config does not fit (off:
 raise instead, so a tuning sweep never times the fallback under another config's name)."""
@@ -310,58 +314,18 @@ def pdl_enabled(like: torch.Tensor, device_partition: bool) -> bool:
             and torch.cuda.get_device_capability(like.device)[0] >= 9)
 
 
+def column_splits(num_splits: int) -> int:
+    """Programs sharing a one-tile sequence's value columns (STAGE1_COLUMN_SPLITS): the
+    largest power of 2 within both it and the launch's splits."""
+    n = 1
+    while n * 2 <= min(STAGE1_COLUMN_SPLITS, num_splits):
+        n *= 2
+    return n
+
+
 def offsets_fit_int32(*caches: torch.Tensor) -> bool:
     """Whether every element offset of these row-major caches fits in int32."""
     return all(c.shape[0] * c.stride(0) + c.shape[1] < 2**31 - 1 for c in caches)
-
-
-def gluon_stage1(kv_c: torch.Tensor, k_pe: torch.Tensor, block_h: int) -> bool:
-    """Whether stage 1 runs the Gluon kernel (STAGE1_GLUON; its row offsets are 32-bit,
-    so larger caches take the Triton kernel)."""
-    return (STAGE1_GLUON and block_h == 16 and gluon_mla.available(kv_c)
-            and offsets_fit_int32(kv_c, k_pe))
-
-
-_COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
-MERGE_DIAG = 0
-"""Lab diagnostic of the in-grid merge: 1 = barrier only, no merge (wrong output)."""
-
-
-def merge_counters(like: torch.Tensor, groups: int, members: int) -> torch.Tensor | None:
-    """The int64 arrival counters of the in-grid merge, one per (batch, head block), kept
-    per (device, members): a launch adds exactly `members` to each, so every count stays
-    a multiple of it between launches and no memset node is needed. Allocated outside a
-    capture only (the eager warm-up every engine runs first); None while capturing
-    without them. Launches on one stream never overlap, so one stream at a time."""
-    key = (like.device, members)
-    have = _COUNTERS.get(key)
-    if have is None or have.shape[0] < groups:
-        if torch.cuda.is_current_stream_capturing():
-            return None
-        have = torch.zeros(max(groups, 1024), dtype=torch.int64, device=like.device)
-        _COUNTERS[key] = have
-    return have
-
-
-def merges_in_grid(kv_c: torch.Tensor, k_pe: torch.Tensor, grid: tuple[int, int, int],
-                   device_partition: bool, block_h: int) -> bool:
-    """Whether this device-partition launch merges in stage 1's grid (STAGE2_IN_GRID): the
-    Gluon stage 1, more than one split, and the grid resident at once (one per SM)."""
-    if not (STAGE2_IN_GRID and device_partition and grid[1] > 1
-            and gluon_stage1(kv_c, k_pe, block_h)):
-        return False
-    sms = torch.cuda.get_device_properties(kv_c.device).multi_processor_count
-    return (grid[0] * grid[1] * grid[2] <= sms
-            and merge_counters(kv_c, grid[0] * grid[2], grid[1]) is not None)
-
-
-def _merge_shape(num_splits: int) -> tuple[int, int]:
-    """(S_PAD, COLS) of the in-grid merge: all splits in one [S_PAD, COLS] load of 16K
-    floats (128 per thread), so 16 heads x 512 / COLS units about match the programs."""
-    s_pad = 1
-    while s_pad < num_splits:
-        s_pad *= 2
-    return s_pad, max(16, min(D_LATENT, 16384 // s_pad))
 
 
 def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tensor,
@@ -369,10 +333,8 @@ def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tens
            seq_info: torch.Tensor, sm_scale: float, o: torch.Tensor,
            lse_out: torch.Tensor | None, partial_out: torch.Tensor | None,
            partial_lse: torch.Tensor | None, num_splits: int, block_n: int,
-           device_partition: bool, min_tiles: int, block_h: int,
-           in_grid_merge: bool = False) -> None:
-    """Launch stage 1 on grid (batch, NUM_KV_SPLITS, cdiv(nhead, BLOCK_H)); with
-    `in_grid_merge` (`merges_in_grid` said yes) it also writes the merged `o`."""
+           device_partition: bool, min_tiles: int, block_h: int) -> None:
+    """Launch stage 1 on grid (batch, NUM_KV_SPLITS, cdiv(nhead, BLOCK_H))."""
     for t in (q_nope, q_pe, o):
         assert t.stride(-1) == 1, "last dim must be contiguous"
     assert kv_c.stride(-1) == 1 and k_pe.stride(-1) == 1 and page_table.stride(-1) == 1
@@ -408,17 +370,13 @@ def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tens
     if mode == 2:
         launch(SAFE_WARPS, SAFE_STAGES)
         return
-    if gluon_stage1(kv_c, k_pe, block_h):
-        merge = {}
-        if in_grid_merge:
-            s_pad, cols = _merge_shape(num_splits)
-            merge = dict(IN_GRID_MERGE=True, MERGE_S_PAD=s_pad, MERGE_COLS=cols,
-                         PDL=False, MERGE_DIAG=MERGE_DIAG)
-        counters = merge_counters(o, grid[0] * grid[2], grid[1]) if in_grid_merge else o
-        gluon_mla._mla_stage1_wgmma_kernel[grid](*args, counters, **{**common, **merge},
-                                                 num_warps=gluon_mla.NUM_WARPS)
+    # The Gluon kernel's row offsets are 32-bit: larger caches take the Triton kernel.
+    if (STAGE1_GLUON and block_h == 16 and gluon_mla.available(kv_c)
+            and offsets_fit_int32(kv_c, k_pe)):
+        gluon_mla._mla_stage1_wgmma_kernel[grid](
+            *args, **common, COL_SPLITS=column_splits(num_splits) if device_partition else 1,
+            num_warps=gluon_mla.NUM_WARPS)
         return
-    assert not in_grid_merge, "the in-grid merge needs the Gluon stage 1"
     try:
         launch(STAGE1_WARPS, STAGE1_STAGES)
     except OutOfResources:
