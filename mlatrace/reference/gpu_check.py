@@ -287,7 +287,8 @@ def compile_report() -> int:
         rows.append(("stage 1 bf16 Gluon (H200 path)", lambda: build(
             gluon_mla._mla_stage1_wgmma_kernel, types,
             dict(NUM_KV_SPLITS=132, BLOCK_N=64, DEVICE_PARTITION=True, MIN_TILES=1,
-                 DIRECT_OUTPUT=False, RETURN_LSE=False, PDL=True),
+                 DIRECT_OUTPUT=False, RETURN_LSE=False, PDL=True,
+                 COL_SPLITS=triton_mla.column_splits(132)),
             gluon_mla.NUM_WARPS, 1, source=GluonASTSource)))
     rows.append(("stage 2", lambda: build(
         triton_mla._mla_stage2_kernel,
