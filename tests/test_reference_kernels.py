@@ -392,6 +392,31 @@ def test_splits_bench_writes_table_json_and_plot(tmp_path):
     assert (tmp_path / "splits.png").stat().st_size > 1000
 
 
+def test_splits_bench_tuning_times_the_shipped_stage1_after_its_config_sweep(monkeypatch):
+    """The config sweep switches the stage-1 kernel (Gluon / Triton) per row and ends on a
+    Triton row; the stage-2, PDL, tier, contiguous-page and min-tile rows after it must
+    time the shipped kernel again (run 44 caught them timing the Triton one)."""
+    from mlatrace.bench import splits_bench
+    from mlatrace.reference import triton_mla
+
+    seen = []
+    monkeypatch.setattr(splits_bench, "make_sets", lambda length, nhead, device: [
+        {"page_table": torch.zeros(1, 4, dtype=torch.int32),
+         "kv_c": torch.zeros(1, 576, dtype=torch.bfloat16)}])
+    monkeypatch.setattr(splits_bench, "mla_calls", lambda sets, policy, hint, backend: [
+        lambda: seen.append(triton_mla.STAGE1_GLUON)])
+    monkeypatch.setattr(triton_mla, "STAGE1_GLUON", True)
+    cfg = splits_bench.Config(lengths=(1, 100_000), sweep=(1,), min_replays=1, max_replays=1,
+                              seconds_per_point=0.0, tune=True, device="cpu", sets=1)
+    res = splits_bench.Results()
+    splits_bench.tune(cfg, splits_bench.Timer(cfg), res, log=lambda line: None)
+    per_timing = 1 + cfg.min_replays            # the CPU timer: a warm-up call, then replays
+    after_sweep = seen[len(res.tuning) * per_timing:]
+    assert res.tuning and res.pdl and res.min_tiles and after_sweep
+    assert all(after_sweep)
+    assert triton_mla.STAGE1_GLUON is True
+
+
 @pytest.mark.skipif(HAS_CUDA, reason="checks the no-GPU exit")
 def test_splits_bench_needs_cuda(tmp_path, capsys):
     from mlatrace.bench import splits_bench

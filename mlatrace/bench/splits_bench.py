@@ -351,7 +351,9 @@ def tune(cfg: Config, timer: Timer, res: Results, log: Callable[[str], None]) ->
             log(f"tune {length}: {kernel} budget {budget:4d} tile {tile_n:3d} warps {warps}"
                 f" stages {stages} prefetch {int(prefetch)}: {t['us']:9.1f} us"
                 f"  {entry['bytes_per_s'] / 1e12:5.2f} TB/s {t.get('error', '')}")
+        # Everything below times the shipped stage 1: the configs above ended on Triton.
         set_stage1_knobs(saved)
+        triton_mla.STAGE1_GLUON = saved_gluon
         triton_mla.FALLBACK_CONFIG = True
         for block_s, block_dv in TUNE_STAGE2:
             mla.MAX_BLOCK_S, mla.BLOCK_DV = block_s, block_dv
