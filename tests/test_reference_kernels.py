@@ -448,10 +448,16 @@ def test_mla_triton_gpu_full_size(policy, nhead):
 @gpu
 @pytest.mark.parametrize("policy", ["legacy", "bucketed", "device"])
 def test_mla_graph_replay_at_longer_lengths_gpu(policy):
-    batch, nhead, dtype = 2, 16, torch.bfloat16
+    check_graph_replays(policy, [[1, 1], [5000, 20_000], [64, 65], [19_999, 1]], 20_000)
+
+
+def check_graph_replays(policy, replays, max_pages):
+    """A bf16 batch of 2 captured at length 1 (hint 1), replayed at each of `replays`
+    into a poisoned `o`, against float64."""
+    batch, nhead = 2, 16
     q_nope, q_pe, kv_c, page_table, seq_info = make_mla_inputs(
-        batch, nhead, [1, 1], dtype, "cuda", max_pages=20_000)
-    o = torch.empty(batch, nhead, 512, dtype=dtype, device="cuda")
+        batch, nhead, [1, 1], torch.bfloat16, "cuda", max_pages=max_pages)
+    o = torch.empty(batch, nhead, 512, dtype=torch.bfloat16, device="cuda")
     call = lambda: mla_gluon(q_nope, q_pe, kv_c, o, page_table, seq_info, SM_SCALE,  # noqa: E731
                              min_kv_seq_len=1, policy=policy, backend="triton")
     call()                                        # compile outside the capture
@@ -459,7 +465,7 @@ def test_mla_graph_replay_at_longer_lengths_gpu(policy):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         call()
-    for lengths in ([1, 1], [5000, 20_000], [64, 65], [19_999, 1]):
+    for lengths in replays:
         seq_info.copy_(torch.tensor(lengths, dtype=torch.int32))
         o.fill_(float("nan"))
         graph.replay()
@@ -515,24 +521,7 @@ def test_one_tile_sequences_split_value_columns_over_idle_programs_gpu(columns, 
                                   (4, 20, [3, 64, 257, 1])]:
         check_mla(batch, nhead, lengths, torch.bfloat16, "device", "triton", device="cuda",
                   hint=1)
-    batch, nhead = 2, 16
-    q_nope, q_pe, kv_c, page_table, seq_info = make_mla_inputs(
-        batch, nhead, [1, 1], torch.bfloat16, "cuda", max_pages=5000)
-    o = torch.empty(batch, nhead, 512, dtype=torch.bfloat16, device="cuda")
-    call = lambda: mla_gluon(q_nope, q_pe, kv_c, o, page_table, seq_info, SM_SCALE,  # noqa: E731
-                             policy="device", backend="triton")
-    call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
-    for lengths in ([1, 1], [64, 4999], [3000, 33], [64, 64]):
-        seq_info.copy_(torch.tensor(lengths, dtype=torch.int32))
-        o.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        ref, _ = mla_reference(q_nope, q_pe, kv_c, page_table, lengths, SM_SCALE)
-        assert rel_err(o, ref) < 1e-2, (columns, lengths)
+    check_graph_replays("device", [[1, 1], [64, 4999], [3000, 33], [64, 64]], 5000)
 
 
 @pytest.mark.gpu

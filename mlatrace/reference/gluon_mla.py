@@ -219,12 +219,7 @@ if gluon is not None:
 
             heads = hblock * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, mma))
             cols = gl.arange(0, 512, layout=gl.SliceLayout(1, mma))
-            nonempty = l_i > 0.0
-            out = gl.where(gl.expand_dims(nonempty, 0),
-                           acc / gl.expand_dims(gl.where(nonempty, l_i, 1.0), 0), 0.0)
-            lse = gl.where(nonempty,
-                           (m_i + gl.log2(gl.where(nonempty, l_i, 1.0))) * 0.6931471805599453,
-                           float("-inf"))
+            out, lse = _normalize(acc, m_i, l_i)
             # One split's result is the output: stage 1 writes `o` (stage 2 is skipped or
             # exits), else a partial and its LSE for stage 2.
             if DIRECT_OUTPUT:
@@ -293,14 +288,21 @@ if gluon is not None:
 
         heads = hblock * 16 + gl.arange(0, 16, layout=gl.SliceLayout(0, mma))
         cols = split * COLS + gl.arange(0, COLS, layout=gl.SliceLayout(1, mma))
+        out, lse = _normalize(acc, m, l_sum)
+        _store_output(o, lse_out, out, lse, b, heads, cols, stride_o_b, stride_o_h, nhead,
+                      RETURN_LSE)
+
+    @gluon.jit
+    def _normalize(acc, m, l_sum):
+        """(out^T = acc / l per head, natural-log LSE): 0 and -inf for a head with no rows
+        (l = 0); m is the running max in log2 units."""
         nonempty = l_sum > 0.0
         out = gl.where(gl.expand_dims(nonempty, 0),
                        acc / gl.expand_dims(gl.where(nonempty, l_sum, 1.0), 0), 0.0)
         lse = gl.where(nonempty,
                        (m + gl.log2(gl.where(nonempty, l_sum, 1.0))) * 0.6931471805599453,
                        float("-inf"))
-        _store_output(o, lse_out, out, lse, b, heads, cols, stride_o_b, stride_o_h, nhead,
-                      RETURN_LSE)
+        return out, lse
 
     @gluon.jit
     def _store_output(o, lse_out, out, lse, b, heads, cols, stride_o_b, stride_o_h, nhead,
