@@ -8,7 +8,8 @@ Partition (mirrors `policies.kv_split_range` and `policies.device_partition`):
 - static (legacy, bucketed, fixed): chunk = cdiv(seq_len, NUM_KV_SPLITS); every split
   writes a partial, an empty one with LSE -inf.
 - device: chunk = whole tiles, active = non-empty chunks; programs at or beyond `active`
-  exit at once, one active split writes `o` directly, and stage 2 merges only `active`.
+  exit at once, one active split writes `o` directly (on the Gluon stage 1, spread over
+  STAGE1_COLUMN_SPLITS programs by value columns), and stage 2 merges only `active`.
 
 Stage 2 of the device partition is a programmatic dependent launch on Hopper (USE_PDL):
 stage 1 triggers it at once, stage 2 reads seq_info while stage 1 runs and waits
