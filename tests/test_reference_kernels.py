@@ -522,6 +522,11 @@ def test_one_tile_sequences_split_value_columns_over_idle_programs_gpu(columns, 
         check_mla(batch, nhead, lengths, torch.bfloat16, "device", "triton", device="cuda",
                   hint=1)
     check_graph_replays("device", [[1, 1], [64, 4999], [3000, 33], [64, 64]], 5000)
+    # Splits of at least two partition tiles: one active split may then hold 65-128 rows,
+    # which the loop must take, not the one-tile path.
+    monkeypatch.setattr(policies, "DEVICE_MIN_TILES_PER_SPLIT", 2)
+    check_mla(4, 16, [100, 64, 128, 129], torch.bfloat16, "device", "triton", device="cuda",
+              hint=1)
 
 
 @pytest.mark.gpu

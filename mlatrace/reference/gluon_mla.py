@@ -143,9 +143,11 @@ if gluon is not None:
         else:
             active = NUM_KV_SPLITS
             chunk = (seq_len + NUM_KV_SPLITS - 1) // NUM_KV_SPLITS
-        # (`and` keeps the test a constexpr False when COL_SPLITS is 1: Triton 3.6 fails to
-        # lower stores under an `if` that folds to a constant false.)
-        if COL_SPLITS > 1 and active == 1:  # the device partition: one tile (<= BLOCK_N)
+        # One active split over at most one tile (a split may hold MIN_TILES partition
+        # tiles of BLOCK_N rows: longer ones take the loop). `and` keeps the test a
+        # constexpr False when COL_SPLITS is 1: Triton 3.6 fails to lower stores under an
+        # `if` that folds to a constant false.
+        if COL_SPLITS > 1 and ((active == 1) & (seq_len <= TILE)):
             if split < COL_SPLITS:
                 v_smem = gl.allocate_shared_memory(
                     dtype, [TILE, 512 // COL_SPLITS],
