@@ -28,6 +28,10 @@ from __future__ import annotations
 import torch
 import triton
 
+# triton_mla imports this module too; it reads this one's names only when it launches,
+# and the kernel below reads `triton_mla._device_partition` only when it compiles.
+from mlatrace.reference import triton_mla
+
 GLUON_TRITON = "3.6"
 """The Triton release this Gluon code is written and measured against (the H200's).
 Gluon is experimental and renames its API between releases (3.9: `async_load`,
@@ -135,11 +139,8 @@ if gluon is not None:
 
         seq_len = gl.load(seq_info + b)
         if DEVICE_PARTITION:
-            tiles = gl.maximum((seq_len + BLOCK_N - 1) // BLOCK_N, 1)
-            per = gl.maximum((tiles + gl.minimum(tiles, NUM_KV_SPLITS) - 1)
-                             // gl.minimum(tiles, NUM_KV_SPLITS), MIN_TILES)
-            active = (tiles + per - 1) // per
-            chunk = per * BLOCK_N
+            active, chunk = triton_mla._device_partition(seq_len, NUM_KV_SPLITS, BLOCK_N,
+                                                         MIN_TILES)
         else:
             active = NUM_KV_SPLITS
             chunk = (seq_len + NUM_KV_SPLITS - 1) // NUM_KV_SPLITS

@@ -92,7 +92,8 @@ raise instead, so a tuning sweep never times the fallback under another config's
 @triton.jit
 def _device_partition(seq_len, NUM_KV_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
                       MIN_TILES: tl.constexpr):
-    """(active splits, chunk) of the device policy; same integers as policies.device_partition."""
+    """(active splits, chunk) of the device policy; same integers as policies.device_partition.
+    Both stage-1 kernels call it (the Gluon one too) and stage 2."""
     tiles = tl.maximum(tl.cdiv(seq_len, BLOCK_N), 1)
     tiles_per_split = tl.maximum(tl.cdiv(tiles, tl.minimum(tiles, NUM_KV_SPLITS)), MIN_TILES)
     return tl.cdiv(tiles, tiles_per_split), tiles_per_split * BLOCK_N
