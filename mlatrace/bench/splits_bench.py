@@ -315,23 +315,16 @@ def set_stage1_knobs(knobs: tuple) -> None:
      triton_mla.STAGE1_STAGES, triton_mla.STAGE1_PREFETCH) = knobs
 
 
-def tune(cfg: Config, timer: Timer, res: Results, log: Callable[[str], None]) -> None:
-    """Device policy at the longest length by stage-1 config (launch budget, inner tile,
-    warps, stages, page-table prefetch) and by stage-2 tile; stage 2 as a programmatic
-    dependent launch or not at a few lengths; stage 2's split tiers at short lengths; its
-    smallest chunk (min tiles per split) at mid lengths. Restores every knob after."""
-    import torch
+def tune_stage1_configs(cfg: Config, timer: Timer, res: Results, log: Callable[[str], None],
+                        sets: list[dict], length: int) -> None:
+    """The device policy on `sets` by stage-1 config (TUNE_CONFIGS: kernel, launch budget,
+    inner tile, warps, stages, page-table prefetch) into res.tuning, every config error an
+    entry. Its knobs, the stage-1 kernel and the fallback are back as they were after, so
+    what is timed next runs the shipped stage 1."""
+    from mlatrace.reference import gluon_mla, triton_mla
 
-    from mlatrace.reference import gluon_mla, mla, policies, triton_mla
-
-    length = max(cfg.lengths)
-    saved_stage2 = (mla.MAX_BLOCK_S, mla.BLOCK_DV)
-    saved_pdl = triton_mla.USE_PDL
-    saved_gluon = triton_mla.STAGE1_GLUON
-    sets = make_sets(length, cfg.nhead, cfg.device)
     saved = stage1_knobs()
-    saved_min_tiles = policies.DEVICE_MIN_TILES_PER_SPLIT
-    saved_tiers = (triton_mla.STAGE2_SMALL_S, triton_mla.STAGE2_MID_S)
+    saved_gluon = triton_mla.STAGE1_GLUON
     try:
         triton_mla.FALLBACK_CONFIG = False   # a config that does not fit is an error here
         for kernel, *knobs in TUNE_CONFIGS:
@@ -351,10 +344,29 @@ def tune(cfg: Config, timer: Timer, res: Results, log: Callable[[str], None]) ->
             log(f"tune {length}: {kernel} budget {budget:4d} tile {tile_n:3d} warps {warps}"
                 f" stages {stages} prefetch {int(prefetch)}: {t['us']:9.1f} us"
                 f"  {entry['bytes_per_s'] / 1e12:5.2f} TB/s {t.get('error', '')}")
-        # Everything below times the shipped stage 1: the configs above ended on Triton.
+    finally:
         set_stage1_knobs(saved)
         triton_mla.STAGE1_GLUON = saved_gluon
         triton_mla.FALLBACK_CONFIG = True
+
+
+def tune(cfg: Config, timer: Timer, res: Results, log: Callable[[str], None]) -> None:
+    """Device policy at the longest length by stage-1 config (launch budget, inner tile,
+    warps, stages, page-table prefetch) and by stage-2 tile; stage 2 as a programmatic
+    dependent launch or not at a few lengths; stage 2's split tiers at short lengths; its
+    smallest chunk (min tiles per split) at mid lengths. Restores every knob after."""
+    import torch
+
+    from mlatrace.reference import mla, policies, triton_mla
+
+    length = max(cfg.lengths)
+    saved_stage2 = (mla.MAX_BLOCK_S, mla.BLOCK_DV)
+    saved_pdl = triton_mla.USE_PDL
+    sets = make_sets(length, cfg.nhead, cfg.device)
+    saved_min_tiles = policies.DEVICE_MIN_TILES_PER_SPLIT
+    saved_tiers = (triton_mla.STAGE2_SMALL_S, triton_mla.STAGE2_MID_S)
+    try:
+        tune_stage1_configs(cfg, timer, res, log, sets, length)
         for block_s, block_dv in TUNE_STAGE2:
             mla.MAX_BLOCK_S, mla.BLOCK_DV = block_s, block_dv
             t = timer.per_call_us(mla_calls(sets, "device", 1, "triton"))
@@ -412,9 +424,6 @@ def tune(cfg: Config, timer: Timer, res: Results, log: Callable[[str], None]) ->
                 log(f"min tiles {length}: {min_tiles}: {t['us']:8.1f} us")
             del sets
     finally:
-        set_stage1_knobs(saved)
-        triton_mla.FALLBACK_CONFIG = True
-        triton_mla.STAGE1_GLUON = saved_gluon
         triton_mla.STAGE2_SMALL_S, triton_mla.STAGE2_MID_S = saved_tiers
         policies.DEVICE_MIN_TILES_PER_SPLIT = saved_min_tiles
         mla.MAX_BLOCK_S, mla.BLOCK_DV = saved_stage2
