@@ -474,6 +474,26 @@ def check_graph_replays(policy, replays, max_pages):
         assert rel_err(o, ref) < 1e-2, (policy, lengths)
 
 
+def skip_without_gluon() -> None:
+    from mlatrace.reference import gluon_mla
+
+    if not gluon_mla.available(torch.empty(1, 576, dtype=torch.bfloat16, device="cuda")):
+        pytest.skip("the Gluon stage 1 serves Hopper GPUs under Triton "
+                    f"{gluon_mla.GLUON_TRITON} only")
+
+
+def count_gluon_launches(monkeypatch) -> list:
+    """A list that gets one entry per launch of the Gluon stage 1 (none without Gluon)."""
+    from mlatrace.reference import gluon_mla
+
+    launches = []
+    if gluon_mla.gluon is not None:
+        kernel = gluon_mla._mla_stage1_wgmma_kernel
+        run = kernel.run
+        monkeypatch.setattr(kernel, "run", lambda *a, **k: launches.append(1) or run(*a, **k))
+    return launches
+
+
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("policy", ["legacy", "bucketed", "device", "fixed:5"])
@@ -481,15 +501,10 @@ def test_gluon_stage1_on_hopper_matches_float64_like_triton_stage1_gpu(policy, m
     """bf16 stage 1 on a Hopper GPU runs the Gluon kernel (counted), and both it and the
     Triton kernel it replaces match float64 on the CPU cases (heads not a multiple of 16,
     lengths off the 64-row tile) plus long ones, one split (direct `o`) included."""
-    from mlatrace.reference import gluon_mla, triton_mla
+    from mlatrace.reference import triton_mla
 
-    if not gluon_mla.available(torch.empty(1, 576, dtype=torch.bfloat16, device="cuda")):
-        pytest.skip("the Gluon stage 1 serves Hopper GPUs under Triton "
-                    f"{gluon_mla.GLUON_TRITON} only")
-    kernel = gluon_mla._mla_stage1_wgmma_kernel
-    launches = []
-    run = kernel.run
-    monkeypatch.setattr(kernel, "run", lambda *a, **k: launches.append(1) or run(*a, **k))
+    skip_without_gluon()
+    launches = count_gluon_launches(monkeypatch)
     cases = MLA_CASES + [(2, 16, [100_000, 4095]), (1, 128, [30_001])]
     for gluon_on in (True, False):
         monkeypatch.setattr(triton_mla, "STAGE1_GLUON", gluon_on)
@@ -510,11 +525,9 @@ def test_one_tile_sequences_split_value_columns_over_idle_programs_gpu(columns, 
     launch shape (1, 2, 4 and 8 such programs: batch and heads set the splits), mixed with
     longer sequences in the batch, matches float64 with LSE, eagerly and replayed from a
     graph captured at length 1, into a poisoned `o`."""
-    from mlatrace.reference import gluon_mla, triton_mla
+    from mlatrace.reference import triton_mla
 
-    if not gluon_mla.available(torch.empty(1, 576, dtype=torch.bfloat16, device="cuda")):
-        pytest.skip("the Gluon stage 1 serves Hopper GPUs under Triton "
-                    f"{gluon_mla.GLUON_TRITON} only")
+    skip_without_gluon()
     monkeypatch.setattr(triton_mla, "STAGE1_COLUMN_SPLITS", columns)
     for batch, nhead, lengths in [(1, 16, [1]), (1, 16, [64]), (3, 128, [2, 64, 65]),
                                   (8, 128, [63, 1, 9000, 64, 5, 17, 2, 40]),
@@ -534,19 +547,13 @@ def test_one_tile_sequences_split_value_columns_over_idle_programs_gpu(columns, 
 def test_caches_past_int32_offsets_take_the_64_bit_triton_stage1_gpu(monkeypatch):
     """A 2.3e9-element cache (rows read past 2**31 elements): the Gluon kernel's offsets
     are 32-bit, so stage 1 must run the Triton kernel with 64-bit offsets, and be right."""
-    from mlatrace.reference import gluon_mla
-
     batch, nhead, lengths, dtype = 2, 16, [3000, 65], torch.bfloat16
     q_nope, q_pe, kv_small, page_table, seq_info = make_mla_inputs(batch, nhead, lengths, dtype,
                                                                    "cuda")
     kv_big = torch.zeros(4_000_000, 576, dtype=dtype, device="cuda")
     base = kv_big.shape[0] - kv_small.shape[0]
     kv_big[base:] = kv_small
-    launches = []
-    if gluon_mla.gluon is not None:
-        kernel = gluon_mla._mla_stage1_wgmma_kernel
-        run = kernel.run
-        monkeypatch.setattr(kernel, "run", lambda *a, **k: launches.append(1) or run(*a, **k))
+    launches = count_gluon_launches(monkeypatch)
     for policy in ("device", "fixed:1"):
         o = torch.full((batch, nhead, 512), float("nan"), dtype=dtype, device="cuda")
         mla_gluon(q_nope, q_pe, kv_big, o, page_table + base, seq_info, SM_SCALE,
