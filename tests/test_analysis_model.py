@@ -93,7 +93,7 @@ def test_parallel_build_matches_serial(tmp_path):
     root = synth.mla_decode(tmp_path / "t", policy="legacy", ranks=3, gpu_ns=True)
     serial = analyze(open_trace(root))
     from mlatrace.analysis import analyze_model
-    from mlatrace.analysis import model as model_mod
+    from mlatrace.analysis import parallel as model_mod
 
     trace = open_trace(root)
     parts = model_mod._build_parallel(trace, model_mod._pid_groups(trace.processes), 2)

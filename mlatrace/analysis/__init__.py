@@ -13,9 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlatrace.analysis.builder import build_model
 from mlatrace.analysis.config import Config, ConfigError, load_config
 from mlatrace.analysis.findings import RULES, SEVERITY_ORDER, Evidence, Finding, at_or_above
-from mlatrace.analysis.model import GraphModel, TraceModel, build_model
+from mlatrace.analysis.model import GraphModel, TraceModel
 from mlatrace.analysis.rules import RULE_FUNCTIONS
 
 __all__ = [

@@ -174,7 +174,7 @@ def bench_real_launches(module: Any, launches: int) -> tuple[float, float, str]:
     return untraced, traced, (torch.cuda.get_device_name() if cuda else "cpu (TRITON_INTERPRET=1)")
 
 
-HANDLER = "mlatrace.probe.handlers:AttnForward"
+HANDLER = "mlatrace.probe.handlers.vllm:AttnForward"
 
 
 def bench_probed_call(directory: Path, module_name: str, calls: int,

@@ -13,7 +13,7 @@ A pack::
     params = ["self", "q", "kv_c_and_k_pe_cache", "attn_metadata", "layer"]
     kind = "attn.call"
     when = "call"                    # call | return | both
-    handler = "mlatrace.probe.handlers:SomeHandler"   # optional
+    handler = "mlatrace.probe.handlers.vllm:SomeHandler"   # optional
     inherited = false                # optional: patch an inherited method on this class
     [probe.fields]                   # name -> path expression (see paths.py)
     op = "'forward_mqa'"

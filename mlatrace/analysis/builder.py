@@ -1,0 +1,502 @@
+"""Streaming builder: one pass over each process file of a trace fills the TraceModel."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+from typing import Any
+
+from mlatrace.analysis.model import (
+    MAX_DISTINCT,
+    MAX_NODES,
+    MAX_SYNC_SITES,
+    AttentionStats,
+    CallShape,
+    GraphModel,
+    LaunchShape,
+    ProcessModel,
+    Ref,
+    ReplayStats,
+    SplitDecision,
+    SyncSite,
+    TraceModel,
+    _int,
+)
+from mlatrace.analysis.parallel import _build_parallel, _default_workers, _pid_groups
+from mlatrace.trace import Problem
+
+
+def _flush_ptr_run(stats: ReplayStats) -> None:
+    """Add the replays that repeated the last pointer set to its per-name counts."""
+    if stats.ptr_run_count and stats.ptr_run is not None:
+        for name, ptr in stats.ptr_run.items():
+            entry = stats.ptrs.get(name, {}).get(ptr)
+            if entry is not None:
+                entry[0] += stats.ptr_run_count
+    stats.ptr_run_count = 0
+
+
+
+
+def _text(value: Any) -> str | None:
+    """A name-like field: strings pass, None stays None, anything else becomes its str()."""
+    if value is None or isinstance(value, str):
+        return value
+    return str(value)
+
+
+def _key_text(key: Any) -> str | int | None:
+    """A batch descriptor as one short string: {"num_tokens": 2} -> "num_tokens=2"."""
+    if key is None or isinstance(key, (str, int)):
+        return key
+    if isinstance(key, dict):
+        return ", ".join(f"{k}={json.dumps(v) if not isinstance(v, str) else v}"
+                         for k, v in key.items())
+    return json.dumps(key) if isinstance(key, list) else str(key)
+
+
+def _dict(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _grid(value: Any) -> tuple | None:
+    if isinstance(value, (list, tuple)):
+        return tuple(value)
+    return None
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return tuple(sorted((str(k), _hashable(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_hashable(v) for v in value)
+    return value
+
+
+def _infer_role(proc: ProcessModel, pids: set[int | None], captured: bool) -> str:
+    """A short name for what the process is, from its rank, argv and lineage."""
+    argv = proc.argv
+    text = " ".join(argv)
+    suffix = ", captures graphs" if captured else ""
+    if proc.rank is not None:
+        role = f"rank {proc.rank}" + (f"/{proc.world_size}" if proc.world_size else "")
+    elif "resource_tracker" in text:
+        role = "resource tracker"
+    elif "spawn_main" in text or "--multiprocessing-fork" in text or "forkserver" in text:
+        role = "mp spawn child"
+    elif any(a.endswith("vllm") for a in argv[:3]) and "serve" in argv:
+        role = "vllm serve"
+    elif "-m" in argv[:-1]:
+        role = "-m " + argv[argv.index("-m") + 1]
+    elif "-c" in argv:
+        role = "python -c"
+    elif len(argv) > 1:
+        role = os.path.basename(argv[1])
+    else:
+        role = "process"
+    if proc.ppid not in pids and proc.rank is None:
+        role += " (root)"
+    return role + suffix
+
+
+class _ProcessBuilder:
+    """Streams one process file into the model (per-thread host state, capture stacks)."""
+
+    def __init__(self, model: TraceModel, proc_file: Any) -> None:
+        self.model = model
+        self.file = getattr(proc_file, "name", None) or str(getattr(proc_file, "path", "?"))
+        header = proc_file.header if isinstance(getattr(proc_file, "header", None), dict) else None
+        pid = _int(getattr(proc_file, "pid", None))
+        if pid is None and header:
+            pid = _int(header.get("pid"))
+        self.pid = pid
+        self.proc = ProcessModel(file=self.file, pid=pid)
+        self.stacks: dict[Any, list[int]] = {}
+        self.metadata: dict[Any, dict] = {}  # tid -> latest attn.metadata record
+        self.by_gid: dict[Any, GraphModel] = {}
+        self.replaying: set[Any] = set()
+
+    # -- helpers -------------------------------------------------------------
+    def _ref(self, rec: dict, kind: str) -> Ref:
+        seq = rec.get("seq")
+        return Ref(self.file, seq if isinstance(seq, int) else -1, kind)
+
+    def _graph(self, gid: int) -> GraphModel:
+        key = (self.pid, gid)
+        graph = self.model.graphs.get(key)
+        if graph is None:
+            graph = GraphModel(pid=self.pid, file=self.file, gid=gid)
+            self.model.graphs[key] = graph
+        return graph
+
+    def _capture_gid(self, rec: dict) -> int | None:
+        """The innermost capture a record belongs to, or None when it ran eagerly."""
+        capturing = rec.get("capturing")
+        if capturing is False:
+            return None
+        gid = _int(rec.get("gid"))
+        if gid is not None:
+            return gid
+        stack = self.stacks.get(rec.get("tid"))
+        if stack:
+            return stack[-1]
+        return None
+
+    # -- records -------------------------------------------------------------
+    def header(self, rec: dict) -> None:
+        p = self.proc
+        p.has_header = True
+        p.schema = rec.get("schema") if isinstance(rec.get("schema"), str) else None
+        if p.pid is None:
+            p.pid = self.pid = _int(rec.get("pid"))
+        p.ppid = _int(rec.get("ppid"))
+        p.rank = _int(rec.get("rank"))
+        p.world_size = _int(rec.get("world_size"))
+        argv = rec.get("argv")
+        p.argv = [str(a) for a in argv] if isinstance(argv, list) else []
+        p.versions = _dict(rec.get("versions"))
+        p.device = _dict(rec.get("device"))
+
+    def handlers(self) -> dict[str, Any]:
+        """Kind -> handler; dispatch, mark, probe.error and unknown kinds need nothing here."""
+        return {
+            "graph.replay": self.replay,
+            "attn.metadata": self.attn_metadata,
+            "attn.call": self.attn_call,
+            "kernel.launch": self.kernel_launch,
+            "kernel.split": self.kernel_split,
+            "kernel.skip": self.kernel_skip,
+            "sync": self.sync,
+            "graph.capture.begin": self.capture_begin,
+            "graph.capture.end": self.capture_end,
+            "graph.nodes": self.graph_nodes,
+            "process": self.header,
+            "process.rank": self.process_info,
+            "process.info": self.process_info,
+            "process.end": self.process_end,
+        }
+
+    def kernel_skip(self, rec: dict) -> None:
+        gid = self._capture_gid(rec)
+        if gid is not None and len(self._graph(gid).skips) < MAX_DISTINCT:
+            self._graph(gid).skips.append((self._ref(rec, "kernel.skip"), _text(rec.get("name")),
+                                           _text(rec.get("reason"))))
+
+    def graph_nodes(self, rec: dict) -> None:
+        gid = _int(rec.get("gid"))
+        kernels = rec.get("kernels")
+        if gid is not None and isinstance(kernels, list):
+            graph = self._graph(gid)
+            distinct: dict[tuple, dict] = {}
+            for node in kernels:
+                if isinstance(node, dict) and len(distinct) < MAX_NODES:
+                    distinct.setdefault((str(node.get("name")), _hashable(node.get("grid"))), node)
+            graph.nodes = list(distinct.values())
+            graph.nodes_total = len(kernels)
+            graph.nodes_ref = self._ref(rec, "graph.nodes")
+
+    def process_info(self, rec: dict) -> None:
+        rank = _int(rec.get("rank"))
+        if rank is not None:
+            self.proc.rank = rank
+        ws = _int(rec.get("world_size"))
+        if ws is not None:
+            self.proc.world_size = ws
+
+    def process_end(self, rec: dict) -> None:
+        self.proc.end = rec
+        for gid, count in _dict(rec.get("replays")).items():
+            gid_i = int(gid) if isinstance(gid, str) and gid.lstrip("-").isdigit() else _int(gid)
+            count_i = _int(count)
+            if gid_i is not None and count_i is not None:
+                self._graph(gid_i).replays.exact = count_i
+
+    def capture_begin(self, rec: dict) -> None:
+        gid = _int(rec.get("gid"))
+        if gid is None:
+            return
+        graph = self._graph(gid)
+        graph.parent = _int(rec.get("parent"))
+        graph.src = _text(rec.get("src"))
+        graph.key = _key_text(rec.get("key"))
+        graph.mode = _text(rec.get("mode"))
+        graph.begin = self._ref(rec, "graph.capture.begin")
+        tid = rec.get("tid")
+        graph.capture_tid = tid
+        if graph.parent is None:
+            stack = self.stacks.get(tid)
+            if stack:
+                graph.parent = stack[-1]
+        current = self.metadata.get(tid)
+        if current is not None:
+            graph.capture_metadata = current
+            graph.capture_metadata_ref = self._ref(current, "attn.metadata")
+        self.stacks.setdefault(tid, []).append(gid)
+
+    def capture_end(self, rec: dict) -> None:
+        gid = _int(rec.get("gid"))
+        if gid is None:
+            return
+        graph = self._graph(gid)
+        graph.end = self._ref(rec, "graph.capture.end")
+        graph.segments = _int(rec.get("segments"))
+        graph.eager_breaks = _int(rec.get("eager_breaks"))
+        graph.dur_ns = _int(rec.get("dur_ns"))
+        stack = self.stacks.get(rec.get("tid"))
+        if stack and gid in stack:
+            del stack[stack.index(gid):]
+
+    def _count_attention(self, rec: dict, kind: str, name: str) -> None:
+        key = f"{kind}:{name}"
+        stats = self.proc.attention.get(key)
+        if stats is None:
+            stats = self.proc.attention[key] = AttentionStats(kind, name, self._ref(rec, kind))
+        stats.add(rec, bool(rec.get("capturing")))
+
+    def attn_metadata(self, rec: dict) -> None:
+        self._count_attention(rec, "attn.metadata", str(rec.get("backend")))
+        self.metadata[rec.get("tid")] = rec
+        gid = self._capture_gid(rec) if rec.get("capturing") else None
+        if gid is not None:
+            ref = self._ref(rec, "attn.metadata")
+            graph = self._graph(gid)
+            for name, ptr in _dict(rec.get("ptrs")).items():
+                if isinstance(ptr, int) and name not in graph.capture_ptrs:
+                    graph.capture_ptrs[name] = (ptr, ref)
+            if graph.capture_metadata is None:
+                graph.capture_metadata, graph.capture_metadata_ref = rec, ref
+
+    def _eager(self, rec: dict, name: str, kind: str) -> None:
+        if rec.get("tid") in self.replaying:
+            entry = self.model.runtime_eager.get((self.pid, name))
+            if entry is None:
+                self.model.runtime_eager[(self.pid, name)] = [1, self._ref(rec, kind)]
+            else:
+                entry[0] += 1
+
+    def attn_call(self, rec: dict) -> None:
+        self._count_attention(rec, "attn.call", str(rec.get("op")))
+        gid = self._capture_gid(rec)
+        if gid is None:
+            self._eager(rec, str(rec.get("op")), "attn.call")
+            return
+        graph = self._graph(gid)
+        ref = self._ref(rec, "attn.call")
+        op = str(rec.get("op"))
+        layer = _hashable(rec.get("layer"))
+        hints, ptrs = _dict(rec.get("hints")), _dict(rec.get("ptrs"))
+        for name, ptr in ptrs.items():
+            if isinstance(ptr, int) and name not in graph.capture_ptrs:
+                graph.capture_ptrs[name] = (ptr, ref)
+        for call in graph.calls:
+            if call.op == op and call.layer == layer and call.hints == hints:
+                call.count += 1
+                return
+        if len(graph.calls) < 4 * MAX_DISTINCT:
+            extra = {k: rec[k] for k in ("num_prefills", "num_decodes") if k in rec}
+            graph.calls.append(CallShape(ref, op, layer, _text(rec.get("backend")), hints, ptrs,
+                                         _dict(rec.get("shapes")), extra=extra))
+
+    def kernel_split(self, rec: dict) -> None:
+        gid = self._capture_gid(rec)
+        op = _text(rec.get("op"))
+        splits = _int(rec.get("num_kv_splits"))
+        if gid is None:
+            return  # an eager policy evaluation (maybe not even a launch): nothing frozen
+        graph = self._graph(gid)
+        fields = (op, splits, _int(rec.get("block_n")), _text(rec.get("policy")),
+                  _int(rec.get("min_kv_seq_len")))
+        for decision in graph.splits:
+            if (decision.op, decision.num_kv_splits, decision.block_n, decision.policy,
+                    decision.min_kv_seq_len) == fields:
+                decision.count += 1
+                return
+        if len(graph.splits) < MAX_DISTINCT:
+            graph.splits.append(SplitDecision(
+                self._ref(rec, "kernel.split"), *fields, batch=_int(rec.get("batch")),
+                qlen=_int(rec.get("qlen")), nhead=_int(rec.get("nhead")), regime=_text(rec.get("regime"))))
+
+    def kernel_launch(self, rec: dict) -> None:
+        gid = self._capture_gid(rec)
+        if gid is None:
+            self._eager(rec, str(rec.get("name")), "kernel.launch")
+            return
+        graph = self._graph(gid)
+        name = str(rec.get("name"))
+        grid = _grid(rec.get("grid"))
+        const = _dict(rec.get("const"))
+        for launch in graph.launches:
+            if launch.name == name and launch.grid == grid and launch.const == const:
+                launch.count += 1
+                return
+        if len(graph.launches) < 4 * MAX_DISTINCT:
+            graph.launches.append(LaunchShape(self._ref(rec, "kernel.launch"), name, grid, const))
+
+    def sync(self, rec: dict) -> None:
+        gid = self._capture_gid(rec)
+        tid = rec.get("tid")
+        op, where = _text(rec.get("op")), rec.get("where")
+        if gid is not None:
+            graph = self._graph(gid)
+            for site in graph.syncs:
+                if site.op == op and _hashable(site.where) == _hashable(where):
+                    site.count += 1
+                    return
+            if len(graph.syncs) < MAX_SYNC_SITES:
+                graph.syncs.append(SyncSite(self._ref(rec, "sync"), op, where, True, gid))
+        elif tid in self.replaying:
+            key = (self.pid, op, _hashable(where))
+            site = self.model.step_syncs.get(key)
+            if site is not None:
+                site.count += 1
+            elif len(self.model.step_syncs) < MAX_SYNC_SITES * 4:
+                self.model.step_syncs[key] = SyncSite(self._ref(rec, "sync"), op, where, False, None)
+
+    def replay(self, rec: dict) -> None:
+        # the hottest path of a trace (one or two per decode step): keep it lean
+        gid = rec.get("gid")
+        graph = self.by_gid.get(gid)
+        if graph is None:
+            if type(gid) is not int:
+                return
+            graph = self.by_gid[gid] = self._graph(gid)
+        stats = graph.replays
+        tid = rec.get("tid")
+        stats.records += 1
+        n = rec.get("n")
+        if type(n) is int and n > stats.max_n:
+            stats.max_n = n
+        if stats.first is None:
+            stats.first = self._ref(rec, "graph.replay")
+            if self.proc.first_replay_seq is None:
+                self.proc.first_replay_seq = stats.first.seq
+        self.replaying.add(tid)
+        gpu = rec.get("gpu_ns")
+        if gpu is not None and type(gpu) is int and gpu >= 0:
+            stats.add_gpu_ns(gpu)
+        md = self.metadata.get(tid)
+        if md is None:
+            return
+        stats.with_metadata += 1
+        smax = md.get("seq_len_max")
+        if type(smax) is int and (stats.seq_len_max is None or smax > stats.seq_len_max):
+            stats.seq_len_max, stats.seq_len_max_md = smax, md
+        smin = md.get("seq_len_min")
+        if type(smin) is int:
+            if stats.seq_len_min_max is None or smin > stats.seq_len_min_max:
+                stats.seq_len_min_max, stats.seq_len_min_max_md = smin, md
+            if stats.seq_len_min_min is None or smin < stats.seq_len_min_min:
+                stats.seq_len_min_min = smin
+        ptrs = md.get("ptrs")
+        if ptrs and type(ptrs) is dict:
+            if ptrs == stats.ptr_run:  # the usual case: the same static buffers every step
+                stats.ptr_run_count += 1
+            else:
+                self._count_ptrs(stats, ptrs, md)
+
+    def _count_ptrs(self, stats: ReplayStats, ptrs: dict, md: dict) -> None:
+        _flush_ptr_run(stats)
+        seen_all = stats.ptrs
+        for name, ptr in ptrs.items():
+            seen = seen_all.get(name)
+            if seen is None:
+                if type(ptr) is int:
+                    seen_all[name] = {ptr: [1, self._ref(md, "attn.metadata")]}
+            elif ptr in seen:
+                seen[ptr][0] += 1
+            elif type(ptr) is int and len(seen) < MAX_DISTINCT:
+                seen[ptr] = [1, self._ref(md, "attn.metadata")]
+        stats.ptr_run, stats.ptr_run_count = ptrs, 0
+
+    def finish(self, proc_file: Any) -> ProcessModel:
+        for graph in self.model.graphs.values():
+            stats = graph.replays
+            if graph.pid == self.pid:
+                _flush_ptr_run(stats)
+            if graph.pid == self.pid and stats.seq_len_max_md is not None:
+                stats.seq_len_max_ref = self._ref(stats.seq_len_max_md, "attn.metadata")
+                stats.seq_len_min_max_ref = (self._ref(stats.seq_len_min_max_md, "attn.metadata")
+                                             if stats.seq_len_min_max_md is not None else None)
+                stats.seq_len_max_md = stats.seq_len_min_max_md = None
+        p = self.proc
+        p.gaps = _int(getattr(proc_file, "gaps", 0)) or 0
+        p.dropped = _int(getattr(proc_file, "dropped", 0)) or 0
+        end = getattr(proc_file, "end", None)
+        if isinstance(end, dict) and p.end is None:
+            p.end = end
+        if p.end is not None:
+            p.dropped = max(p.dropped, _int(p.end.get("dropped")) or 0)
+        return p
+
+
+def build_model(trace: Any, workers: int | None = None) -> TraceModel:
+    """Stream every process file of an opened trace (mlatrace.trace API) into a TraceModel.
+
+    Process files are independent (gids are per process), so a large trace with several
+    processes is split over `workers` processes (default: the CPUs, when it pays off).
+    """
+    model = TraceModel(root=str(getattr(trace, "root", "")))
+    groups = _pid_groups(trace.processes)
+    if workers is None:
+        workers = _default_workers(trace.processes, len(groups))
+    if workers > 1 and len(groups) > 1:
+        parts = _build_parallel(trace, groups, workers)
+        if parts is not None:
+            return _finish_model(model, trace, parts)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # millions of short-lived dicts, no cycles: collections only cost time
+    try:
+        for proc_file in trace.processes:
+            model.processes.append(_stream_process(model, proc_file))
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    model.problems = list(getattr(trace, "problems", [])) + model.problems
+    return _finish_model(model, trace, None)
+
+
+
+def _finish_model(model: TraceModel, trace: Any, parts: list[TraceModel] | None) -> TraceModel:
+    if parts is not None:
+        done_files = set()
+        for part in parts:
+            model.processes.extend(part.processes)
+            model.graphs.update(part.graphs)
+            model.runtime_eager.update(part.runtime_eager)
+            model.step_syncs.update(part.step_syncs)
+            model.worker_cpu_s.extend(part.worker_cpu_s)
+            done_files.update(p.file for p in part.processes)
+        order = {getattr(p, "name", None): i for i, p in enumerate(trace.processes)}
+        model.processes.sort(key=lambda p: order.get(p.file, 0))
+        # header problems were found again by the workers: keep the parent's for other files
+        model.problems = [p for p in getattr(trace, "problems", []) if p.file not in done_files]
+        for part in parts:
+            model.problems.extend(part.problems)
+    pids = {p.pid for p in model.processes}
+    captured = {g.pid for g in model.graphs.values()}
+    for proc in model.processes:
+        proc.role = _infer_role(proc, pids, proc.pid in captured)
+    return model
+
+
+
+def _stream_process(model: TraceModel, proc_file: Any) -> ProcessModel:
+    builder = _ProcessBuilder(model, proc_file)
+    header = getattr(proc_file, "header", None)
+    if isinstance(header, dict):
+        builder.header(header)
+    handlers = builder.handlers()
+    count = 0
+    for rec in proc_file.records():
+        count += 1
+        try:
+            handler = handlers.get(rec.get("k"))
+            if handler is not None:
+                handler(rec)
+        except (AttributeError, TypeError, ValueError, KeyError) as exc:
+            seq = rec.get("seq") if isinstance(rec, dict) else None
+            model.problems.append(Problem(builder.file, 0, f"record seq {seq}: field of an "
+                                           f"unexpected type ({type(exc).__name__}); skipped"))
+    builder.proc.records = count
+    return builder.finish(proc_file)

@@ -1,0 +1,88 @@
+"""Probe handlers: the logic a path expression cannot express (gids, capture nesting).
+
+A handler is a class named in a pack (``handler = "mlatrace.probe.handlers.vllm:Name"``),
+built once per probe with its spec. The engine calls ``before(view, info)`` ahead
+of the target and ``after(view, info, token, result, error)`` once it returned or
+raised (``token`` is what ``before`` returned). A handler that raises is disabled
+by the engine; the target's own behaviour never changes. Handlers run inside the
+traced program: standard library only, no device reads, no syncs.
+
+One module per target library: ``torch_graph`` (torch.cuda.CUDAGraph and the
+reference HostGraph), ``vllm`` (vLLM's graph wrappers, attention forwards, runner),
+``sglang`` (calls that are one keyed capture or replay), ``sync`` (host reads of
+device memory). This module holds what they share.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from mlatrace import record
+from mlatrace.probe import graphs
+
+GID_ATTR = "_mlatrace_gid"
+T0_ATTR = "_mlatrace_t0"
+USER_KEEP_ATTR = "_mlatrace_user_keep_graph"
+
+
+class Handler:
+    """Base: keeps the spec, its options and a field extractor."""
+
+    def __init__(self, spec: Any) -> None:
+        self.spec = spec
+        self.options = dict(spec.options)
+        self.src = str(self.options.get("src", spec.pack))
+
+    def fields(self, view: Any) -> dict[str, Any]:
+        return self.spec.fields_of(view)
+
+
+def _graph_nodes_enabled() -> bool:
+    try:
+        return bool(record.settings().get("graph_nodes", True))
+    except Exception:
+        return os.environ.get("MLATRACE_GRAPH_NODES", "1") != "0"
+
+
+def open_capture(src: str, key: Any, mode: Any) -> tuple[int, int]:
+    """Give a new capture its gid (parent: the capture open now), record its begin and
+    enter it; returns (gid, start ns) for close_capture."""
+    gid = graphs.next_gid()
+    record.emit("graph.capture.begin", gid=gid, parent=graphs.parent_gid(), src=src, key=key,
+                mode=mode)
+    graphs.push_capture(gid, src)
+    return gid, time.perf_counter_ns()
+
+
+def close_capture(gid: int, t0: int | None, error: BaseException | None,
+                  segments: int | None = 1, eager_breaks: int | None = 0) -> None:
+    """Leave capture `gid` and record its end: duration, segments, the error if it failed."""
+    graphs.remove_capture(gid)
+    fields: dict[str, Any] = {"gid": gid, "segments": segments, "eager_breaks": eager_breaks,
+                              "dur_ns": time.perf_counter_ns() - t0 if t0 is not None else None}
+    if error is not None:
+        fields["error"] = f"{type(error).__name__}: {error}"[:200]
+    record.emit("graph.capture.end", **fields)
+
+
+
+def _gids_of(instance: Any) -> dict:
+    gids = getattr(instance, "_mlatrace_gids", None)
+    if gids is None:
+        gids = {}
+        try:
+            instance._mlatrace_gids = gids
+        except Exception:
+            pass
+    return gids
+
+
+def _hashable(key: Any) -> Any:
+    if isinstance(key, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in key.items()))
+    if isinstance(key, list):
+        return tuple(_hashable(v) for v in key)
+    return key
+

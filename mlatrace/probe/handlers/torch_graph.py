@@ -1,0 +1,162 @@
+"""Handlers for torch.cuda.CUDAGraph and look-alikes (the reference HostGraph)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+import warnings
+from typing import Any
+
+from mlatrace import record
+from mlatrace.probe import graphs
+from mlatrace.probe.handlers import (
+    GID_ATTR,
+    T0_ATTR,
+    USER_KEEP_ATTR,
+    Handler,
+    _graph_nodes_enabled,
+    close_capture,
+    open_capture,
+)
+
+
+class GraphCaptureBegin(Handler):
+    """capture_begin: give the graph a gid, note its parent, enter the capture."""
+
+    def before(self, view: Any, info: Any) -> Any:
+        graph = view.instance
+        if self.options.get("graph_nodes") and getattr(graph, USER_KEEP_ATTR, None) is not None:
+            # The graph was built with keep_graph forced on (TorchGraphKeep): ask for
+            # the debug dump before the capture starts, as torch requires.
+            enable = getattr(graph, "enable_debug_mode", None)
+            if enable is not None:
+                enable()
+        return None
+
+    def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
+        if error is not None:
+            return
+        graph = view.instance
+        gid, t0 = open_capture(self.src, key=None, mode=None)
+        setattr(graph, GID_ATTR, gid)
+        setattr(graph, T0_ATTR, t0)
+
+
+class GraphCaptureEnd(Handler):
+    """capture_end: leave the capture, record its duration and its kernel nodes."""
+
+    def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
+        graph = view.instance
+        gid = getattr(graph, GID_ATTR, None)
+        if gid is None:
+            return
+        close_capture(gid, getattr(graph, T0_ATTR, None), error)
+        if error is None and self.options.get("graph_nodes"):
+            user_keep = getattr(graph, USER_KEEP_ATTR, None)
+            if user_keep is not None:
+                dump_graph_nodes(graph, gid, user_keep)
+
+
+
+def dump_graph_nodes(graph: Any, gid: int, user_keep: bool) -> None:
+    """Write the graph's DOT dump, emit graph.nodes, then restore the user's keep_graph.
+
+    The graph was built with keep_graph=True so that its template survives capture
+    (torch writes nothing otherwise). A user who asked for keep_graph=False gets
+    the instantiation capture_end would have done, right here, so replay behaves
+    as before; the template stays alive (host memory, freed with the graph).
+    """
+    from mlatrace.probe.graph_nodes import parse_dot
+
+    t0 = time.perf_counter_ns()
+    kernels: list[dict] | None = None
+    error = None
+    fd, path = tempfile.mkstemp(prefix=f"mlatrace-g{gid}-", suffix=".dot")
+    os.close(fd)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # torch warns "DEBUG: calling debug_dump()"
+            graph.debug_dump(path)
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            text = handle.read()
+        kernels = parse_dot(text) if text else []
+        if not text:
+            error = "empty debug dump"
+        keep_dir = os.environ.get("MLATRACE_KEEP_DOT")
+        if keep_dir and text:
+            os.makedirs(keep_dir, exist_ok=True)
+            with open(os.path.join(keep_dir, f"p{os.getpid()}-g{gid}.dot"), "w") as out:
+                out.write(text)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"[:200]
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    if not user_keep:
+        graph.instantiate()
+    fields: dict[str, Any] = {"gid": gid, "kernels": kernels or [],
+                              "dump_ns": time.perf_counter_ns() - t0}
+    if error:
+        fields["error"] = error
+    record.emit("graph.nodes", **fields)
+
+
+class GraphReplay(Handler):
+    """replay: count it against the graph's gid (no device work, no sync)."""
+
+    def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
+        if error is not None:
+            return
+        gid = getattr(view.instance, GID_ATTR, None)
+        if gid is None:
+            gid = graphs.next_gid()     # captured before mlatrace was installed
+            setattr(view.instance, GID_ATTR, gid)
+        record.emit_replay(gid)
+
+
+class TorchGraphKeep(Handler):
+    """Build every torch.cuda.CUDAGraph with keep_graph=True, for the node dump.
+
+    torch writes a graph's DOT only while its template (cudaGraph_t) exists, which
+    after capture_end means keep_graph=True. The Python class defines ``__new__``
+    (the probe's target: its parameters are checked for drift) but the C++
+    constructor, pybind's ``_CUDAGraph.__init__(keep_graph)``, receives the
+    constructor's own arguments, so this handler defines ``CUDAGraph.__init__``
+    passing keep_graph=True and remembers the user's choice on the instance;
+    GraphCaptureEnd honours it (see dump_graph_nodes). close() removes the
+    ``__init__`` again.
+    """
+
+    def __init__(self, spec: Any) -> None:
+        super().__init__(spec)
+        self.cls: Any = None
+        self.init: Any = None
+
+    def replacement(self, info: Any, runtime: Any) -> Any:
+        from mlatrace.probe.engine import STATE
+
+        cls = info.owner
+        if not (_graph_nodes_enabled() and self.options.get("graph_nodes", True)):
+            return info.raw
+        if "__init__" in cls.__dict__:
+            raise RuntimeError(f"{cls.__qualname__} defines __init__ itself; node dump off")
+        base_init = cls.__mro__[1].__init__
+
+        def __init__(graph: Any, keep_graph: bool = False, *args: Any, **kwargs: Any) -> None:
+            if runtime.disabled or not STATE.active:
+                base_init(graph, keep_graph, *args, **kwargs)
+                return
+            base_init(graph, True, *args, **kwargs)
+            setattr(graph, USER_KEEP_ATTR, bool(keep_graph))
+
+        cls.__init__ = __init__
+        self.cls, self.init = cls, __init__
+        return info.raw
+
+    def close(self) -> None:
+        if self.cls is not None and self.cls.__dict__.get("__init__") is self.init:
+            del self.cls.__init__
+        self.cls = self.init = None

@@ -1,0 +1,204 @@
+"""Handlers for vLLM: CUDAGraphWrapper, BreakableCUDAGraphWrapper and its eager breaks,
+attention forwards, the runner's dispatch and _dummy_run, the worker's rank. The
+reference engine mirrors these entry points, so its pack names the same handlers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlatrace import record
+from mlatrace.probe import graphs
+from mlatrace.probe.handlers import GID_ATTR, Handler, close_capture, open_capture
+from mlatrace.probe.paths import plain
+
+
+def _forward_context() -> Any:
+    from vllm.forward_context import get_forward_context, is_forward_context_available
+
+    if not is_forward_context_available():
+        return None
+    return get_forward_context()
+
+
+def _mode_name(mode: Any) -> str | None:
+    return None if mode is None else getattr(mode, "name", str(mode))
+
+
+class VllmGraphWrapperCall(Handler):
+    """CUDAGraphWrapper.__call__: capture (new batch descriptor) or replay (known one)."""
+
+    def before(self, view: Any, info: Any) -> Any:
+        wrapper = view.instance
+        context = _forward_context()
+        if context is None:
+            return None
+        mode = context.cudagraph_runtime_mode
+        if mode is None or _mode_name(mode) == "NONE" or mode != wrapper.runtime_mode:
+            return None     # passes through to the runnable: nothing captured or replayed
+        key = context.batch_descriptor
+        entry = wrapper.concrete_cudagraph_entries.get(key)
+        if entry is not None and entry.cudagraph is not None:
+            return ("replay", key, None)
+        return ("capture", key, open_capture(self.src, plain(key), _mode_name(mode)))
+
+    def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
+        if token is None:
+            return
+        action, key, capture = token
+        gids = view.instance.__dict__.setdefault("_mlatrace_gids", {})
+        if action == "capture":
+            gid, t0 = capture
+            if error is None:
+                gids[key] = gid
+            close_capture(gid, t0, error)
+        elif error is None:
+            gid = gids.get(key)
+            if gid is None:
+                gid = gids[key] = graphs.next_gid()
+            record.emit_replay(gid)
+
+
+class EntryCapture(Handler):
+    """A wrapper's ``_capture(entry, ...)``: one graph per batch descriptor, maybe in segments.
+
+    Used for vLLM's BreakableCUDAGraphWrapper._capture and the reference engine's
+    CUDAGraphWrapper._capture. ``key``/``mode`` come from the probe's fields; with
+    ``options.mode_from = "vllm"`` the mode is read from vLLM's forward context.
+    """
+
+    def before(self, view: Any, info: Any) -> Any:
+        fields = self.fields(view)
+        mode = fields.get("mode")
+        if self.options.get("mode_from") == "vllm":
+            context = _forward_context()
+            mode = _mode_name(context.cudagraph_runtime_mode) if context is not None else mode
+        entry = view.arg("entry")
+        key = fields.get("key", plain(getattr(entry, "batch_descriptor", None)))
+        return open_capture(self.src, key, mode)
+
+    def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
+        gid, t0 = token
+        entry = view.arg("entry")
+        capture = getattr(entry, "capture", None)
+        if capture is not None:
+            segments = getattr(capture, "segments", None)
+            num_segments = len(segments) if segments is not None else None
+            eager_breaks = getattr(capture, "num_eager_breaks", None)
+        else:
+            num_segments, eager_breaks = 1, 0
+        if error is None and entry is not None:
+            try:
+                setattr(entry, GID_ATTR, gid)
+            except Exception:
+                pass
+        close_capture(gid, t0, error, num_segments, eager_breaks)
+
+
+class EntryReplay(Handler):
+    """A wrapper's ``_replay(entry, ...)``: count the replay of the entry's graph."""
+
+    def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
+        if error is not None:
+            return
+        entry = view.arg("entry")
+        gid = getattr(entry, GID_ATTR, None)
+        if gid is None:
+            gid = graphs.next_gid()
+            setattr(entry, GID_ATTR, gid)
+        record.emit_replay(gid)
+
+
+class EagerBreak(Handler):
+    """add_eager(fn): the call runs eagerly between segments, so it is not capturing."""
+
+    def __init__(self, spec: Any) -> None:
+        super().__init__(spec)
+        self.segment_srcs = tuple(self.options.get("segment_src", ["torch"]))
+
+    def before(self, view: Any, info: Any) -> Any:
+        # The open torch segment ends inside add_eager; the break belongs to the
+        # breakable capture around it.
+        gid = graphs.enclosing_gid(self.segment_srcs)
+        record.emit("graph.eager_break", gid=gid, fn=_callable_name(view.arg("fn")))
+        graphs.push_eager()
+        return True
+
+    def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
+        graphs.pop_eager()
+
+
+def _callable_name(fn: Any) -> str | None:
+    """A readable name for an eager segment: partials and lambdas name what they call."""
+    inner = getattr(fn, "func", None)      # functools.partial
+    if inner is not None:
+        fn = inner
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    if name and "<lambda>" in name:
+        # vLLM's eager break is `lambda: fn(*weak_args, **weak_kwargs)`: name the fn.
+        for cell in getattr(fn, "__closure__", None) or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:
+                continue
+            if callable(value) and getattr(value, "__qualname__", None):
+                return value.__qualname__
+    return name
+
+
+
+class AttnForward(Handler):
+    """A backend's attention forward: one attn.call, and its layer for the calls inside.
+
+    The kernels a forward launches are recorded by their own probes; they read the
+    layer through ``layer()`` so MLT005 can group them by layer and gid.
+    """
+
+    def before(self, view: Any, info: Any) -> Any:
+        fields = self.fields(view)
+        record.emit_fields(self.spec.kind or "attn.call", fields)
+        graphs.enter_layer(fields.get("layer"))
+        return True
+
+    def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
+        graphs.exit_layer()
+
+
+class Dispatch(Handler):
+    """The runner's dispatch decision: (mode, batch descriptor) or a descriptor with cg_mode."""
+
+    def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
+        if error is not None:
+            return
+        fields = self.fields(view)
+        if isinstance(result, tuple) and len(result) >= 2 and not hasattr(result, "_asdict"):
+            mode, key = result[0], result[1]
+        elif hasattr(result, "cg_mode"):
+            mode, key = result.cg_mode, result
+        else:
+            mode, key = fields.get("mode"), fields.get("key")
+        record.emit("dispatch", mode=mode if isinstance(mode, str) or mode is None
+                    else _mode_name(mode), key=plain(key), num_tokens=fields.get("num_tokens"))
+
+
+class DummyRun(Handler):
+    """A runner's _dummy_run: record it, and mark metadata built inside it as dummy."""
+
+    def before(self, view: Any, info: Any) -> Any:
+        record.emit_fields(self.spec.kind or "runner.dummy_run", self.fields(view))
+        graphs.enter_dummy_run()
+        return True
+
+    def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
+        graphs.exit_dummy_run()
+
+
+class RankFromArgs(Handler):
+    """Tell the recorder the rank when a probed call names it (fields rank/world_size)."""
+
+    def before(self, view: Any, info: Any) -> Any:
+        fields = self.fields(view)
+        rank = fields.get("rank")
+        if isinstance(rank, int) and rank >= 0:
+            world = fields.get("world_size")
+            record.set_rank(rank, world if isinstance(world, int) else None)
+        return None
