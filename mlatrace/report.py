@@ -198,9 +198,16 @@ def print_warnings(console: Any, problems: list) -> None:
 
 
 def render(console: Any, data: dict[str, Any], problems: list, verbose: bool) -> None:
-    """The human report: summary line, processes, graphs, findings (rich)."""
-    from rich.table import Table
+    """The human report: summary line, warnings, then one table per section (rich)."""
+    render_summary(console, data, problems)
+    render_processes(console, data, verbose)
+    render_graphs(console, data, verbose)
+    render_attention(console, data)
+    render_findings(console, data, verbose)
 
+
+def render_summary(console: Any, data: dict[str, Any], problems: list) -> None:
+    """The summary line, the reader's problems and per-process data-loss warnings."""
     errors = data["summary"]["findings"]["error"]
     style = "bold red" if errors else ("bold yellow" if data["summary"]["findings"]["warning"]
                                        else "bold green")
@@ -214,6 +221,11 @@ def render(console: Any, data: dict[str, Any], problems: list, verbose: bool) ->
         if p["end_reason"] is None and p["records"]:
             console.print(f"[yellow]warning:[/] {p['file']}: no process.end record (killed, "
                           "or still running); the trace stops at its last flush", highlight=False)
+
+
+def render_processes(console: Any, data: dict[str, Any], verbose: bool) -> None:
+    """One row per process; processes with no events fold into one row unless -v."""
+    from rich.table import Table
 
     procs = Table(title="processes", title_justify="left", show_edge=False)
     for col in ("file", "pid", "ppid", "rank", "role", "records", "dropped", "end"):
@@ -232,48 +244,65 @@ def render(console: Any, data: dict[str, Any], problems: list, verbose: bool) ->
                       "", "(-v lists them)")
     console.print(procs)
 
-    graphs = data["graphs"]
-    if graphs:
-        table = Table(title="graphs (what capture froze / what replays saw)", title_justify="left",
-                      show_edge=False)
-        for col in ("ranks", "gid", "src", "key", "mode", "captured at", "splits", "stage-1 grid",
-                    "stage 2", "replays", "max replay len", "ptrs", "gpu p50"):
-            table.add_column(col, overflow="fold")
-        rows = graph_rows(graphs)
-        shown_rows = rows if verbose else rows[:MAX_GRAPH_ROWS]
-        for ranks, cells in shown_rows:
-            table.add_row(_fmt(ranks), *cells)
-        console.print(table)
-        if len(rows) > len(shown_rows):
-            console.print(f"... {len(rows) - len(shown_rows)} more rows (use -v)")
-        shown = graphs
-        if verbose:
-            for g in shown:
-                frozen = g["frozen"]
-                hints = ", ".join(f"{k}={v}" for k, v in frozen["hints"].items()) or "-"
-                ptrs = ", ".join(f"{k}={_hex(v)}" for k, v in frozen["ptrs"].items()) or "-"
-                kernels = "; ".join(
-                    f"{name} grid {_fmt(k['grids'][0] if len(k['grids']) == 1 else k['grids'])}"
-                    + (f" NUM_KV_SPLITS {_fmt(k['num_kv_splits'])}" if k["num_kv_splits"] else "")
-                    for name, k in frozen["kernels"].items()) or "-"
-                console.print(f"  rank {_fmt(g['rank'])} gid {g['gid']} {_fmt(g['key'])}: "
-                              f"ops {_fmt(frozen['ops'])}; hints {hints}; ptrs {ptrs}; "
-                              f"kernels {kernels}; graph nodes {frozen['graph_nodes']}",
-                              highlight=False)
 
-    if data["attention"]:
-        table = Table(title="attention (calls by op, metadata builds by backend)",
-                      title_justify="left", show_edge=False)
-        for col in ("pid", "rank", "record", "op / backend", "count", "captured", "eager",
-                    "layers", "seq len min..max"):
-            table.add_column(col, justify="right" if col in ("count", "captured", "eager",
-                                                              "layers") else "left")
-        for a in data["attention"]:
-            lens = ("-" if a["seq_len_max"] is None
-                    else f"{_fmt(a['seq_len_min'])}..{_fmt(a['seq_len_max'])}")
-            table.add_row(_fmt(a["pid"]), _fmt(a["rank"]), a["kind"], a["name"], str(a["count"]),
-                          str(a["captured"]), str(a["eager"]), str(a["layers"] or "-"), lens)
-        console.print(table)
+def render_graphs(console: Any, data: dict[str, Any], verbose: bool) -> None:
+    """What each capture froze and what its replays saw; -v adds the frozen details."""
+    from rich.table import Table
+
+    graphs = data["graphs"]
+    if not graphs:
+        return
+    table = Table(title="graphs (what capture froze / what replays saw)", title_justify="left",
+                  show_edge=False)
+    for col in ("ranks", "gid", "src", "key", "mode", "captured at", "splits", "stage-1 grid",
+                "stage 2", "replays", "max replay len", "ptrs", "gpu p50"):
+        table.add_column(col, overflow="fold")
+    rows = graph_rows(graphs)
+    shown_rows = rows if verbose else rows[:MAX_GRAPH_ROWS]
+    for ranks, cells in shown_rows:
+        table.add_row(_fmt(ranks), *cells)
+    console.print(table)
+    if len(rows) > len(shown_rows):
+        console.print(f"... {len(rows) - len(shown_rows)} more rows (use -v)")
+    if not verbose:
+        return
+    for g in graphs:
+        frozen = g["frozen"]
+        hints = ", ".join(f"{k}={v}" for k, v in frozen["hints"].items()) or "-"
+        ptrs = ", ".join(f"{k}={_hex(v)}" for k, v in frozen["ptrs"].items()) or "-"
+        kernels = "; ".join(
+            f"{name} grid {_fmt(k['grids'][0] if len(k['grids']) == 1 else k['grids'])}"
+            + (f" NUM_KV_SPLITS {_fmt(k['num_kv_splits'])}" if k["num_kv_splits"] else "")
+            for name, k in frozen["kernels"].items()) or "-"
+        console.print(f"  rank {_fmt(g['rank'])} gid {g['gid']} {_fmt(g['key'])}: "
+                      f"ops {_fmt(frozen['ops'])}; hints {hints}; ptrs {ptrs}; "
+                      f"kernels {kernels}; graph nodes {frozen['graph_nodes']}",
+                      highlight=False)
+
+
+def render_attention(console: Any, data: dict[str, Any]) -> None:
+    """Attention calls by op and metadata builds by backend."""
+    from rich.table import Table
+
+    if not data["attention"]:
+        return
+    table = Table(title="attention (calls by op, metadata builds by backend)",
+                  title_justify="left", show_edge=False)
+    for col in ("pid", "rank", "record", "op / backend", "count", "captured", "eager",
+                "layers", "seq len min..max"):
+        table.add_column(col, justify="right" if col in ("count", "captured", "eager",
+                                                          "layers") else "left")
+    for a in data["attention"]:
+        lens = ("-" if a["seq_len_max"] is None
+                else f"{_fmt(a['seq_len_min'])}..{_fmt(a['seq_len_max'])}")
+        table.add_row(_fmt(a["pid"]), _fmt(a["rank"]), a["kind"], a["name"], str(a["count"]),
+                      str(a["captured"]), str(a["eager"]), str(a["layers"] or "-"), lens)
+    console.print(table)
+
+
+def render_findings(console: Any, data: dict[str, Any], verbose: bool) -> None:
+    """Findings grouped by rule; -v adds each one's evidence and fix hint."""
+    from rich.table import Table
 
     if data["findings"]:
         table = Table(title="findings", title_justify="left", show_edge=False)
@@ -295,7 +324,8 @@ def render(console: Any, data: dict[str, Any], problems: list, verbose: bool) ->
         else:
             console.print("(-v shows evidence and fix hints)")
     if data["summary"]["suppressed"]:
-        console.print(f"{data['summary']['suppressed']} finding(s) suppressed by the config's allow-list")
+        console.print(f"{data['summary']['suppressed']} finding(s) suppressed by the config's "
+                      "allow-list")
 
 
 def make_console(stderr: bool = False) -> Any:
