@@ -1,7 +1,7 @@
 """Stream order through a programmatic dependent launch that never waits (GPU, sm_90+).
 
 The device partition's stage 2 is a PDL secondary of stage 1. With one active split it
-exits without `gdc_wait` (triton_mla.STAGE2_ONE_SPLIT_NO_WAIT), so it can finish before
+exits without `gdc_wait` (`Stage2Config.one_split_no_wait`), so it can finish before
 stage 1 does. That is only safe if work launched after stage 2 still sees stage 1's
 writes: a reader launched the ordinary way, and a reader that is itself a PDL secondary
 of stage 2 and reads after its own `gdc_wait` (what a Triton kernel launched with

@@ -13,11 +13,13 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from mlatrace.reference import policies
+from mlatrace.reference.kernel_config import DEFAULT, MlaConfig, Stage1Config, Stage2Config
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
@@ -149,13 +151,15 @@ def rel_err(out, ref):
     return ((out.double() - ref).norm() / ref.norm()).item()
 
 
-def check_mla(batch, nhead, lengths, dtype, policy, backend, hint=None, device="cpu", seed=0):
+def check_mla(batch, nhead, lengths, dtype, policy, backend, hint=None, device="cpu", seed=0,
+              config=None):
     q_nope, q_pe, kv_c, page_table, seq_info = make_mla_inputs(batch, nhead, lengths, dtype,
                                                                device, seed)
     o = torch.full((batch, nhead, 512), float("nan"), dtype=dtype, device=device)
     hint = min(lengths) if hint is None else hint
     out, lse = mla_gluon(q_nope, q_pe, kv_c, o, page_table, seq_info, SM_SCALE,
-                         min_kv_seq_len=hint, policy=policy, return_lse=True, backend=backend)
+                         min_kv_seq_len=hint, policy=policy, return_lse=True, backend=backend,
+                         config=config)
     assert out is o
     ref, ref_lse = mla_reference(q_nope, q_pe, kv_c, page_table, lengths, SM_SCALE)
     assert not torch.isnan(o).any() and not torch.isnan(lse).any()
@@ -226,7 +230,7 @@ def test_launches_are_what_the_probes_see(monkeypatch):
     mla_gluon(q_nope, q_pe, kv_c, o, page_table, seq_info, SM_SCALE, policy="device")
     assert [s[0] for s in seen] == ["stage1", "stage2"]
     assert seen[0][2] == ((1, policies.DEVICE_PROGRAM_BUDGET, 1),)
-    assert seen[1][2] == ((1, 16, 512 // mla.BLOCK_DV),)
+    assert seen[1][2] == ((1, 16, 512 // DEFAULT.stage2.block_dv),)
     for fn in (real1, real2):
         params = inspect.signature(fn).parameters
         assert params["NUM_KV_SPLITS"].kind is inspect.Parameter.KEYWORD_ONLY
@@ -263,6 +267,19 @@ TRITON_PA_CASES = {  # id: (lengths, captured max, dtype)
 }
 
 
+def case_config(case_id: str) -> MlaConfig:
+    """The shipped config, but for the cases that take another path of the kernels."""
+    stage1, stage2 = DEFAULT.stage1, DEFAULT.stage2
+    if case_id in INT64_OFFSETS:
+        stage1 = replace(stage1, offsets_32=False)
+    if case_id in SMALL_STAGE2_BLOCK:
+        stage2 = replace(stage2, max_block_s=2)
+    if case_id in STAGE2_TIERS:
+        small_s, mid_s = STAGE2_TIERS[case_id]
+        stage2 = replace(stage2, small_s=small_s, mid_s=mid_s)
+    return replace(DEFAULT, stage1=stage1, stage2=stage2)
+
+
 def run_triton_cases(device: str) -> dict[str, list[float]]:
     """Relative errors (per sequence for PA) of every Triton case; raises on NaN output."""
     results = {}
@@ -271,22 +288,9 @@ def run_triton_cases(device: str) -> dict[str, list[float]]:
         q_nope, q_pe, kv_c, page_table, seq_info = make_mla_inputs(len(lengths), nhead, lengths,
                                                                    dt, device)
         o = torch.full((len(lengths), nhead, 512), float("nan"), dtype=dt, device=device)
-        from mlatrace.reference import triton_mla
-
-        saved_block = mla.MAX_BLOCK_S
-        saved_tiers = triton_mla.STAGE2_SMALL_S, triton_mla.STAGE2_MID_S
-        mla.MAX_BLOCK_S = 2 if case_id in SMALL_STAGE2_BLOCK else saved_block
-        triton_mla.STAGE1_OFFSETS_32 = case_id not in INT64_OFFSETS
-        triton_mla.STAGE2_SMALL_S, triton_mla.STAGE2_MID_S = STAGE2_TIERS.get(case_id,
-                                                                              saved_tiers)
-        try:
-            _, lse = mla_gluon(q_nope, q_pe, kv_c, o, page_table, seq_info, SM_SCALE,
-                               min_kv_seq_len=hint, policy=policy, return_lse=True,
-                               backend="triton")
-        finally:
-            mla.MAX_BLOCK_S = saved_block
-            triton_mla.STAGE2_SMALL_S, triton_mla.STAGE2_MID_S = saved_tiers
-            triton_mla.STAGE1_OFFSETS_32 = True
+        _, lse = mla_gluon(q_nope, q_pe, kv_c, o, page_table, seq_info, SM_SCALE,
+                           min_kv_seq_len=hint, policy=policy, return_lse=True,
+                           backend="triton", config=case_config(case_id))
         ref, ref_lse = mla_reference(q_nope, q_pe, kv_c, page_table, lengths, SM_SCALE)
         lse_err = (lse.double() - ref_lse).abs().max().item()
         results[case_id] = [rel_err(o, ref), lse_err]
@@ -392,29 +396,36 @@ def test_splits_bench_writes_table_json_and_plot(tmp_path):
     assert (tmp_path / "splits.png").stat().st_size > 1000
 
 
-def test_splits_bench_tuning_times_the_shipped_stage1_after_its_config_sweep(monkeypatch):
-    """The config sweep switches the stage-1 kernel (Gluon / Triton) per row and ends on a
-    Triton row; the stage-2, PDL, tier, contiguous-page and min-tile rows after it must
-    time the shipped kernel again (run 44 caught them timing the Triton one)."""
+def test_splits_bench_tuning_names_each_rows_config_and_times_the_shipped_one_after():
+    """The stage-1 sweep times each of its configs (no fallback, so a config that does not
+    fit is an error, never another config's time); every row after it times the shipped
+    stage 1, and the stage-2, PDL, tier and min-tile rows differ from DEFAULT only in
+    what they measure."""
     from mlatrace.bench import splits_bench
-    from mlatrace.reference import triton_mla
 
     seen = []
-    monkeypatch.setattr(splits_bench, "make_sets", lambda length, nhead, device: [
-        {"page_table": torch.zeros(1, 4, dtype=torch.int32),
-         "kv_c": torch.zeros(1, 576, dtype=torch.bfloat16)}])
-    monkeypatch.setattr(splits_bench, "mla_calls", lambda sets, policy, hint, backend: [
-        lambda: seen.append(triton_mla.STAGE1_GLUON)])
-    monkeypatch.setattr(triton_mla, "STAGE1_GLUON", True)
     cfg = splits_bench.Config(lengths=(1, 100_000), sweep=(1,), min_replays=1, max_replays=1,
                               seconds_per_point=0.0, tune=True, device="cpu", sets=1)
     res = splits_bench.Results()
-    splits_bench.tune(cfg, splits_bench.Timer(cfg), res, log=lambda line: None)
+    sets = lambda length, nhead, device: [  # noqa: E731
+        {"page_table": torch.zeros(1, 4, dtype=torch.int32),
+         "kv_c": torch.zeros(1, 576, dtype=torch.bfloat16)}]
+    calls = lambda sets, policy, hint, backend, config=None: [  # noqa: E731
+        lambda: seen.append(config or DEFAULT)]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(splits_bench, "make_sets", sets)
+        mp.setattr(splits_bench, "mla_calls", calls)
+        splits_bench.tune(cfg, splits_bench.Timer(cfg), res, log=lambda line: None)
     per_timing = 1 + cfg.min_replays            # the CPU timer: a warm-up call, then replays
+    triton_rows = [c for c in splits_bench.tune_configs() if not c.stage1.gluon]
+    assert len(res.tuning) == len(triton_rows)   # no Gluon on a CPU: its rows are skipped
+    swept = seen[:len(res.tuning) * per_timing:per_timing]
+    assert swept == list(triton_rows) and not any(c.stage1.fallback for c in swept)
     after_sweep = seen[len(res.tuning) * per_timing:]
-    assert res.tuning and res.pdl and res.min_tiles and after_sweep
-    assert all(after_sweep)
-    assert triton_mla.STAGE1_GLUON is True
+    assert res.pdl and res.min_tiles and res.short and res.stage2_tuning and after_sweep
+    assert all(c.stage1 == DEFAULT.stage1 for c in after_sweep)
+    assert {c.min_tiles for c in after_sweep} == {1, 2, 4}
+    assert {c.pdl for c in after_sweep} == {"off", "all", "device"}
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the no-GPU exit")
@@ -451,7 +462,7 @@ def test_mla_graph_replay_at_longer_lengths_gpu(policy):
     check_graph_replays(policy, [[1, 1], [5000, 20_000], [64, 65], [19_999, 1]], 20_000)
 
 
-def check_graph_replays(policy, replays, max_pages):
+def check_graph_replays(policy, replays, max_pages, config=None):
     """A bf16 batch of 2 captured at length 1 (hint 1), replayed at each of `replays`
     into a poisoned `o`, against float64."""
     batch, nhead = 2, 16
@@ -459,7 +470,8 @@ def check_graph_replays(policy, replays, max_pages):
         batch, nhead, [1, 1], torch.bfloat16, "cuda", max_pages=max_pages)
     o = torch.empty(batch, nhead, 512, dtype=torch.bfloat16, device="cuda")
     call = lambda: mla_gluon(q_nope, q_pe, kv_c, o, page_table, seq_info, SM_SCALE,  # noqa: E731
-                             min_kv_seq_len=1, policy=policy, backend="triton")
+                             min_kv_seq_len=1, policy=policy, backend="triton",
+                             config=config)
     call()                                        # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -501,18 +513,17 @@ def test_gluon_stage1_on_hopper_matches_float64_like_triton_stage1_gpu(policy, m
     """bf16 stage 1 on a Hopper GPU runs the Gluon kernel (counted), and both it and the
     Triton kernel it replaces match float64 on the CPU cases (heads not a multiple of 16,
     lengths off the 64-row tile) plus long ones, one split (direct `o`) included."""
-    from mlatrace.reference import triton_mla
-
     skip_without_gluon()
     launches = count_gluon_launches(monkeypatch)
     cases = MLA_CASES + [(2, 16, [100_000, 4095]), (1, 128, [30_001])]
     for gluon_on in (True, False):
-        monkeypatch.setattr(triton_mla, "STAGE1_GLUON", gluon_on)
+        config = replace(DEFAULT, stage1=replace(DEFAULT.stage1, gluon=gluon_on))
         launches.clear()
         for batch, nhead, lengths in cases:
             check_mla(batch, nhead, lengths, torch.bfloat16, policy, "triton", device="cuda",
-                      hint=1)
-            check_mla(batch, nhead, lengths, torch.bfloat16, policy, "triton", device="cuda")
+                      hint=1, config=config)
+            check_mla(batch, nhead, lengths, torch.bfloat16, policy, "triton", device="cuda",
+                      config=config)
         assert bool(launches) == gluon_on
 
 
@@ -525,21 +536,18 @@ def test_one_tile_sequences_split_value_columns_over_idle_programs_gpu(columns, 
     launch shape (1, 2, 4 and 8 such programs: batch and heads set the splits), mixed with
     longer sequences in the batch, matches float64 with LSE, eagerly and replayed from a
     graph captured at length 1, into a poisoned `o`."""
-    from mlatrace.reference import triton_mla
-
     skip_without_gluon()
-    monkeypatch.setattr(triton_mla, "STAGE1_COLUMN_SPLITS", columns)
+    config = replace(DEFAULT, stage1=replace(DEFAULT.stage1, column_splits=columns))
     for batch, nhead, lengths in [(1, 16, [1]), (1, 16, [64]), (3, 128, [2, 64, 65]),
                                   (8, 128, [63, 1, 9000, 64, 5, 17, 2, 40]),
                                   (4, 20, [3, 64, 257, 1])]:
         check_mla(batch, nhead, lengths, torch.bfloat16, "device", "triton", device="cuda",
-                  hint=1)
-    check_graph_replays("device", [[1, 1], [64, 4999], [3000, 33], [64, 64]], 5000)
+                  hint=1, config=config)
+    check_graph_replays("device", [[1, 1], [64, 4999], [3000, 33], [64, 64]], 5000, config)
     # Splits of at least two partition tiles: one active split may then hold 65-128 rows,
     # which the loop must take, not the one-tile path.
-    monkeypatch.setattr(policies, "DEVICE_MIN_TILES_PER_SPLIT", 2)
     check_mla(4, 16, [100, 64, 128, 129], torch.bfloat16, "device", "triton", device="cuda",
-              hint=1)
+              hint=1, config=replace(config, min_tiles=2))
 
 
 @pytest.mark.gpu
@@ -601,14 +609,23 @@ def test_stage1_offsets_are_32_bit_only_while_the_caches_fit():
     assert not offsets_fit_int32(small, big[:, 512:])
 
 
-def test_one_tile_column_programs_are_a_power_of_2_within_the_launch(monkeypatch):
+def test_one_tile_column_programs_are_a_power_of_2_within_the_launch():
     """The programs sharing a one-tile sequence's value columns must exist in the launch
-    (at most NUM_KV_SPLITS) and divide 512 columns evenly (a power of 2 up to the knob)."""
+    (at most NUM_KV_SPLITS) and divide 512 columns evenly (a power of 2 up to the config's)."""
     from mlatrace.reference import triton_mla
 
-    monkeypatch.setattr(triton_mla, "STAGE1_COLUMN_SPLITS", 4)
-    assert [triton_mla.column_splits(n) for n in (1, 2, 3, 4, 5, 132)] == [1, 2, 2, 4, 4, 4]
-    monkeypatch.setattr(triton_mla, "STAGE1_COLUMN_SPLITS", 6)
-    assert triton_mla.column_splits(132) == 4
-    monkeypatch.setattr(triton_mla, "STAGE1_COLUMN_SPLITS", 1)
-    assert triton_mla.column_splits(132) == 1
+    assert [triton_mla.column_splits(n, 4) for n in (1, 2, 3, 4, 5, 132)] == [1, 2, 2, 4, 4, 4]
+    assert triton_mla.column_splits(132, 6) == 4
+    assert triton_mla.column_splits(132, 1) == 1
+
+
+def test_kernel_configs_are_frozen_and_checked():
+    """Configs are values: no field changes in place, and a bad one fails when it is made."""
+    import dataclasses
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        DEFAULT.stage1.num_warps = 4
+    for bad in (lambda: MlaConfig(pdl="sometimes"), lambda: Stage1Config(tile_n=48),
+                lambda: Stage2Config(block_dv=48), lambda: MlaConfig(min_tiles=0)):
+        with pytest.raises(ValueError):
+            bad()

@@ -27,8 +27,12 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mlatrace.reference.kernel_config import MlaConfig
 
 LENGTHS = (1, 64, 512, 1024, 4096, 8192, 16384, 32768, 65536, 100_000)
 QUICK_LENGTHS = (1, 4096, 100_000)
@@ -44,17 +48,31 @@ NHEAD = 16                      # Kimi-K3 TP8-like small-head decode
 ROTATION_BYTES = 200 << 20      # rotate input sets until this much data (> L2) is touched
 MAX_SETS = 16
 KV_ROW_BYTES = 576 * 2          # bf16 latent + rope per token
-TUNE_CONFIGS = (  # stage 1 of the device policy: (kernel, budget, TILE_N, warps, stages,
-    # prefetch); the last four are the portable Triton kernel's, the Gluon one (Hopper,
-    # bf16) takes only the budget
-    ("gluon", 132, 64, 4, 2, True), ("gluon", 264, 64, 4, 2, True),
-    ("triton", 132, 64, 8, 3, True), ("triton", 132, 64, 16, 3, True),
-    ("triton", 264, 64, 4, 2, False), ("triton", 264, 32, 4, 3, True),
-)
+
+
+def _stage1(kernel: str, budget: int, tile_n: int = 64, warps: int = 8, stages: int = 3,
+            prefetch: bool = True):
+    """A device-policy config for the stage-1 sweep; a config that does not fit is an
+    error there (no fallback), so no row times another config under its name."""
+    from mlatrace.reference.kernel_config import MlaConfig, Stage1Config
+
+    return MlaConfig(device_budget=budget, stage1=Stage1Config(
+        gluon=kernel == "gluon", tile_n=tile_n, num_warps=warps, num_stages=stages,
+        prefetch=prefetch, fallback=False))
+
+
+def tune_configs() -> tuple:
+    """Stage 1 of the device policy: the Gluon kernel (Hopper, bf16) at two launch budgets,
+    and the portable Triton kernel by budget, inner tile, warps, stages and prefetch."""
+    return (_stage1("gluon", 132), _stage1("gluon", 264),
+            _stage1("triton", 132, 64, 8, 3, True), _stage1("triton", 132, 64, 16, 3, True),
+            _stage1("triton", 264, 64, 4, 2, False), _stage1("triton", 264, 32, 4, 3, True))
+
+
 TUNE_PDL_LENGTHS = (1, 512, 4096, 100_000)
 TUNE_TIER_LENGTHS = (512, 2048)
 TUNE_TIERS = (("tiers 16/64", 16, 64), ("no tiers", 0, 0), ("tiers 8/32", 8, 32))
-TUNE_STAGE2 = ((512, 16), (512, 32), (64, 16), (64, 64))   # (MAX_BLOCK_S, BLOCK_DV), stage 2
+TUNE_STAGE2 = ((512, 16), (512, 32), (64, 16), (64, 64))   # (max_block_s, block_dv), stage 2
 TUNE_MIN_TILES = (1, 2, 4)
 TUNE_MIN_TILES_LENGTHS = (1024, 4096, 16384)
 
@@ -116,8 +134,10 @@ def make_sets(length: int, nhead: int, device: str, num_sets: int | None = None)
     return sets
 
 
-def mla_calls(sets: list[dict], policy: str, hint: int, backend: str) -> list[Callable[[], None]]:
-    """One zero-argument `mla_gluon` call per input set (what one graph holds)."""
+def mla_calls(sets: list[dict], policy: str, hint: int, backend: str,
+              config: MlaConfig | None = None) -> list[Callable[[], None]]:
+    """One zero-argument `mla_gluon` call per input set (what one graph holds), under
+    `config` (None: the shipped kernel_config.DEFAULT)."""
     from mlatrace.reference.mla import mla_gluon
 
     scale = 1.0 / math.sqrt(576)
@@ -125,7 +145,7 @@ def mla_calls(sets: list[dict], policy: str, hint: int, backend: str) -> list[Ca
     def call(s: dict) -> Callable[[], None]:
         return lambda: mla_gluon(s["q_nope"], s["q_pe"], s["kv_c"], s["o"], s["page_table"],
                                  s["seq_info"], scale, min_kv_seq_len=hint, policy=policy,
-                                 backend=backend)
+                                 backend=backend, config=config)
     return [call(s) for s in sets]
 
 
@@ -301,133 +321,99 @@ def run_bench(cfg: Config, out: Path | None = None, log: Callable[[str], None] =
     return res
 
 
-def stage1_knobs() -> tuple:
-    from mlatrace.reference import policies, triton_mla
-
-    return (policies.DEVICE_PROGRAM_BUDGET, triton_mla.STAGE1_TILE_N, triton_mla.STAGE1_WARPS,
-            triton_mla.STAGE1_STAGES, triton_mla.STAGE1_PREFETCH)
-
-
-def set_stage1_knobs(knobs: tuple) -> None:
-    from mlatrace.reference import policies, triton_mla
-
-    (policies.DEVICE_PROGRAM_BUDGET, triton_mla.STAGE1_TILE_N, triton_mla.STAGE1_WARPS,
-     triton_mla.STAGE1_STAGES, triton_mla.STAGE1_PREFETCH) = knobs
-
-
 def tune_stage1_configs(cfg: Config, timer: Timer, res: Results, log: Callable[[str], None],
                         sets: list[dict], length: int) -> None:
-    """The device policy on `sets` by stage-1 config (TUNE_CONFIGS: kernel, launch budget,
-    inner tile, warps, stages, page-table prefetch) into res.tuning, every config error an
-    entry. Its knobs, the stage-1 kernel and the fallback are back as they were after, so
-    what is timed next runs the shipped stage 1."""
-    from mlatrace.reference import gluon_mla, triton_mla
+    """The device policy on `sets` by stage-1 config (`tune_configs`) into res.tuning,
+    every config error an entry."""
+    from mlatrace.reference import gluon_mla
 
-    saved = stage1_knobs()
-    saved_gluon = triton_mla.STAGE1_GLUON
-    try:
-        triton_mla.FALLBACK_CONFIG = False   # a config that does not fit is an error here
-        for kernel, *knobs in TUNE_CONFIGS:
-            triton_mla.STAGE1_GLUON = kernel == "gluon"
-            if kernel == "gluon" and not gluon_mla.available(sets[0]["kv_c"]):
-                continue                     # the Gluon kernel does not serve this machine
-            set_stage1_knobs(tuple(knobs))
-            try:
-                t = timer.per_call_us(mla_calls(sets, "device", 1, "triton"))
-            except Exception as exc:  # a config that does not compile: record and go on
-                t = dict(us=float("nan"), error=f"{type(exc).__name__}: {exc}"[:300])
-            budget, tile_n, warps, stages, prefetch = knobs
-            entry = dict(length=length, kernel=kernel, budget=budget, tile_n=tile_n,
-                         warps=warps, stages=stages, prefetch=prefetch, **t,
-                         bytes_per_s=mla_bytes(length, cfg.nhead) / (t["us"] * 1e-6))
-            res.tuning.append(entry)
-            log(f"tune {length}: {kernel} budget {budget:4d} tile {tile_n:3d} warps {warps}"
-                f" stages {stages} prefetch {int(prefetch)}: {t['us']:9.1f} us"
-                f"  {entry['bytes_per_s'] / 1e12:5.2f} TB/s {t.get('error', '')}")
-    finally:
-        set_stage1_knobs(saved)
-        triton_mla.STAGE1_GLUON = saved_gluon
-        triton_mla.FALLBACK_CONFIG = True
+    for config in tune_configs():
+        s1 = config.stage1
+        kernel = "gluon" if s1.gluon else "triton"
+        if s1.gluon and not gluon_mla.available(sets[0]["kv_c"]):
+            continue                     # the Gluon kernel does not serve this machine
+        try:
+            t = timer.per_call_us(mla_calls(sets, "device", 1, "triton", config))
+        except Exception as exc:  # a config that does not compile: record and go on
+            t = dict(us=float("nan"), error=f"{type(exc).__name__}: {exc}"[:300])
+        entry = dict(length=length, kernel=kernel, budget=config.device_budget,
+                     tile_n=s1.tile_n, warps=s1.num_warps, stages=s1.num_stages,
+                     prefetch=s1.prefetch, **t,
+                     bytes_per_s=mla_bytes(length, cfg.nhead) / (t["us"] * 1e-6))
+        res.tuning.append(entry)
+        log(f"tune {length}: {kernel} budget {config.device_budget:4d} tile {s1.tile_n:3d}"
+            f" warps {s1.num_warps} stages {s1.num_stages} prefetch {int(s1.prefetch)}:"
+            f" {t['us']:9.1f} us  {entry['bytes_per_s'] / 1e12:5.2f} TB/s {t.get('error', '')}")
 
 
 def tune(cfg: Config, timer: Timer, res: Results, log: Callable[[str], None]) -> None:
     """Device policy at the longest length by stage-1 config (launch budget, inner tile,
     warps, stages, page-table prefetch) and by stage-2 tile; stage 2 as a programmatic
     dependent launch or not at a few lengths; stage 2's split tiers at short lengths; its
-    smallest chunk (min tiles per split) at mid lengths. Restores every knob after."""
+    smallest chunk (min tiles per split) at mid lengths. Each row names its own config:
+    nothing is changed in place, so every other row runs the shipped one."""
     import torch
 
-    from mlatrace.reference import mla, policies, triton_mla
+    from mlatrace.reference.kernel_config import DEFAULT, Stage2Config
 
     length = max(cfg.lengths)
-    saved_stage2 = (mla.MAX_BLOCK_S, mla.BLOCK_DV)
-    saved_pdl = triton_mla.USE_PDL
     sets = make_sets(length, cfg.nhead, cfg.device)
-    saved_min_tiles = policies.DEVICE_MIN_TILES_PER_SPLIT
-    saved_tiers = (triton_mla.STAGE2_SMALL_S, triton_mla.STAGE2_MID_S)
-    try:
-        tune_stage1_configs(cfg, timer, res, log, sets, length)
-        for block_s, block_dv in TUNE_STAGE2:
-            mla.MAX_BLOCK_S, mla.BLOCK_DV = block_s, block_dv
-            t = timer.per_call_us(mla_calls(sets, "device", 1, "triton"))
-            res.stage2_tuning.append(dict(length=length, block_s=block_s, block_dv=block_dv, **t))
-            log(f"stage 2 {length}: MAX_BLOCK_S {block_s:3d} BLOCK_DV {block_dv:3d}:"
-                f" {t['us']:8.1f} us")
-        mla.MAX_BLOCK_S, mla.BLOCK_DV = saved_stage2
-        del sets
-        for length in TUNE_PDL_LENGTHS:
-            # PDL off / on for the device policy, and for the best fixed split (sweep).
-            sets = make_sets(length, cfg.nhead, cfg.device)
-            for mode in ("off", "all"):
-                triton_mla.USE_PDL = mode
-                t = timer.per_call_us(mla_calls(sets, "device", 1, "triton"))
-                # the best split of the main table at this length (all of the sweep if none)
-                candidates = [r["best_splits"] for r in res.rows if r["length"] == length]
-                best = min((timer.per_call_us(mla_calls(sets, f"fixed:{n}", length, "triton"))["us"], n)
-                           for n in (candidates or cfg.sweep))
-                res.pdl.append(dict(length=length, pdl=mode, **t, best_fixed_us=best[0],
-                                    best_fixed_splits=best[1]))
-                log(f"pdl {length}: {mode}: device {t['us']:8.1f} us, best fixed {best[0]:.1f} us"
-                    f" (S={best[1]})")
-            triton_mla.USE_PDL = saved_pdl
-            del sets
-        # Short lengths: stage 2's split tiers (a narrow merge tile when few splits are
-        # active) against none.
-        for length in TUNE_TIER_LENGTHS:
-            sets = make_sets(length, cfg.nhead, cfg.device)
-            for label, small_s, mid_s in TUNE_TIERS:
-                triton_mla.STAGE2_SMALL_S, triton_mla.STAGE2_MID_S = small_s, mid_s
-                t = timer.per_call_us(mla_calls(sets, "device", 1, "triton"))
-                res.short.append(dict(length=length, label=label, small_s=small_s,
-                                      mid_s=mid_s, **t))
-                log(f"stage 2 tiers {length}: {label}: {t['us']:8.1f} us")
-            triton_mla.STAGE2_SMALL_S, triton_mla.STAGE2_MID_S = saved_tiers
-            del sets
-        # The kernel without scattering: the same 100K rows through an identity page table.
-        length = max(cfg.lengths)
+    tune_stage1_configs(cfg, timer, res, log, sets, length)
+    for block_s, block_dv in TUNE_STAGE2:
+        config = replace(DEFAULT, stage2=replace(DEFAULT.stage2, max_block_s=block_s,
+                                                 block_dv=block_dv))
+        t = timer.per_call_us(mla_calls(sets, "device", 1, "triton", config))
+        res.stage2_tuning.append(dict(length=length, block_s=block_s, block_dv=block_dv, **t))
+        log(f"stage 2 {length}: max_block_s {block_s:3d} block_dv {block_dv:3d}:"
+            f" {t['us']:8.1f} us")
+    del sets
+    for length in TUNE_PDL_LENGTHS:
+        # PDL off / on for the device policy, and for the best fixed split (sweep).
         sets = make_sets(length, cfg.nhead, cfg.device)
-        for st in sets:
-            st["page_table"] = torch.arange(st["page_table"].shape[1], dtype=torch.int32,
-                                            device=cfg.device).reshape(1, -1)
-        t = timer.per_call_us(mla_calls(sets, "device", 1, "triton"))
-        res.contiguous = dict(length=length, **t,
-                              bytes_per_s=mla_bytes(length, cfg.nhead) / (t["us"] * 1e-6))
-        log(f"device at {length}, contiguous pages: {t['us']:.1f} us"
-            f" ({res.contiguous['bytes_per_s'] / 1e12:.2f} TB/s)")
+        for mode in ("off", "all"):
+            config = replace(DEFAULT, pdl=mode)
+            t = timer.per_call_us(mla_calls(sets, "device", 1, "triton", config))
+            # the best split of the main table at this length (all of the sweep if none)
+            candidates = [r["best_splits"] for r in res.rows if r["length"] == length]
+            best = min((timer.per_call_us(mla_calls(sets, f"fixed:{n}", length, "triton",
+                                                    config))["us"], n)
+                       for n in (candidates or cfg.sweep))
+            res.pdl.append(dict(length=length, pdl=mode, **t, best_fixed_us=best[0],
+                                best_fixed_splits=best[1]))
+            log(f"pdl {length}: {mode}: device {t['us']:8.1f} us, best fixed {best[0]:.1f} us"
+                f" (S={best[1]})")
         del sets
-        for length in TUNE_MIN_TILES_LENGTHS:
-            sets = make_sets(length, cfg.nhead, cfg.device)
-            for min_tiles in TUNE_MIN_TILES:
-                policies.DEVICE_MIN_TILES_PER_SPLIT = min_tiles
-                t = timer.per_call_us(mla_calls(sets, "device", 1, "triton"))
-                res.min_tiles.append(dict(length=length, min_tiles=min_tiles, **t))
-                log(f"min tiles {length}: {min_tiles}: {t['us']:8.1f} us")
-            del sets
-    finally:
-        triton_mla.STAGE2_SMALL_S, triton_mla.STAGE2_MID_S = saved_tiers
-        policies.DEVICE_MIN_TILES_PER_SPLIT = saved_min_tiles
-        mla.MAX_BLOCK_S, mla.BLOCK_DV = saved_stage2
-        triton_mla.USE_PDL = saved_pdl
+    # Short lengths: stage 2's split tiers (a narrow merge tile when few splits are
+    # active) against none.
+    for length in TUNE_TIER_LENGTHS:
+        sets = make_sets(length, cfg.nhead, cfg.device)
+        for label, small_s, mid_s in TUNE_TIERS:
+            config = replace(DEFAULT, stage2=Stage2Config(small_s=small_s, mid_s=mid_s))
+            t = timer.per_call_us(mla_calls(sets, "device", 1, "triton", config))
+            res.short.append(dict(length=length, label=label, small_s=small_s,
+                                  mid_s=mid_s, **t))
+            log(f"stage 2 tiers {length}: {label}: {t['us']:8.1f} us")
+        del sets
+    # The kernel without scattering: the same 100K rows through an identity page table.
+    length = max(cfg.lengths)
+    sets = make_sets(length, cfg.nhead, cfg.device)
+    for st in sets:
+        st["page_table"] = torch.arange(st["page_table"].shape[1], dtype=torch.int32,
+                                        device=cfg.device).reshape(1, -1)
+    t = timer.per_call_us(mla_calls(sets, "device", 1, "triton"))
+    res.contiguous = dict(length=length, **t,
+                          bytes_per_s=mla_bytes(length, cfg.nhead) / (t["us"] * 1e-6))
+    log(f"device at {length}, contiguous pages: {t['us']:.1f} us"
+        f" ({res.contiguous['bytes_per_s'] / 1e12:.2f} TB/s)")
+    del sets
+    for length in TUNE_MIN_TILES_LENGTHS:
+        sets = make_sets(length, cfg.nhead, cfg.device)
+        for min_tiles in TUNE_MIN_TILES:
+            config = replace(DEFAULT, min_tiles=min_tiles)
+            t = timer.per_call_us(mla_calls(sets, "device", 1, "triton", config))
+            res.min_tiles.append(dict(length=length, min_tiles=min_tiles, **t))
+            log(f"min tiles {length}: {min_tiles}: {t['us']:8.1f} us")
+        del sets
 
 
 def stage_breakdown(cfg: Config, timer: Timer, length: int, log: Callable[[str], None]) -> dict:
@@ -435,11 +421,14 @@ def stage_breakdown(cfg: Config, timer: Timer, length: int, log: Callable[[str],
     import torch
 
     from mlatrace.reference import mla, policies
+    from mlatrace.reference.kernel_config import DEFAULT
 
     sets = make_sets(length, cfg.nhead, cfg.device)
-    splits = policies.num_kv_splits("device", 1, 1, cfg.nhead, 1)
+    splits = policies.num_kv_splits("device", 1, 1, cfg.nhead, 1,
+                                    device_budget=DEFAULT.device_budget)
+    block_dv = DEFAULT.stage2.block_dv
     grid1 = (1, splits, policies.head_blocks(cfg.nhead))
-    grid2 = (1, cfg.nhead, mla.D_LATENT // mla.BLOCK_DV)
+    grid2 = (1, cfg.nhead, mla.D_LATENT // block_dv)
     scale = 1.0 / math.sqrt(576)
     stage1, stage2 = [], []
     for s in sets:
@@ -447,7 +436,7 @@ def stage_breakdown(cfg: Config, timer: Timer, length: int, log: Callable[[str],
         lse = torch.full((1, splits, cfg.nhead), float("-inf"), device=cfg.device)
         k_pe = s["kv_c"][:, 512:]
         common = dict(NUM_KV_SPLITS=splits, BLOCK_N=mla.BLOCK_N, DEVICE_PARTITION=True,
-                      MIN_TILES_PER_SPLIT=policies.DEVICE_MIN_TILES_PER_SPLIT, backend="triton")
+                      MIN_TILES_PER_SPLIT=DEFAULT.min_tiles, backend="triton")
         stage1.append(lambda s=s, part=part, lse=lse, k_pe=k_pe, common=common: mla.launch_stage1(
             mla.STAGE1_NAME, grid1, q_nope=s["q_nope"], q_pe=s["q_pe"], kv_c=s["kv_c"],
             k_pe=k_pe, page_table=s["page_table"], seq_info=s["seq_info"], sm_scale=scale,
@@ -455,7 +444,7 @@ def stage_breakdown(cfg: Config, timer: Timer, length: int, log: Callable[[str],
             **common))
         stage2.append(lambda s=s, part=part, lse=lse, common=common: mla.launch_stage2(
             mla.STAGE2_NAME, grid2, partial_out=part, partial_lse=lse, seq_info=s["seq_info"],
-            o=s["o"], lse_out=None, BLOCK_S=mla.stage2_block_s(splits), BLOCK_DV=mla.BLOCK_DV,
+            o=s["o"], lse_out=None, BLOCK_S=mla.stage2_block_s(splits), BLOCK_DV=block_dv,
             **common))
     t1 = timer.per_call_us(stage1)
     t2 = timer.per_call_us(stage2)
@@ -552,7 +541,7 @@ def markdown(res: Results) -> str:
         lines += [f"Device policy at {c['length']} with a contiguous (identity) page table:"
                   f" {c['us']:.1f} us ({c['bytes_per_s'] / 1e12:.2f} TB/s)."]
     if res.stage2_tuning:
-        lines += ["", "Stage 2 tile (MAX_BLOCK_S x BLOCK_DV): " + ", ".join(
+        lines += ["", "Stage 2 tile (max_block_s x block_dv): " + ", ".join(
             f"{t['block_s']}x{t['block_dv']} {t['us']:.1f} us" for t in res.stage2_tuning)]
     if res.min_tiles:
         lines += ["", "Device min tiles per split: " + "; ".join(

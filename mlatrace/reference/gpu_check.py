@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from mlatrace.reference.kernel_config import DEFAULT
 from mlatrace.reference.mla import mla_gluon, mla_reference
 from mlatrace.reference.paged_attention import paged_attention_reference, paged_attention_v1
 
@@ -268,8 +269,8 @@ def compile_report() -> int:
         const = dict(NUM_KV_SPLITS=132, BLOCK_N=64, BLOCK_H=16, D_LATENT=512, D_ROPE=64,
                      DEVICE_PARTITION=True, MIN_TILES=1, DIRECT_OUTPUT=False, RETURN_LSE=False,
                      DOT_MODE=dot_mode,
-                     TILE_N=64 if dot_mode == 2 else min(triton_mla.STAGE1_TILE_N, 64),
-                     PREFETCH=triton_mla.STAGE1_PREFETCH and dot_mode != 2, PDL=True,
+                     TILE_N=64 if dot_mode == 2 else min(DEFAULT.stage1.tile_n, 64),
+                     PREFETCH=DEFAULT.stage1.prefetch and dot_mode != 2, PDL=True,
                      OFFSETS_32=True)
         return build(triton_mla._mla_stage1_kernel, types, const, warps, stages)
 
@@ -288,7 +289,7 @@ def compile_report() -> int:
             gluon_mla._mla_stage1_wgmma_kernel, types,
             dict(NUM_KV_SPLITS=132, BLOCK_N=64, DEVICE_PARTITION=True, MIN_TILES=1,
                  DIRECT_OUTPUT=False, RETURN_LSE=False, PDL=True,
-                 COL_SPLITS=triton_mla.column_splits(132)),
+                 COL_SPLITS=triton_mla.column_splits(132, DEFAULT.stage1.column_splits)),
             gluon_mla.NUM_WARPS, 1, source=GluonASTSource)))
     rows.append(("stage 2", lambda: build(
         triton_mla._mla_stage2_kernel,

@@ -27,6 +27,7 @@ import math
 import torch
 
 from mlatrace.reference import graph, policies
+from mlatrace.reference.kernel_config import DEFAULT, MlaConfig
 from mlatrace.reference.policies import BLOCK_N, HEAD_BLOCK
 
 D_LATENT = 512
@@ -34,15 +35,6 @@ D_ROPE = 64
 KV_ROW = D_LATENT + D_ROPE
 STAGE1_NAME = "_mla_stage1_kernel"
 STAGE2_NAME = "_mla_stage2_kernel"
-MAX_BLOCK_S = 512
-"""Most splits stage 2 loads and reduces at once (BLOCK_S = next power of 2 of the splits,
-capped here): one round trip to memory for every policy's split count."""
-BLOCK_DV = 32
-"""Output columns per stage-2 program (512 // 32 = 16 programs per head): many small
-programs, so the merge is one short latency-bound step. 32 rather than 16 (H200, GPU_NOTES
-run 20, device policy): 0.1-1.0 us faster from 512 tokens up (100K 45.97 -> 44.94 us,
-8K 12.82 -> 11.81), the same at 1 and 64."""
-
 BACKENDS = ("auto", "torch", "triton")
 
 
@@ -50,12 +42,16 @@ def mla_gluon(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_c: torch.Tensor, o: t
               page_table: torch.Tensor, seq_info: torch.Tensor, sm_scale: float, *,
               k_pe: torch.Tensor | None = None, kv_pe_offset: int = D_LATENT,
               min_kv_seq_len: int = 1, policy: str = "legacy", return_lse: bool = False,
-              backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor | None]:
+              backend: str = "auto", config: MlaConfig | None = None,
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """MLA decode attention into `o`; returns (o, lse [batch, nhead] fp32 or None).
 
     Capturable in a CUDA graph: no host sync, no read of `seq_info` on the host.
-    `min_kv_seq_len` is only a host hint for the split policy.
+    `min_kv_seq_len` is only a host hint for the split policy. `config` (a frozen
+    `kernel_config.MlaConfig`, default `kernel_config.DEFAULT`) sets the kernels'
+    meta-parameters and the device policy's launch budget.
     """
+    config = DEFAULT if config is None else config
     batch, nhead, d_latent = q_nope.shape
     if d_latent != D_LATENT or tuple(q_pe.shape) != (batch, nhead, D_ROPE):
         raise ValueError(f"expected q_nope [b, h, {D_LATENT}] and q_pe [b, h, {D_ROPE}], "
@@ -73,9 +69,10 @@ def mla_gluon(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_c: torch.Tensor, o: t
     backend = resolve_backend(backend, q_nope)
 
     qlen = 1
-    num_splits = policies.num_kv_splits(policy, batch, qlen, nhead, min_kv_seq_len, BLOCK_N)
+    num_splits = policies.num_kv_splits(policy, batch, qlen, nhead, min_kv_seq_len, BLOCK_N,
+                                        device_budget=config.device_budget)
     device_partition = policies.uses_device_partition(policy)
-    min_tiles = policies.DEVICE_MIN_TILES_PER_SPLIT
+    min_tiles = config.min_tiles
     lse_out = torch.empty(batch, nhead, dtype=torch.float32, device=o.device) if return_lse else None
     stage1_grid = (batch, num_splits, policies.head_blocks(nhead))
     common = dict(q_nope=q_nope, q_pe=q_pe, kv_c=kv_c, k_pe=k_pe, page_table=page_table,
@@ -84,7 +81,7 @@ def mla_gluon(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_c: torch.Tensor, o: t
         launch_stage1(STAGE1_NAME, stage1_grid, **common, partial_out=None, partial_lse=None,
                       NUM_KV_SPLITS=1, BLOCK_N=BLOCK_N, BLOCK_H=HEAD_BLOCK,
                       DEVICE_PARTITION=device_partition, MIN_TILES_PER_SPLIT=min_tiles,
-                      backend=backend)
+                      backend=backend, config=config)
         skip_stage2(STAGE2_NAME, reason="num_kv_splits_is_1")
         return o, lse_out
 
@@ -94,20 +91,21 @@ def mla_gluon(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_c: torch.Tensor, o: t
     launch_stage1(STAGE1_NAME, stage1_grid, **common, partial_out=partial_out,
                   partial_lse=partial_lse, NUM_KV_SPLITS=num_splits, BLOCK_N=BLOCK_N,
                   BLOCK_H=HEAD_BLOCK, DEVICE_PARTITION=device_partition,
-                  MIN_TILES_PER_SPLIT=min_tiles, backend=backend)
-    stage2_grid = (batch, nhead, D_LATENT // BLOCK_DV)
+                  MIN_TILES_PER_SPLIT=min_tiles, backend=backend, config=config)
+    block_dv = config.stage2.block_dv
+    stage2_grid = (batch, nhead, D_LATENT // block_dv)
     launch_stage2(STAGE2_NAME, stage2_grid, partial_out=partial_out, partial_lse=partial_lse,
                   seq_info=seq_info, o=o, lse_out=lse_out, NUM_KV_SPLITS=num_splits,
-                  BLOCK_N=BLOCK_N, BLOCK_S=stage2_block_s(num_splits), BLOCK_DV=BLOCK_DV,
-                  DEVICE_PARTITION=device_partition, MIN_TILES_PER_SPLIT=min_tiles,
-                  backend=backend)
+                  BLOCK_N=BLOCK_N, BLOCK_S=stage2_block_s(num_splits, config.stage2.max_block_s),
+                  BLOCK_DV=block_dv, DEVICE_PARTITION=device_partition,
+                  MIN_TILES_PER_SPLIT=min_tiles, backend=backend, config=config)
     return o, lse_out
 
 
-def stage2_block_s(num_splits: int) -> int:
-    """Splits per stage-2 load: the next power of 2 of `num_splits`, at most MAX_BLOCK_S."""
+def stage2_block_s(num_splits: int, max_block_s: int = DEFAULT.stage2.max_block_s) -> int:
+    """Splits per stage-2 load: the next power of 2 of `num_splits`, at most `max_block_s`."""
     block = 1
-    while block < min(num_splits, MAX_BLOCK_S):
+    while block < min(num_splits, max_block_s):
         block *= 2
     return block
 
@@ -127,7 +125,8 @@ def launch_stage1(name: str, grid: tuple[int, int, int], *, q_nope: torch.Tensor
                   o: torch.Tensor, lse_out: torch.Tensor | None,
                   partial_out: torch.Tensor | None, partial_lse: torch.Tensor | None,
                   NUM_KV_SPLITS: int, BLOCK_N: int, BLOCK_H: int, DEVICE_PARTITION: bool,
-                  MIN_TILES_PER_SPLIT: int, backend: str) -> None:
+                  MIN_TILES_PER_SPLIT: int, backend: str,
+                  config: MlaConfig = DEFAULT) -> None:
     """Stage 1 over `grid` = (batch, NUM_KV_SPLITS, head blocks); partials=None writes `o`.
 
     The device work goes through `graph.launch`, so a reference HostGraph capture on CPU
@@ -141,7 +140,7 @@ def launch_stage1(name: str, grid: tuple[int, int, int], *, q_nope: torch.Tensor
     if backend == "triton":
         from mlatrace.reference import triton_mla
 
-        graph.launch(triton_mla.stage1, grid, **args, block_h=BLOCK_H)
+        graph.launch(triton_mla.stage1, grid, **args, block_h=BLOCK_H, config=config)
     else:
         graph.launch(stage1_torch, **args)
 
@@ -150,7 +149,7 @@ def launch_stage2(name: str, grid: tuple[int, int, int], *, partial_out: torch.T
                   partial_lse: torch.Tensor, seq_info: torch.Tensor, o: torch.Tensor,
                   lse_out: torch.Tensor | None, NUM_KV_SPLITS: int, BLOCK_N: int, BLOCK_S: int,
                   BLOCK_DV: int, DEVICE_PARTITION: bool, MIN_TILES_PER_SPLIT: int,
-                  backend: str) -> None:
+                  backend: str, config: MlaConfig = DEFAULT) -> None:
     """Stage 2 over `grid` = (batch, nhead, 512 // BLOCK_DV): LSE-weighted merge of splits."""
     args = dict(partial_out=partial_out, partial_lse=partial_lse, seq_info=seq_info, o=o,
                 lse_out=lse_out, num_splits=NUM_KV_SPLITS, block_n=BLOCK_N,
@@ -158,7 +157,8 @@ def launch_stage2(name: str, grid: tuple[int, int, int], *, partial_out: torch.T
     if backend == "triton":
         from mlatrace.reference import triton_mla
 
-        graph.launch(triton_mla.stage2, grid, **args, block_s=BLOCK_S, block_dv=BLOCK_DV)
+        graph.launch(triton_mla.stage2, grid, **args, block_s=BLOCK_S, block_dv=BLOCK_DV,
+                     config=config)
     else:
         graph.launch(stage2_torch, **args)
 

@@ -71,19 +71,19 @@ def bucketed(min_kv_seq_len: int) -> int:
 
 
 def device(batch: int, qlen: int, nhead: int, min_kv_seq_len: int = 0,
-           block_n: int = BLOCK_N) -> int:
+           block_n: int = BLOCK_N, budget: int = DEVICE_PROGRAM_BUDGET) -> int:
     """Fixed launch budget, independent of length: the device picks the active splits.
 
     `min_kv_seq_len` and `block_n` are accepted for a uniform signature and ignored on
     purpose: the grid must not depend on anything that differs between capture and replay.
     """
     del min_kv_seq_len, block_n
-    budget = DEVICE_PROGRAM_BUDGET // (batch * qlen * head_blocks(nhead))
-    return max(1, min(MAX_KV_SPLITS, budget))
+    per_row = budget // (batch * qlen * head_blocks(nhead))
+    return max(1, min(MAX_KV_SPLITS, per_row))
 
 
 def num_kv_splits(policy: str, batch: int, qlen: int, nhead: int, min_kv_seq_len: int,
-                  block_n: int = BLOCK_N) -> int:
+                  block_n: int = BLOCK_N, device_budget: int = DEVICE_PROGRAM_BUDGET) -> int:
     """Host-side NUM_KV_SPLITS for `policy`; the value a CUDA graph captures.
 
     `policy` may also be "fixed:N" (always N splits, legacy partition), used by the
@@ -94,7 +94,7 @@ def num_kv_splits(policy: str, batch: int, qlen: int, nhead: int, min_kv_seq_len
     if policy == "bucketed":
         return bucketed(min_kv_seq_len)
     if policy == "device":
-        return device(batch, qlen, nhead, min_kv_seq_len, block_n)
+        return device(batch, qlen, nhead, min_kv_seq_len, block_n, device_budget)
     if policy.startswith("fixed:"):
         splits = int(policy.split(":", 1)[1])
         if not 1 <= splits <= MAX_KV_SPLITS:

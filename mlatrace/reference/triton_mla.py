@@ -9,9 +9,10 @@ Partition (mirrors `policies.kv_split_range` and `policies.device_partition`):
   writes a partial, an empty one with LSE -inf.
 - device: chunk = whole tiles, active = non-empty chunks; programs at or beyond `active`
   exit at once, one active split writes `o` directly (on the Gluon stage 1, spread over
-  STAGE1_COLUMN_SPLITS programs by value columns), and stage 2 merges only `active`.
+  `Stage1Config.column_splits` programs by value columns), and stage 2 merges only `active`.
 
-Stage 2 of the device partition is a programmatic dependent launch on Hopper (USE_PDL):
+Stage 2 of the device partition is a programmatic dependent launch on Hopper
+(`MlaConfig.pdl`):
 stage 1 triggers it at once, stage 2 reads seq_info while stage 1 runs and waits
 (gdc_wait) before it reads a partial or writes `o`; with one active split it has nothing
 to merge and exits without waiting.
@@ -25,68 +26,20 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from mlatrace.reference import gluon_mla
+from mlatrace.reference.kernel_config import (
+    DEFAULT,
+    PDL_MODES,
+    SAFE_STAGES,
+    SAFE_WARPS,
+    MlaConfig,
+    Stage1Config,
+    Stage2Config,
+)
 from mlatrace.reference.mla import D_LATENT, D_ROPE
 
-STAGE1_WARPS = 8
-STAGE1_STAGES = 3
-"""16-bit caches, measured on the H200 (GPU_NOTES runs 3b/3c, device policy at 100K, budget
-132): 8 warps, 3 stages with the page-table prefetch (STAGE1_PREFETCH) 45.7/46.0 us;
-8 warps / 5 stages without it 50.4/50.5 us; 4 warps / 2 stages at budget 264 47.6/47.5 us;
-32-row tiles 45.1-67.5 us. Triton 3.9 compiles 8/3 + prefetch to 139 registers and two
-73.7 KiB KV buffers (164 KiB shared): one program per SM. An identity page table takes the
-same time (45.5 us): stage 1 is bound by its per-tile critical path, not by the scatter."""
-SAFE_WARPS = 4
-SAFE_STAGES = 2
-"""Used for float32 caches (tf32x3 tiles need the shared memory) and as the fallback when
-a Triton version does not fit the default config in shared memory."""
-STAGE2_WARPS = 4
-STAGE1_TILE_N = 64
-"""KV rows per inner-loop tile of stage 1 (divides policies.BLOCK_N)."""
-STAGE1_PREFETCH = True
-"""Load the next tile's page-table entries one iteration ahead (by hand)."""
-STAGE1_OFFSETS_32 = True
-"""32-bit KV row offsets when every element offset of kv_c and k_pe fits in int32 (off:
-always 64-bit, as caches past 2**31 elements get). With stage 1's unmasked loads (rows
-past a split's end read row end-1 again) this takes the inner loop from 717 to 504 SASS
-instructions per warp per tile (Triton 3.6): device policy on the H200 (GPU_NOTES run
-22) 1 token 6.04 -> 5.83 us, 512 8.05 -> 7.64, 4096 10.10 -> 9.67, 100K 44.86 -> 44.00."""
-USE_PDL = "device"
-"""Launch stage 2 as a programmatic dependent launch (Hopper, CUDA only): its launch and
-its seq_info read overlap stage 1, so the second graph node costs little when stage 2 has
-nothing to merge (one active split). "device": for the device partition only (the
-default, what samples/bench measures: device 7.5 -> 6.6 us at length 1, 46.2 -> 45.9 us at
-100K); "all": every policy (fixed splits gain 0-0.7 us too, GPU_NOTES run 3c); "off"."""
-PDL_MODES = ("off", "device", "all")
-STAGE2_ONE_SPLIT_NO_WAIT = True
-"""Device partition with PDL: when one split is active, stage 1 wrote `o` and stage 2
-exits without gdc_wait, so the second graph node ends before stage 1 instead of after it
-(H200, GPU_NOTES run 19: length 1 6.64 -> 6.08 us, one split 5.97). Work launched after
-stage 2 still starts after stage 1 completes: stream order holds through a PDL secondary
-that never waits (run 17, tests/test_pdl_order.py)."""
-STAGE2_SMALL_S = 16
-STAGE2_MID_S = 64
-"""Stage 2's split tiers: at most 16 (else 64) active splits load a [16 | 64, BLOCK_DV]
-tile instead of [BLOCK_S, BLOCK_DV]. Device policy on the H200 (GPU_NOTES run 8), no tiers
--> tiers: 512 tokens 9.53 -> 8.30 us, 1024 9.64 -> 8.57, 2048 10.13 -> 9.71, 100K
-unchanged (45.9 -> 46.1). 0 turns a tier off."""
-STAGE1_GLUON = True
-"""bf16 caches on a Hopper GPU under Triton 3.6 (`gluon_mla.available`) whose element
-offsets fit in int32: stage 1 runs the Gluon warpgroup-MMA kernel (`gluon_mla`, keys on
-M, cp.async ring) instead of the portable Triton one. H200, device policy (GPU_NOTES run
-36 vs run 23): 1 token 5.9 -> 5.0 us, 4096 9.8 -> 8.6, 100K 43.9 -> 38.6 (3.00 TB/s)."""
-STAGE1_COLUMN_SPLITS = 4
-"""Device partition on the Gluon stage 1, a sequence within one tile (one active split):
-up to this many of the launch's programs (a power of 2 <= NUM_KV_SPLITS) each write
-512 / N value columns of `o` from the same scores, instead of one program writing all
-512 (`gluon_mla._one_tile_columns`); 1 turns it off. The launch budget's idle programs
-take the P.V and the epilogue off a short decode's dependent chain. H200, device policy,
-us (GPU_NOTES run 43, five interleaved rounds, median): N = 1 / 2 / 4 / 8 at 1 token
-5.06 / 4.31 / 4.12 / 4.55, at 64 tokens 5.00 / 4.19 / 3.82 / 3.59 (one split: 4.65,
-4.58); from 128 tokens up the main loop runs, 0.05-0.14 us slower with the path compiled
-in (512: 6.34 -> 6.45)."""
-FALLBACK_CONFIG = True
-"""Retry stage 1 with SAFE_WARPS/SAFE_STAGES when the default config does not fit (off:
-raise instead, so a tuning sweep never times the fallback under another config's name)."""
+# The configuration types live in kernel_config (no Triton import there); they are
+# re-exported here so a caller tuning the kernels needs one import.
+__all__ = ["DEFAULT", "MlaConfig", "Stage1Config", "Stage2Config", "stage1", "stage2"]
 
 
 @triton.jit
@@ -307,20 +260,20 @@ def dot_mode(cache: torch.Tensor) -> int:
     return 2 if cache.dtype == torch.float32 else 0
 
 
-def pdl_enabled(like: torch.Tensor, device_partition: bool) -> bool:
-    """Programmatic dependent launch of stage 2 (USE_PDL), on NVIDIA devices of compute
-    capability >= 9 only (ROCm reports gfx9 parts as capability 9 too: never there)."""
-    assert USE_PDL in PDL_MODES, USE_PDL
-    wanted = USE_PDL == "all" or (USE_PDL == "device" and device_partition)
+def pdl_enabled(like: torch.Tensor, device_partition: bool, mode: str = DEFAULT.pdl) -> bool:
+    """Programmatic dependent launch of stage 2 (`MlaConfig.pdl`), on NVIDIA devices of
+    compute capability >= 9 only (ROCm reports gfx9 parts as capability 9 too: never there)."""
+    assert mode in PDL_MODES, mode
+    wanted = mode == "all" or (mode == "device" and device_partition)
     return (wanted and like.is_cuda and torch.version.hip is None
             and torch.cuda.get_device_capability(like.device)[0] >= 9)
 
 
-def column_splits(num_splits: int) -> int:
-    """Programs sharing a one-tile sequence's value columns (STAGE1_COLUMN_SPLITS): the
-    largest power of 2 within both it and the launch's splits."""
+def column_splits(num_splits: int, most: int = DEFAULT.stage1.column_splits) -> int:
+    """Programs sharing a one-tile sequence's value columns (`Stage1Config.column_splits`):
+    the largest power of 2 within both `most` and the launch's splits."""
     n = 1
-    while n * 2 <= min(STAGE1_COLUMN_SPLITS, num_splits):
+    while n * 2 <= min(most, num_splits):
         n *= 2
     return n
 
@@ -335,8 +288,10 @@ def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tens
            seq_info: torch.Tensor, sm_scale: float, o: torch.Tensor,
            lse_out: torch.Tensor | None, partial_out: torch.Tensor | None,
            partial_lse: torch.Tensor | None, num_splits: int, block_n: int,
-           device_partition: bool, min_tiles: int, block_h: int) -> None:
-    """Launch stage 1 on grid (batch, NUM_KV_SPLITS, cdiv(nhead, BLOCK_H))."""
+           device_partition: bool, min_tiles: int, block_h: int,
+           config: MlaConfig = DEFAULT) -> None:
+    """Launch stage 1 on grid (batch, NUM_KV_SPLITS, cdiv(nhead, BLOCK_H)) as `config` says."""
+    cfg = config.stage1
     for t in (q_nope, q_pe, o):
         assert t.stride(-1) == 1, "last dim must be contiguous"
     assert kv_c.stride(-1) == 1 and k_pe.stride(-1) == 1 and page_table.stride(-1) == 1
@@ -347,7 +302,7 @@ def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tens
                                                                                (0, 0, 0))
     lse_arg = lse_out if lse_out is not None else o
     mode = dot_mode(kv_c)
-    tile_n = min(STAGE1_TILE_N, block_n) if mode != 2 else block_n
+    tile_n = min(cfg.tile_n, block_n) if mode != 2 else block_n
 
     # Arguments both stage-1 kernels take (the Gluon one has fewer constexprs).
     args = (q_nope, q_pe, kv_c, k_pe, page_table, seq_info, float(sm_scale),
@@ -359,13 +314,13 @@ def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tens
     common = dict(NUM_KV_SPLITS=num_splits, BLOCK_N=block_n,
                   DEVICE_PARTITION=device_partition, MIN_TILES=min_tiles,
                   DIRECT_OUTPUT=direct, RETURN_LSE=lse_out is not None,
-                  PDL=pdl_enabled(kv_c, device_partition) and not direct)
+                  PDL=pdl_enabled(kv_c, device_partition, config.pdl) and not direct)
 
     def launch(num_warps: int, num_stages: int) -> None:
         _mla_stage1_kernel[grid](
             *args, **common, BLOCK_H=block_h, D_LATENT=D_LATENT, D_ROPE=D_ROPE,
-            DOT_MODE=mode, TILE_N=tile_n, PREFETCH=STAGE1_PREFETCH and mode != 2,
-            OFFSETS_32=STAGE1_OFFSETS_32 and offsets_fit_int32(kv_c, k_pe),
+            DOT_MODE=mode, TILE_N=tile_n, PREFETCH=cfg.prefetch and mode != 2,
+            OFFSETS_32=cfg.offsets_32 and offsets_fit_int32(kv_c, k_pe),
             num_warps=num_warps, num_stages=num_stages,
         )
 
@@ -373,16 +328,17 @@ def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tens
         launch(SAFE_WARPS, SAFE_STAGES)
         return
     # The Gluon kernel's row offsets are 32-bit: larger caches take the Triton kernel.
-    if (STAGE1_GLUON and block_h == 16 and gluon_mla.available(kv_c)
+    if (cfg.gluon and block_h == 16 and gluon_mla.available(kv_c)
             and offsets_fit_int32(kv_c, k_pe)):
         gluon_mla._mla_stage1_wgmma_kernel[grid](
-            *args, **common, COL_SPLITS=column_splits(num_splits) if device_partition else 1,
+            *args, **common,
+            COL_SPLITS=column_splits(num_splits, cfg.column_splits) if device_partition else 1,
             num_warps=gluon_mla.NUM_WARPS)
         return
     try:
-        launch(STAGE1_WARPS, STAGE1_STAGES)
+        launch(cfg.num_warps, cfg.num_stages)
     except OutOfResources:
-        if not FALLBACK_CONFIG:
+        if not cfg.fallback:
             raise
         launch(SAFE_WARPS, SAFE_STAGES)
 
@@ -390,10 +346,12 @@ def stage1(grid: tuple[int, int, int], *, q_nope: torch.Tensor, q_pe: torch.Tens
 def stage2(grid: tuple[int, int, int], *, partial_out: torch.Tensor,
            partial_lse: torch.Tensor, seq_info: torch.Tensor, o: torch.Tensor,
            lse_out: torch.Tensor | None, num_splits: int, block_n: int,
-           device_partition: bool, min_tiles: int, block_s: int, block_dv: int) -> None:
-    """Launch stage 2 on grid (batch, nhead, 512 // BLOCK_DV)."""
+           device_partition: bool, min_tiles: int, block_s: int, block_dv: int,
+           config: MlaConfig = DEFAULT) -> None:
+    """Launch stage 2 on grid (batch, nhead, 512 // BLOCK_DV) as `config` says."""
     assert o.stride(-1) == 1 and partial_out.stride(-1) == 1
-    pdl = pdl_enabled(partial_out, device_partition)
+    cfg = config.stage2
+    pdl = pdl_enabled(partial_out, device_partition, config.pdl)
     _mla_stage2_kernel[grid](
         partial_out, partial_lse, seq_info, o, lse_out if lse_out is not None else o,
         partial_out.stride(0), partial_out.stride(1), partial_out.stride(2),
@@ -402,8 +360,8 @@ def stage2(grid: tuple[int, int, int], *, partial_out: torch.Tensor,
         NUM_KV_SPLITS=num_splits, BLOCK_N=block_n, BLOCK_S=block_s, BLOCK_DV=block_dv,
         DEVICE_PARTITION=device_partition, MIN_TILES=min_tiles,
         RETURN_LSE=lse_out is not None, PDL=pdl,
-        ONE_SPLIT_NO_WAIT=STAGE2_ONE_SPLIT_NO_WAIT and device_partition,
-        SMALL_S=STAGE2_SMALL_S if STAGE2_SMALL_S < block_s else 0,
-        MID_S=STAGE2_MID_S if STAGE2_MID_S < block_s else 0, num_warps=STAGE2_WARPS,
+        ONE_SPLIT_NO_WAIT=cfg.one_split_no_wait and device_partition,
+        SMALL_S=cfg.small_s if cfg.small_s < block_s else 0,
+        MID_S=cfg.mid_s if cfg.mid_s < block_s else 0, num_warps=cfg.num_warps,
         **({"launch_pdl": True} if pdl else {}),
     )
