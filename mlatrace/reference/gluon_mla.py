@@ -2,13 +2,13 @@
 
 The portable Triton stage 1 (`triton_mla._mla_stage1_kernel`) puts the 16 heads on M, so
 its q.k is a chain of 36 dependent mma.sync steps per warp and the SM idles on that
-chain while the next tile's rows wait in flight (GPU_NOTES runs 3c, 5, 26). Here one
+chain while the next tile's rows wait in flight. Here one
 warpgroup computes S^T = K q^T (M = 64 keys, N = 16 heads, K = 576) and O^T += V^T P^T
 (M = 512 latent columns, N = 16, K = 64 keys) with asynchronous warpgroup MMAs read from
 shared memory, while the gathered KV rows of the next tile arrive by cp.async into a
 ring of two shared buffers (164 KiB: one program per SM). The page-table entries of a
 tile are read one tile ahead of its copies, so a copy never waits on its own index load.
-Measured slower on the H200 (GPU_NOTES runs 31-35): a third buffer (226 KiB, P in the
+Measured slower on the H200 (samples/GPU_NOTES.md): a third buffer (226 KiB, P in the
 rope slot), two warpgroups per program, and one buffer with two programs per SM.
 
 Same arguments, partition and outputs as the Triton stage 1 for bf16 caches (DOT_MODE
@@ -16,8 +16,7 @@ Same arguments, partition and outputs as the Triton stage 1 for bf16 caches (DOT
 launch has one split (DIRECT_OUTPUT) or the device partition has one active split. In
 that last case the sequence fits one tile, and COL_SPLITS of the launch's otherwise idle
 programs each write a share of the value columns (`_one_tile_columns`): a short decode's
-P.V and epilogue are split over them (H200, GPU_NOTES runs 42-43: 1 token 5.06 -> 4.12
-us, 64 tokens 5.00 -> 3.82, against one split's 4.65 and 4.58).
+P.V and epilogue are split over them, which makes a short decode faster than one split's.
 Row offsets are 32-bit (the caller checks `triton_mla.offsets_fit_int32`). Gluon compiles
 for NVIDIA only (no interpreter): CPU runs and other GPUs keep the Triton kernel
 (`available()`).
@@ -50,8 +49,7 @@ except ImportError:  # a Triton without Gluon: the Triton kernel serves every la
     gluon = None
 
 NUM_WARPS = 4
-"""One warpgroup. Measured against two (each owning 8 heads, GPU_NOTES run 32): 8 warps
-are slower at every length (100K 38.0 -> 40.5 us)."""
+"""One warpgroup: two (each owning 8 heads, N = 8 MMAs) were slower at every length."""
 
 
 def available(kv_c: torch.Tensor) -> bool:
@@ -170,8 +168,8 @@ if gluon is not None:
             offs_t = gl.arange(0, TILE, layout=row_layout)
             slots = gl.load(pt_row + gl.minimum(start + offs_t, last))
             # q only where there are rows (idle programs exit after seq_info), in flight
-            # with the first tile's page-table entries (GPU_NOTES run 33: 0.03-0.08 us
-            # faster than loading it first, while seq_info arrives).
+            # with the first tile's page-table entries: a little faster than loading it
+            # first, while seq_info arrives.
             qn, qp = _load_q(q_nope, q_pe, b, hblock, nhead, stride_qn_b, stride_qn_h,
                              stride_qp_b, stride_qp_h, load_layout)
             _issue_tile(kvl.index(0), kvr.index(0), kv_c, k_pe, slots, stride_kv, stride_kpe,
