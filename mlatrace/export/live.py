@@ -1,7 +1,7 @@
 """Live OTLP export from inside a traced process (`mlatrace run --otlp URL`).
 
 The recorder hands each flushed batch of records to a sink on its background
-flush thread; the sink turns them into spans (`mlatrace.export.otlp.ProcessSpans`)
+flush thread; the sink turns them into spans (`mlatrace.export.spans.ProcessSpans`)
 and a BatchSpanProcessor sends them from its own thread. So the traced
 program's hot path never sees OpenTelemetry, and a slow or dead collector only
 costs those two threads: export failures are swallowed and counted, reported in
@@ -278,7 +278,7 @@ class _Live:
     def __init__(self, endpoint: str, service_name: str, header: dict) -> None:
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-        from mlatrace.export import otlp
+        from mlatrace.export import otlp, spans
 
         self.pid = os.getpid()
         self.endpoint = endpoint
@@ -291,20 +291,20 @@ class _Live:
         run_id = header.get("run_id") or os.environ.get("MLATRACE_RUN_ID") \
             or os.environ.get("MLATRACE_OUT")
         if _parent is not None:
-            where = otlp.ProcessIds(trace_id=_parent[0], parent_span_id=_parent[1])
+            where = spans.ProcessIds(trace_id=_parent[0], parent_span_id=_parent[1])
         else:
-            where = otlp.ProcessIds(trace_id=otlp.derive_id(128, "live", run_id) if run_id
+            where = spans.ProcessIds(trace_id=spans.derive_id(128, "live", run_id) if run_id
                                     else None)
-        ids = otlp.FixedIds()
-        provider = otlp.make_provider(header, service_name, ids)
+        ids = spans.FixedIds()
+        provider = spans.make_provider(header, service_name, ids)
         self.exporter = _make_counting_exporter(
             otlp.make_exporter(endpoint, "http/protobuf", EXPORT_TIMEOUT_S), endpoint)
         self.processor = BatchSpanProcessor(self.exporter, max_queue_size=MAX_QUEUE,
                                             schedule_delay_millis=SCHEDULE_DELAY_MS,
                                             max_export_batch_size=512)
         provider.add_span_processor(self.processor)
-        self.builder = otlp.ProcessSpans(provider.get_tracer(otlp.SCOPE), ids, header,
-                                         where=where, max_attn_spans=otlp.MAX_ATTN_SPANS_LIVE)
+        self.builder = spans.ProcessSpans(provider.get_tracer(spans.SCOPE), ids, header,
+                                         where=where, max_attn_spans=spans.MAX_ATTN_SPANS_LIVE)
         context = self.builder.process.get_span_context()
         self.trace_id, self.span_id = context.trace_id, context.span_id
 

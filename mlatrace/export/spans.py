@@ -1,0 +1,543 @@
+"""OpenTelemetry spans from mlatrace records: the mapping, apart from any transport.
+
+`ProcessSpans` turns one process's records, in file order, into spans on a tracer:
+the process span, one span per graph capture (frozen launches, split decisions,
+eager breaks and syncs as its events), one span per batch of replays of one graph,
+one short span per attention call, findings as events. `build_spans` runs it over a
+whole trace into memory; `mlatrace.export.otlp` sends what it built, and
+`mlatrace.export.live` feeds it record batches inside a traced process.
+
+OpenTelemetry is imported here, so this module is only imported lazily.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry import trace as trace_api
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+SCOPE = "mlatrace"
+# A replay span covers at most this many replays of one graph on one thread, or this long:
+# one span per replay would flood a collector (a decode server replays thousands per second).
+MAX_REPLAYS_PER_SPAN = 256
+MAX_REPLAY_SPAN_NS = 1_000_000_000
+# Eager attention calls are one per layer per step; past this many per process they are counted.
+MAX_ATTN_SPANS = 20_000
+MAX_ATTN_SPANS_LIVE = 2_000  # live: each span costs flush-thread time while the program runs
+# A capture freezes one launch per kernel per layer: the SDK's default of 128 events is too few.
+SPAN_LIMITS_KW = {"max_events": 8192, "max_span_attributes": 256, "max_event_attributes": 256}
+
+
+def span_limits() -> SpanLimits:
+    """Limits large enough for a capture's frozen launches (overridable by OTEL_* env)."""
+    return SpanLimits(**SPAN_LIMITS_KW)
+
+
+def derive_id(bits: int, *parts: object) -> int:
+    """A stable non-zero id from parts, so processes of one run share a trace without talking."""
+    digest = hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).digest()
+    value = int.from_bytes(digest[: bits // 8], "big")
+    return value or 1
+
+
+class FixedIds(RandomIdGenerator):
+    """Random ids, except the next trace/span id when one is set (the process span's)."""
+
+    def __init__(self) -> None:
+        self.next_trace_id: int | None = None
+        self.next_span_id: int | None = None
+
+    def generate_trace_id(self) -> int:
+        value, self.next_trace_id = self.next_trace_id, None
+        return value or super().generate_trace_id()
+
+    def generate_span_id(self) -> int:
+        value, self.next_span_id = self.next_span_id, None
+        return value or super().generate_span_id()
+
+
+def attr_value(value: Any) -> Any:
+    """An OpenTelemetry attribute value: primitives and homogeneous lists as is, the rest as JSON."""
+    if value is None:
+        return None
+    if isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)) and value:
+        kinds = {type(v) for v in value}
+        if len(kinds) == 1 and kinds <= {bool, int, float, str}:
+            return list(value)
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def attrs_of(rec: dict, prefix: str = "mlatrace.", skip: Iterable[str] = ()) -> dict[str, Any]:
+    """A record's own fields (not k/t/seq/tid) as prefixed attributes; dicts one level flat."""
+    out: dict[str, Any] = {}
+    skipped = {"k", "t", "seq", "tid", *skip}
+    for key, value in rec.items():
+        if key in skipped:
+            continue
+        if isinstance(value, dict):
+            for sub, inner in value.items():
+                v = attr_value(inner)
+                if v is not None:
+                    out[f"{prefix}{key}.{sub}"] = v
+        else:
+            v = attr_value(value)
+            if v is not None:
+                out[f"{prefix}{key}"] = v
+    return out
+
+
+def resource_attributes(header: dict, service_name: str) -> dict[str, Any]:
+    """Semantic-convention resource attributes of a traced process, from its header."""
+    attrs: dict[str, Any] = {"service.name": service_name}
+    pid = header.get("pid")
+    fields = {
+        "host.name": header.get("host"),
+        "process.pid": pid,
+        "process.parent_pid": header.get("ppid"),
+        "process.command_args": [str(a) for a in header.get("argv") or []] or None,
+        "service.instance.id": f"{header.get('host')}:{pid}" if pid is not None else None,
+        "mlatrace.rank": header.get("rank"),
+        "mlatrace.world_size": header.get("world_size"),
+        "mlatrace.schema": header.get("schema"),
+    }
+    versions = header.get("versions") or {}
+    if versions.get("python"):
+        fields["process.runtime.name"] = "cpython"
+        fields["process.runtime.version"] = str(versions["python"])
+    for name, version in versions.items():
+        if version is not None and name != "python":
+            fields[f"mlatrace.version.{name}"] = str(version)
+    device = header.get("device") or {}
+    for name, value in device.items():
+        fields[f"mlatrace.device.{name}"] = attr_value(value)
+    attrs.update({k: v for k, v in fields.items() if v is not None})
+    return attrs
+
+
+def make_provider(header: dict, service_name: str, ids: FixedIds) -> TracerProvider:
+    """One provider per traced process: the resource (pid, host, rank) is per process."""
+    return TracerProvider(resource=Resource.create(resource_attributes(header, service_name)),
+                          id_generator=ids, span_limits=span_limits(), shutdown_on_exit=False)
+
+
+@dataclass
+class ProcessIds:
+    """Where a process span sits: its trace, its own id, and its traced parent's span id."""
+
+    trace_id: int | None = None
+    span_id: int | None = None
+    parent_span_id: int | None = None
+
+
+class _ReplayBatch:
+    """Consecutive replays of one graph on one thread, exported as one span (running totals:
+    this runs once per replay record, on the flush thread in live export)."""
+
+    def __init__(self, gid: Any, start: int) -> None:
+        self.gid = gid
+        self.start = start
+        self.end = start
+        self.count = 0
+        self.n_first: Any = None
+        self.n_last: Any = None
+        self.gpu_timed = 0
+        self.gpu_sum = 0
+        self.gpu_max = 0
+        self.len_min: Any = None
+        self.len_max: Any = None
+        self.tokens_max: Any = None
+        self.mode: Any = None
+
+    def add(self, rec: dict, ts: int, meta: dict | None, dispatch: dict | None) -> None:
+        self.count += 1
+        n = rec.get("n")
+        if self.count == 1:
+            self.n_first = n
+        self.n_last = n
+        gpu = rec.get("gpu_ns")
+        if type(gpu) is int:
+            self.gpu_timed += 1
+            self.gpu_sum += gpu
+            if gpu > self.gpu_max:
+                self.gpu_max = gpu
+            ts += gpu
+        if ts > self.end:
+            self.end = ts
+        if meta is not None:
+            length = meta.get("seq_len_max")
+            if type(length) is int:
+                if self.len_min is None or length < self.len_min:
+                    self.len_min = length
+                if self.len_max is None or length > self.len_max:
+                    self.len_max = length
+        if dispatch is not None:
+            tokens = dispatch.get("num_tokens")
+            if type(tokens) is int and (self.tokens_max is None or tokens > self.tokens_max):
+                self.tokens_max = tokens
+            self.mode = dispatch.get("mode", self.mode)
+
+    def attributes(self) -> dict[str, Any]:
+        attrs: dict[str, Any] = {"mlatrace.gid": attr_value(self.gid),
+                                 "mlatrace.replay.count": self.count}
+        if self.n_first is not None:
+            attrs["mlatrace.replay.n_first"] = self.n_first
+            attrs["mlatrace.replay.n_last"] = self.n_last
+        if self.gpu_timed:
+            attrs["mlatrace.replay.gpu_ns.sum"] = self.gpu_sum
+            attrs["mlatrace.replay.gpu_ns.max"] = self.gpu_max
+            attrs["mlatrace.replay.gpu_ns.timed"] = self.gpu_timed
+        if self.len_max is not None:
+            attrs["mlatrace.replay.seq_len_max.min"] = self.len_min
+            attrs["mlatrace.replay.seq_len_max.max"] = self.len_max
+        if self.tokens_max is not None:
+            attrs["mlatrace.replay.num_tokens.max"] = self.tokens_max
+        if self.mode is not None:
+            attrs["mlatrace.dispatch.mode"] = attr_value(self.mode)
+        return attrs
+
+
+def finding_event(finding: Any) -> tuple[str, dict[str, Any]]:
+    """A finding as a span event: named by its id, severity/message/hint as attributes."""
+    evidence = [f"{e.file}:{e.seq} {e.kind} {e.what}".strip() for e in getattr(finding, "evidence", [])]
+    attrs = {
+        "mlatrace.finding.id": finding.id,
+        "mlatrace.finding.name": getattr(finding, "name", "") or "",
+        "mlatrace.finding.severity": finding.severity,
+        "mlatrace.finding.message": finding.message,
+        "mlatrace.finding.hint": getattr(finding, "hint", "") or "",
+    }
+    if evidence:
+        attrs["mlatrace.finding.evidence"] = evidence
+    if getattr(finding, "gid", None) is not None:
+        attrs["mlatrace.gid"] = attr_value(finding.gid)
+    return finding.id, attrs
+
+
+class ProcessSpans:
+    """Spans of one traced process, built record by record in file order."""
+
+    def __init__(self, tracer: trace_api.Tracer, ids: FixedIds, header: dict, *,
+                 where: ProcessIds | None = None, findings: Sequence[Any] = (),
+                 max_attn_spans: int = MAX_ATTN_SPANS) -> None:
+        self.tracer = tracer
+        self.max_attn_spans = max_attn_spans
+        self.header = header
+        self.wall_ns = int(header.get("wall_ns") or 0)
+        self.last_ts = self.wall_ns + int(header.get("t") or 0)
+        self.counts: dict[str, int] = {}
+        self.open: dict[Any, Any] = {}          # gid -> open capture span
+        self.ctx: dict[Any, SpanContext] = {}   # gid -> capture span context (open or ended)
+        self.stacks: dict[Any, list[Any]] = {}  # tid -> open capture gids, innermost last
+        self.meta: dict[Any, dict] = {}         # tid -> latest attn.metadata
+        self.dispatch: dict[Any, dict] = {}     # tid -> latest dispatch
+        self.batches: dict[tuple[Any, Any], _ReplayBatch] = {}
+        self.attn_spans = 0
+        self.attn_calls = 0
+        self.end_rec: dict | None = None
+        self.spans = 0
+        self.closed = False
+        self.findings_by_gid: dict[Any, list[Any]] = {}
+        self.findings_left: list[Any] = []
+        for f in findings:
+            if getattr(f, "gid", None) is not None:
+                self.findings_by_gid.setdefault(f.gid, []).append(f)
+            else:
+                self.findings_left.append(f)
+
+        where = where or ProcessIds()
+        parent = None
+        if where.trace_id and where.parent_span_id:
+            parent = trace_api.set_span_in_context(trace_api.NonRecordingSpan(SpanContext(
+                where.trace_id, where.parent_span_id, is_remote=True,
+                trace_flags=TraceFlags(TraceFlags.SAMPLED))))
+        else:
+            ids.next_trace_id = where.trace_id
+        ids.next_span_id = where.span_id
+        pid, rank = header.get("pid"), header.get("rank")
+        name = f"process {pid}" + (f" rank {rank}" if rank is not None else "")
+        attrs = {"mlatrace.rank": rank, "mlatrace.probes": attr_value(header.get("probes") or None),
+                 "mlatrace.run_id": header.get("run_id")}
+        self.process = tracer.start_span(
+            name, context=parent, kind=SpanKind.INTERNAL, start_time=self.last_ts,
+            attributes={k: v for k, v in attrs.items() if v is not None})
+        self.spans += 1
+        self.process_ctx = trace_api.set_span_in_context(self.process)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _ts(self, rec: dict) -> int:
+        ts = self.wall_ns + int(rec.get("t") or 0)
+        self.last_ts = max(self.last_ts, ts)
+        return ts
+
+    def _capture_of(self, rec: dict) -> Any:
+        """The open capture span a record belongs to: its gid's, else its thread's innermost."""
+        gid = rec.get("gid")
+        if gid is not None and gid in self.open:
+            return self.open[gid]
+        stack = self.stacks.get(rec.get("tid"))
+        return self.open.get(stack[-1]) if stack else None
+
+    def _context_of_gid(self, gid: Any) -> Any:
+        if gid is not None and gid in self.open:
+            return trace_api.set_span_in_context(self.open[gid])
+        if gid is not None and gid in self.ctx:
+            return trace_api.set_span_in_context(trace_api.NonRecordingSpan(self.ctx[gid]))
+        return self.process_ctx
+
+    def _add_findings(self, span: Any, findings: Sequence[Any], ts: int) -> None:
+        for f in findings:
+            name, attrs = finding_event(f)
+            span.add_event(name, attrs, timestamp=ts)
+            if f.severity == "error":
+                span.set_status(Status(StatusCode.ERROR, f"{f.id} {getattr(f, 'name', '')}".strip()))
+
+    # -- records ---------------------------------------------------------------------------
+
+    def feed(self, rec: dict) -> None:
+        """Take the next record of this process (unknown kinds become events, never errors)."""
+        kind = rec.get("k")
+        counts = self.counts
+        counts[kind] = counts.get(kind, 0) + 1
+        if kind == "graph.replay":  # the per-step kinds first: they are most of a trace
+            self._replay(rec)
+            return
+        if kind == "attn.metadata" or kind == "dispatch":
+            ts = self.wall_ns + (rec.get("t") or 0)
+            if ts > self.last_ts:
+                self.last_ts = ts
+            (self.meta if kind == "attn.metadata" else self.dispatch)[rec.get("tid")] = rec
+            return
+        handler = _HANDLERS.get(kind)
+        if handler is not None:
+            handler(self, rec)
+        elif kind != "process" and isinstance(kind, str):  # a kind this version does not know
+            ts = self._ts(rec)
+            span = self._capture_of(rec) or self.process
+            span.add_event(kind, attrs_of(rec), timestamp=ts)
+
+    def _capture_begin(self, rec: dict) -> None:
+        ts, gid, tid = self._ts(rec), rec.get("gid"), rec.get("tid")
+        parent = rec.get("parent")
+        if parent is not None:
+            context = self._context_of_gid(parent)
+        else:
+            stack = self.stacks.get(tid)
+            context = self._context_of_gid(stack[-1]) if stack else self.process_ctx
+        self._end_batches(lambda key: key[1] == gid)
+        src, mode = rec.get("src"), rec.get("mode")
+        name = "graph.capture" + "".join(f" {p}" for p in (src, mode) if p)
+        attrs = attrs_of(rec, "mlatrace.graph.", skip=("gid",))
+        attrs["mlatrace.gid"] = attr_value(gid)
+        span = self.tracer.start_span(name, context=context, kind=SpanKind.INTERNAL,
+                                      start_time=ts, attributes=attrs)
+        self.spans += 1
+        self.open[gid] = span
+        self.ctx[gid] = span.get_span_context()
+        self.stacks.setdefault(tid, []).append(gid)
+
+    def _capture_end(self, rec: dict) -> None:
+        ts, gid = self._ts(rec), rec.get("gid")
+        span = self.open.pop(gid, None)
+        for stack in self.stacks.values():
+            if gid in stack:
+                stack.remove(gid)
+        if span is None:
+            return
+        span.set_attributes(attrs_of(rec, "mlatrace.graph.", skip=("gid",)))
+        self._add_findings(span, self.findings_by_gid.pop(gid, []), ts)
+        span.end(end_time=ts)
+
+    def _nodes(self, rec: dict) -> None:
+        ts, gid = self._ts(rec), rec.get("gid")
+        kernels = rec.get("kernels") or []
+        span = self.open.get(gid)
+        ended = span is None
+        if ended:  # the debug dump is read after capture end: an instant child of the capture
+            span = self.tracer.start_span("graph.nodes", context=self._context_of_gid(gid),
+                                          start_time=ts, attributes={"mlatrace.gid": attr_value(gid)})
+            self.spans += 1
+        span.set_attribute("mlatrace.graph.kernels", len(kernels))
+        for kernel in kernels:
+            if isinstance(kernel, dict):
+                span.add_event("graph.node", attrs_of(kernel, "mlatrace.kernel."), timestamp=ts)
+        if ended:
+            span.end(end_time=ts)
+
+    def _capture_event(self, rec: dict) -> None:
+        """Launches, split decisions, syncs, breaks and skips: events of the capture they froze into."""
+        ts = self._ts(rec)
+        span = self._capture_of(rec)
+        if span is not None:
+            span.add_event(rec["k"], attrs_of(rec), timestamp=ts)
+        elif rec["k"] == "sync":  # an eager sync still matters (MLT004 on the decode path)
+            self.process.add_event("sync", attrs_of(rec), timestamp=ts)
+
+    def _process_event(self, rec: dict) -> None:
+        self.process.add_event(rec["k"], attrs_of(rec), timestamp=self._ts(rec))
+
+    def _attn_call(self, rec: dict) -> None:
+        ts, gid = self._ts(rec), rec.get("gid")
+        self.attn_calls += 1
+        if self.attn_spans >= self.max_attn_spans:
+            return
+        self.attn_spans += 1
+        stack = self.stacks.get(rec.get("tid"))
+        if gid is None and stack:
+            gid = stack[-1]
+        context = self._context_of_gid(gid)
+        op = rec.get("op")
+        span = self.tracer.start_span(f"attn.call {op}" if op else "attn.call", context=context,
+                                      start_time=ts, attributes=attrs_of(rec))
+        self.spans += 1
+        span.end(end_time=ts)
+
+    def _replay(self, rec: dict) -> None:
+        ts, gid, tid = self.wall_ns + (rec.get("t") or 0), rec.get("gid"), rec.get("tid")
+        if ts > self.last_ts:
+            self.last_ts = ts
+        key = (tid, gid)
+        batch = self.batches.get(key)
+        if batch is not None and (batch.count >= MAX_REPLAYS_PER_SPAN
+                                  or ts - batch.start > MAX_REPLAY_SPAN_NS):
+            self._end_batch(key)
+            batch = None
+        if batch is None:
+            batch = self.batches[key] = _ReplayBatch(gid, ts)
+        batch.add(rec, ts, self.meta.get(tid), self.dispatch.get(tid))
+
+    def _end_batch(self, key: tuple[Any, Any]) -> None:
+        batch = self.batches.pop(key)
+        links = [Link(self.ctx[batch.gid])] if batch.gid in self.ctx else None
+        span = self.tracer.start_span("graph.replay", context=self.process_ctx, kind=SpanKind.INTERNAL,
+                                      start_time=batch.start, attributes=batch.attributes(),
+                                      links=links)
+        self.spans += 1
+        span.end(end_time=batch.end)
+
+    def _end_batches(self, which: Any = None) -> None:
+        for key in [k for k in self.batches if which is None or which(k)]:
+            self._end_batch(key)
+
+    def _rank(self, rec: dict) -> None:
+        self._ts(rec)
+        if rec.get("rank") is not None:  # learnt after start: the resource keeps the header's
+            self.process.set_attribute("mlatrace.rank", rec["rank"])
+
+    def _process_end(self, rec: dict) -> None:
+        self._ts(rec)
+        self.end_rec = rec
+
+    # -- closing ---------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """End the open replay batches (live export: at the end of each record batch)."""
+        self._end_batches()
+
+    def close(self) -> None:
+        """End every open span, the process span last; findings not tied to a graph go on it."""
+        if self.closed:
+            return
+        self.closed = True
+        self._end_batches()
+        end = self.last_ts
+        for gid, span in list(self.open.items()):
+            span.set_attribute("mlatrace.graph.incomplete", True)
+            self._add_findings(span, self.findings_by_gid.pop(gid, []), end)
+            span.end(end_time=end)
+        self.open.clear()
+        left = self.findings_left + [f for fs in self.findings_by_gid.values() for f in fs]
+        self._add_findings(self.process, left, end)
+        counts = {f"mlatrace.records.{k}": v for k, v in self.counts.items() if k}
+        self.process.set_attributes(counts)
+        if self.attn_calls > self.attn_spans:  # past the cap: say how many have no span
+            self.process.set_attribute("mlatrace.attn_calls_without_span",
+                                       self.attn_calls - self.attn_spans)
+        if self.end_rec is not None:
+            self.process.set_attributes(attrs_of(self.end_rec, "mlatrace.end."))
+        else:
+            self.process.set_attribute("mlatrace.end.missing", True)
+        self.process.end(end_time=end)
+
+
+_HANDLERS = {
+    "graph.capture.begin": ProcessSpans._capture_begin,
+    "graph.capture.end": ProcessSpans._capture_end,
+    "graph.nodes": ProcessSpans._nodes,
+    "graph.eager_break": ProcessSpans._capture_event,
+    "kernel.launch": ProcessSpans._capture_event,
+    "kernel.split": ProcessSpans._capture_event,
+    "kernel.skip": ProcessSpans._capture_event,
+    "sync": ProcessSpans._capture_event,
+    "attn.call": ProcessSpans._attn_call,
+    "mark": ProcessSpans._process_event,
+    "probe.error": ProcessSpans._process_event,
+    "process.end": ProcessSpans._process_end,
+    "process.rank": ProcessSpans._rank,
+}
+
+
+def assign_findings(trace: Any, findings: Sequence[Any]) -> dict[str, list[Any]]:
+    """Which process file carries each finding: its pid's, else its first evidence file's,
+    else the first process's (a finding is never dropped, never carried twice)."""
+    procs = [p for p in trace.processes if p.header]
+    by_pid = {p.header.get("pid"): p.name for p in procs}
+    names = {p.name for p in procs}
+    out: dict[str, list[Any]] = {p.name: [] for p in procs}
+    for f in findings:
+        name = by_pid.get(getattr(f, "pid", None))
+        if name is None:
+            name = next((e.file for e in getattr(f, "evidence", []) if e.file in names), None)
+        if name is None and procs:
+            name = procs[0].name
+        if name is not None:
+            out[name].append(f)
+    return out
+
+
+def build_spans(trace: Any, service_name: str, findings: Sequence[Any] = ()) -> tuple[list, int]:
+    """All spans of a trace, in memory: (finished spans, number of processes converted)."""
+    memory = InMemorySpanExporter()
+    run = getattr(trace, "run", None) or {}
+    first = next((p.header for p in trace.processes if p.header), None) or {}
+    run_id = run.get("run_id") or first.get("run_id") or str(getattr(trace, "root", ""))
+    trace_id = derive_id(128, "export", run_id)
+    procs = [p for p in trace.processes if p.header]
+    # Span ids by file, not pid: an exec'd image keeps its pid and gets a second file.
+    span_of = {p.name: derive_id(64, "export", run_id, p.name) for p in procs}
+    first_file: dict[Any, str] = {}
+    for p in procs:
+        first_file.setdefault(p.header.get("pid"), p.name)
+    carried = assign_findings(trace, findings)
+    processes = 0
+    for proc in procs:
+        header = proc.header
+        pid, ppid = header.get("pid"), header.get("ppid")
+        if first_file[pid] != proc.name:  # a later image of an exec'd process: after the first
+            parent_file: str | None = first_file[pid]
+        else:
+            parent_file = first_file.get(ppid) if ppid != pid else None
+        ids = FixedIds()
+        provider = make_provider(header, service_name, ids)
+        provider.add_span_processor(SimpleSpanProcessor(memory))
+        where = ProcessIds(trace_id=trace_id, span_id=span_of[proc.name],
+                           parent_span_id=span_of.get(parent_file) if parent_file else None)
+        builder = ProcessSpans(provider.get_tracer(SCOPE), ids, header, where=where,
+                               findings=carried.get(proc.name, []))
+        for rec in proc.records():
+            builder.feed(rec)
+        builder.close()
+        processes += 1
+    return list(memory.get_finished_spans()), processes
