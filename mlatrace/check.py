@@ -11,14 +11,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from mlatrace.analysis import RULES, Analysis, ConfigError, Finding, at_or_above
-from mlatrace.report import (
-    Unusable,
-    load,
-    make_console,
-    print_warnings,
-    report_dict,
-    resolve_config,
-)
+from mlatrace.analysis.load import Unusable, load, resolve_config
+from mlatrace.report import make_console, print_warnings, report_dict
 
 
 def failing(findings: list[Finding], fail_on: str) -> list[Finding]:

@@ -24,8 +24,9 @@ import sys
 from typing import Any
 
 from mlatrace.analysis import Analysis, ConfigError
+from mlatrace.analysis.load import Unusable, load, resolve_config
 from mlatrace.analysis.summary import units
-from mlatrace.report import Unusable, load, make_console, print_warnings, resolve_config
+from mlatrace.report import make_console, print_warnings
 
 DIFF_SCHEMA = "mlatrace.diff/1"
 

@@ -41,38 +41,14 @@ import json
 import sys
 from typing import Any
 
-from mlatrace.analysis import Analysis, Config, ConfigError, analyze, load_config
+from mlatrace.analysis import Analysis, ConfigError
+from mlatrace.analysis.load import Unusable, load, resolve_config
 from mlatrace.analysis.summary import root_graphs, units
+
+__all__ = ["Unusable", "load", "main", "render", "report_dict", "resolve_config"]
 
 REPORT_SCHEMA = "mlatrace.report/1"
 MAX_GRAPH_ROWS = 20
-
-
-class Unusable(Exception):
-    """The trace cannot be opened or has no readable record at all (exit 2)."""
-
-
-def load(trace_path: str, config: Config | None = None,
-         rules: list[str] | None = None) -> tuple[Any, Analysis]:
-    """Open and analyse a trace; Unusable when nothing in it can be used."""
-    from mlatrace.trace import TraceError, open_trace
-
-    try:
-        trace = open_trace(trace_path)
-    except TraceError as exc:
-        raise Unusable(str(exc)) from exc
-    except OSError as exc:
-        raise Unusable(f"{trace_path}: {exc.strerror or exc}") from exc
-    result = analyze(trace, config, rules)
-    if not any(p.records for p in result.model.processes):
-        reasons = "; ".join(str(p) for p in trace.problems[:5])
-        raise Unusable(f"{trace_path}: no usable records" + (f" ({reasons})" if reasons else ""))
-    return trace, result
-
-
-def resolve_config(config_path: str | None, trace_path: str | None = None) -> Config:
-    """--config FILE, else mlatrace.toml / pyproject.toml [tool.mlatrace] in the cwd."""
-    return load_config(config_path) if config_path else load_config(None)
 
 
 def report_dict(trace_path: str, result: Analysis) -> dict[str, Any]:

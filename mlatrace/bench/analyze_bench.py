@@ -101,7 +101,8 @@ def write_trace(root: Path, events: int) -> int:
 
 _CHILD = """
 import json, resource, sys, time
-from mlatrace.report import load, report_dict, resolve_config
+from mlatrace.analysis.load import load, resolve_config
+from mlatrace.report import report_dict
 path = sys.argv[1]
 _trace, result = load(path, resolve_config(None))
 text = json.dumps(report_dict(path, result), indent=1, default=str)
