@@ -2,33 +2,17 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from mlatrace import probe, record  # noqa: E402
 from mlatrace.probe import graphs  # noqa: E402
 from mlatrace.probe.packs import shipped_pack_paths  # noqa: E402
 
 
 @pytest.fixture
-def traced(tmp_path):
-    out = tmp_path / "trace"
-    record.start(str(out))
-    graphs.reset()
-    probe.install(shipped_pack_paths())
-
-    def records() -> list[dict]:
-        probe.uninstall()
-        record.stop()
-        return [json.loads(line) for path in sorted(out.glob("p*.jsonl"))
-                for line in path.read_text().splitlines()]
-
-    yield records
-    probe.uninstall()
-    record.stop()
+def traced(traced_with):
+    return traced_with(shipped_pack_paths())
     graphs.reset()
 
 

@@ -2,36 +2,18 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from mlatrace import probe, record  # noqa: E402
-from mlatrace.probe import graphs  # noqa: E402
 from mlatrace.probe.packs import shipped_pack_dir  # noqa: E402
 
 PACK = shipped_pack_dir() / "torch_sync.toml"
 
 
 @pytest.fixture
-def traced(tmp_path: Path):
-    out = tmp_path / "trace"
-    record.start(str(out))
-    graphs.reset()
-    probe.install([PACK])
-
-    def records() -> list[dict]:
-        probe.uninstall()
-        record.stop()
-        return [json.loads(line) for path in out.glob("p*.jsonl")
-                for line in path.read_text().splitlines()]
-
-    yield records
-    probe.uninstall()
-    record.stop()
+def traced(traced_with):
+    return traced_with([PACK])
 
 
 def test_inherited_tensor_methods_are_patched_and_restored(traced):

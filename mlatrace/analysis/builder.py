@@ -24,6 +24,7 @@ from mlatrace.analysis.model import (
     _int,
 )
 from mlatrace.analysis.parallel import _build_parallel, _default_workers, _pid_groups
+from mlatrace.common import hashable
 from mlatrace.trace import Problem
 
 
@@ -64,14 +65,6 @@ def _grid(value: Any) -> tuple | None:
     if isinstance(value, (list, tuple)):
         return tuple(value)
     return None
-
-
-def _hashable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return tuple(sorted((str(k), _hashable(v)) for k, v in value.items()))
-    if isinstance(value, (list, tuple)):
-        return tuple(_hashable(v) for v in value)
-    return value
 
 
 def _infer_role(proc: ProcessModel, pids: set[int | None], captured: bool) -> str:
@@ -191,7 +184,7 @@ class _ProcessBuilder:
             distinct: dict[tuple, dict] = {}
             for node in kernels:
                 if isinstance(node, dict) and len(distinct) < MAX_NODES:
-                    distinct.setdefault((str(node.get("name")), _hashable(node.get("grid"))), node)
+                    distinct.setdefault((str(node.get("name")), hashable(node.get("grid"))), node)
             graph.nodes = list(distinct.values())
             graph.nodes_total = len(kernels)
             graph.nodes_ref = self._ref(rec, "graph.nodes")
@@ -284,7 +277,7 @@ class _ProcessBuilder:
         graph = self._graph(gid)
         ref = self._ref(rec, "attn.call")
         op = str(rec.get("op"))
-        layer = _hashable(rec.get("layer"))
+        layer = hashable(rec.get("layer"))
         hints, ptrs = _dict(rec.get("hints")), _dict(rec.get("ptrs"))
         for name, ptr in ptrs.items():
             if isinstance(ptr, int) and name not in graph.capture_ptrs:
@@ -340,13 +333,13 @@ class _ProcessBuilder:
         if gid is not None:
             graph = self._graph(gid)
             for site in graph.syncs:
-                if site.op == op and _hashable(site.where) == _hashable(where):
+                if site.op == op and hashable(site.where) == hashable(where):
                     site.count += 1
                     return
             if len(graph.syncs) < MAX_SYNC_SITES:
                 graph.syncs.append(SyncSite(self._ref(rec, "sync"), op, where, True, gid))
         elif tid in self.replaying:
-            key = (self.pid, op, _hashable(where))
+            key = (self.pid, op, hashable(where))
             site = self.model.step_syncs.get(key)
             if site is not None:
                 site.count += 1

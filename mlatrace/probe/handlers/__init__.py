@@ -78,11 +78,3 @@ def _gids_of(instance: Any) -> dict:
             pass
     return gids
 
-
-def _hashable(key: Any) -> Any:
-    if isinstance(key, dict):
-        return tuple(sorted((k, _hashable(v)) for k, v in key.items()))
-    if isinstance(key, list):
-        return tuple(_hashable(v) for v in key)
-    return key
-

