@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -14,12 +13,6 @@ pytest.importorskip("torch")
 
 REPO = Path(__file__).resolve().parent.parent
 
-needs_pipeline = pytest.mark.skipif(
-    any(importlib.util.find_spec(name) is None
-        for name in ("mlatrace.inject.launcher", "mlatrace.report", "mlatrace.analysis")),
-    reason="mlatrace run / report / analysis not there yet")
-
-
 def run_demo(tmp_path: Path, policy: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = tmp_path / f"trace-{policy}"
@@ -28,7 +21,6 @@ def run_demo(tmp_path: Path, policy: str) -> subprocess.CompletedProcess:
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=170)
 
 
-@needs_pipeline
 def test_demo_legacy_finds_the_frozen_one_split(tmp_path):
     result = run_demo(tmp_path, "legacy")
     output = result.stdout + result.stderr
@@ -40,7 +32,6 @@ def test_demo_legacy_finds_the_frozen_one_split(tmp_path):
     assert (tmp_path / "trace-legacy" / "run.json").is_file()
 
 
-@needs_pipeline
 def test_demo_device_policy_is_clean(tmp_path):
     result = run_demo(tmp_path, "device")
     output = result.stdout + result.stderr

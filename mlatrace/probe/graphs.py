@@ -64,14 +64,6 @@ def enclosing_gid(skip_srcs: tuple[str, ...] = ("torch",)) -> int | None:
     return None
 
 
-def pop_capture() -> int | None:
-    """Leave the innermost capture on this thread; None when none was open."""
-    stack = _stack()
-    gid = stack.pop() if stack else None
-    _sources().pop(gid, None)
-    return gid
-
-
 def remove_capture(gid: int) -> None:
     """Drop gid from this thread's stack wherever it is (segments end out of order)."""
     stack = _stack()

@@ -228,8 +228,3 @@ def _arg_names(fields: dict[str, Any]) -> set[str]:
         elif isinstance(spec, str):
             names |= set(re.findall(r"\bargs\.([A-Za-z_][A-Za-z_0-9]*)", spec))
     return names
-
-
-def load_packs(paths: list[str | Path]) -> list[Pack]:
-    """Load several packs; the first bad one raises PackError."""
-    return [load_pack(p) for p in paths]

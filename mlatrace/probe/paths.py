@@ -517,20 +517,6 @@ def _reduce(name: str) -> Callable[[Any], Any]:
     return apply
 
 
-_torch_dtype: list[Any] = [None]        # torch.dtype, once one was seen
-_dtype_names: dict[Any, str] = {}      # torch.dtype -> str(dtype): a few dozen singletons
-
-
-def _dtype_name(dtype: Any) -> str:
-    """str(dtype), remembered for torch dtypes (str() of one costs ~70 ns)."""
-    name = str(dtype)
-    kind = type(dtype)
-    if kind is _torch_dtype[0] or (kind.__name__ == "dtype" and kind.__module__ == "torch"):
-        _torch_dtype[0] = kind
-        _dtype_names[dtype] = name
-    return name
-
-
 def _dtype(value: Any) -> str | None:
     dtype = getattr(value, "dtype", None)
     return None if dtype is None else str(dtype)

@@ -112,10 +112,6 @@ def current_host_graph() -> HostGraph | None:
     return stack[-1] if stack else None
 
 
-def is_capturing() -> bool:
-    return bool(_stack())
-
-
 def launch(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Run ``fn`` now, or record it without running when a HostGraph is capturing."""
     host_graph = current_host_graph()

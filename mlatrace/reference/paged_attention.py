@@ -16,8 +16,6 @@ device, out like query.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from mlatrace.reference import graph
@@ -105,8 +103,3 @@ def paged_attention_reference(query: torch.Tensor, key_cache: torch.Tensor,
             weights = torch.softmax(k @ query[s, h].double() * scale, dim=0)
             out[s, h] = weights @ v
     return out
-
-
-def default_scale(head_size: int) -> float:
-    """1/sqrt(head_size), the usual attention scale."""
-    return 1.0 / math.sqrt(head_size)
