@@ -32,16 +32,18 @@ def main() -> None:
 @click.option("--graph-nodes/--no-graph-nodes", default=True,
               help="Dump each captured graph's kernel nodes (capture-time cost only).")
 @click.option("--otlp", default=None, help="Also export spans live to this OTLP/HTTP endpoint.")
+@click.option("--no-pack", "no_packs", multiple=True, metavar="NAME",
+              help="Do not install this probe pack (by name, see `probes list`); repeatable.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(out: str | None, ranks: str | None, probes: tuple[str, ...], replay_sample: int | None,
         launch_sample: int | None, graph_nodes: bool, otlp: str | None,
-        cmd: tuple[str, ...]) -> None:
+        no_packs: tuple[str, ...], cmd: tuple[str, ...]) -> None:
     """Run CMD with probes in every Python process it starts: mlatrace run -- CMD..."""
     from mlatrace.inject import launcher
 
     sys.exit(launcher.run(list(cmd), out=out, ranks=ranks, probes=list(probes),
                           replay_sample=replay_sample, launch_sample=launch_sample,
-                          graph_nodes=graph_nodes, otlp=otlp))
+                          graph_nodes=graph_nodes, otlp=otlp, no_packs=list(no_packs)))
 
 
 @main.command()

@@ -48,7 +48,7 @@ def write_pack(tmp_path: Path, params: str) -> Path:
         [pack]
         name = "user"
         library = "mt_doctor_target"
-        versions = ["test"]
+        checked = ["test"]
 
         [[probe]]
         name = "forward_mqa"

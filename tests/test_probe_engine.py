@@ -92,7 +92,7 @@ def finish(read) -> list[dict]:
 
 def pack_file(tmp_path: Path, body: str, name: str = "test_pack") -> Path:
     path = tmp_path / f"{name}_{uuid.uuid4().hex[:6]}.toml"
-    path.write_text(f'[pack]\nname = "{name}"\nlibrary = "none"\nversions = ["test"]\n'
+    path.write_text(f'[pack]\nname = "{name}"\nlibrary = "none"\nchecked = ["test"]\n'
                     + textwrap.dedent(body))
     return path
 

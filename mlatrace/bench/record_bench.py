@@ -39,7 +39,7 @@ LOOP_PACK = '''
 [pack]
 name = "bench_loop"
 library = "bench_loop"
-versions = ["mlatrace bench record"]
+checked = ["mlatrace bench record"]
 
 [[probe]]
 name = "probed"

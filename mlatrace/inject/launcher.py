@@ -38,10 +38,13 @@ def default_out_dir() -> Path:
 
 def child_env(out_dir: Path, run_id: str, *, ranks: str | None, probes: list[str],
               replay_sample: int | None, graph_nodes: bool, otlp: str | None,
-              launch_sample: int | None = None,
+              launch_sample: int | None = None, no_packs: list[str] | None = None,
               base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment CMD runs in: bootstrap first on PYTHONPATH plus MLATRACE_* settings."""
     env = dict(os.environ if base is None else base)
+    if no_packs:  # --no-pack adds to what MLATRACE_DISABLE_PACKS already turns off
+        names = (env.get("MLATRACE_DISABLE_PACKS") or "").replace(",", " ").split()
+        env["MLATRACE_DISABLE_PACKS"] = ",".join(dict.fromkeys(names + list(no_packs)))
     old = env.get("PYTHONPATH", "")
     parts = [BOOTSTRAP_DIR] + [p for p in old.split(os.pathsep) if p and p != BOOTSTRAP_DIR]
     env["PYTHONPATH"] = os.pathsep.join(parts)
@@ -92,7 +95,7 @@ def _wait_for_stragglers(pgid: int, timeout_s: float = STRAGGLER_WAIT_S) -> None
 def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
         probes: list[str] | None = None, replay_sample: int | None = None,
         launch_sample: int | None = None, graph_nodes: bool = True,
-        otlp: str | None = None) -> int:
+        otlp: str | None = None, no_packs: list[str] | None = None) -> int:
     """Run `cmd` traced; return its exit code (2 for a usage error, 127 if not found)."""
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
@@ -131,7 +134,7 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
     _write_run_json(run_json, info)
     env = child_env(out_dir, run_id, ranks=ranks, probes=list(probes or []),
                     replay_sample=replay_sample, graph_nodes=graph_nodes, otlp=otlp,
-                    launch_sample=launch_sample)
+                    launch_sample=launch_sample, no_packs=no_packs)
     try:
         child = subprocess.Popen(cmd, env=env, start_new_session=True)
     except OSError as exc:

@@ -1,6 +1,6 @@
 """The probe stage: applies probe packs (probes/*.toml) to the traced program.
 
-    install_default()   shipped packs + MLATRACE_PROBES files (the bootstrap calls this)
+    install_default()   shipped, entry-point and MLATRACE_PROBES packs (the bootstrap calls this)
     install(packs)      these packs (Pack objects or paths): tests, the pytest plugin
     uninstall()         undo every patch; wrappers left in place pass straight through
     installed()         the active Engine (packs, per-probe runtimes, patches) or None
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from mlatrace.probe import graphs
 from mlatrace.probe.engine import Engine
-from mlatrace.probe.packs import Pack, PackError, load_pack, shipped_pack_paths
+from mlatrace.probe.packs import Pack, PackError, discover, load_applicable, load_pack
 
 __all__ = ["install", "install_default", "uninstall", "installed", "graphs", "PackError",
            "default_pack_paths"]
@@ -30,12 +30,9 @@ _engine: Engine | None = None
 
 
 def default_pack_paths(extra: list[str] | None = None) -> list[Path]:
-    """The shipped packs followed by MLATRACE_PROBES files and `extra`."""
-    paths = list(shipped_pack_paths())
-    env = os.environ.get("MLATRACE_PROBES") or ""
-    paths += [Path(p) for p in env.split(os.pathsep) if p]
-    paths += [Path(p) for p in (extra or [])]
-    return paths
+    """The shipped packs, those of the `mlatrace.packs` entry points, MLATRACE_PROBES files
+    and `extra`, in that order (`packs.discover`)."""
+    return discover(extra)[0]
 
 
 def install(packs: list[Pack | str | Path]) -> list[str]:
@@ -58,19 +55,19 @@ def install(packs: list[Pack | str | Path]) -> list[str]:
 
 
 def install_default() -> list[str]:
-    """Install the shipped packs and the user's (MLATRACE_PROBES); idempotent.
+    """Install the shipped packs, the entry points' and the user's (MLATRACE_PROBES);
+    idempotent.
 
-    Does nothing when MLATRACE_DISABLE is set. A user pack that does not load is
-    reported once as probe.error and skipped; the shipped packs still install.
+    Does nothing when MLATRACE_DISABLE is set; leaves out the packs named in
+    MLATRACE_DISABLE_PACKS. A pack that does not load (a mistyped option too), or whose
+    `versions` range excludes the installed library, is reported once as probe.error
+    and skipped; the other packs still install.
     """
     if os.environ.get("MLATRACE_DISABLE", "0") not in ("", "0"):
         return []
-    packs: list[Pack] = []
-    for path in default_pack_paths():
-        try:
-            packs.append(load_pack(path))
-        except PackError as exc:
-            _report_pack_error(str(path), str(exc))
+    packs, problems = load_applicable()
+    for where, error in problems:
+        _report_pack_error(where, error)
     return install(packs)
 
 

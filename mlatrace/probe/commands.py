@@ -6,8 +6,13 @@ probe sees the calls), not installed (the library is absent), not importable
 (the module fails to import here, e.g. a GPU-only backend on a CPU box), absent
 (a module or attribute of another version), or DRIFT (the target exists but its
 parameters differ from the pack's). A probe none of whose targets exists while
-its library is installed is drift too. Exit codes: 0 no drift, 1 drift, 2 a pack
-does not load.
+its library is installed is drift too.
+
+doctor also checks each pack itself: a probe option its handler does not declare or of
+the wrong type (the pack then does not load), a `versions` range that excludes the
+installed library (`mlatrace run` leaves such a pack out), and an entry point of the
+`mlatrace.packs` group that gives no pack. Exit codes: 0 none of these, 1 drift or a
+pack problem, 2 a pack is malformed otherwise (bad TOML, missing fields).
 """
 
 from __future__ import annotations
@@ -19,9 +24,16 @@ import sys
 from dataclasses import dataclass
 
 from mlatrace.common import installed_version
-from mlatrace.probe import default_pack_paths
 from mlatrace.probe.engine import Drift, InheritedError, resolve, split_target
-from mlatrace.probe.packs import Pack, PackError, load_pack
+from mlatrace.probe.packs import (
+    OptionError,
+    Pack,
+    PackError,
+    disabled_packs,
+    discover,
+    load_pack,
+    version_problem,
+)
 
 
 @dataclass
@@ -35,22 +47,36 @@ class TargetStatus:
     detail: str = ""
 
 
-def _load(extra: list[str]) -> list[Pack]:
-    return [load_pack(path) for path in default_pack_paths(extra)]
+def _load(extra: list[str]) -> tuple[list[Pack], list[str]]:
+    """Every discovered pack that loads, and the pack problems (an option error, an entry
+    point without a pack) as 'where: reason' lines; any other PackError is raised."""
+    paths, entry_point_problems = discover(extra)
+    packs: list[Pack] = []
+    problems = [error for _, error in entry_point_problems]
+    for path in paths:
+        try:
+            packs.append(load_pack(path))
+        except OptionError as exc:
+            problems.append(str(exc))
+    return packs, problems
 
 
 def list_packs(extra: list[str] | None = None) -> int:
     """Print packs, probes and targets; exit 0, or 2 when a pack does not load."""
     try:
-        packs = _load(extra or [])
+        packs, problems = _load(extra or [])
     except PackError as exc:
         print(f"probes list: {exc}", file=sys.stderr)
         return 2
+    for problem in problems:
+        print(f"probes list: {problem}", file=sys.stderr)
     total = sum(len(p.probes) for p in packs)
     print(f"{len(packs)} packs, {total} probes")
     for pack in packs:
         print(f"\n{pack.name}  ({pack.library})  {pack.path}")
-        for version in pack.versions:
+        if pack.versions:
+            print(f"  versions: {' or '.join(pack.versions)}")
+        for version in pack.checked:
             print(f"  checked: {version}")
         for spec in pack.probes:
             kind = spec.kind or "(handler)"
@@ -58,7 +84,7 @@ def list_packs(extra: list[str] | None = None) -> int:
             print(f"  - {spec.name}: {kind} on {spec.when}{handler}")
             for target in spec.targets:
                 print(f"      {target}")
-    return 0
+    return 2 if problems else 0
 
 
 def _module_status(module_name: str, cache: dict[str, tuple[object | None, str, str]]
@@ -116,26 +142,40 @@ def check(packs: list[Pack]) -> list[TargetStatus]:
 
 
 def doctor(extra: list[str] | None = None) -> int:
-    """Print which targets exist and match; exit 1 on drift, 2 when a pack does not load."""
+    """Print which targets exist and match and what is wrong with a pack; exit 1 on drift
+    or a pack problem, 2 when a pack is malformed."""
     try:
-        packs = _load(extra or [])
+        packs, problems = _load(extra or [])
     except PackError as exc:
         print(f"probes doctor: {exc}", file=sys.stderr)
         return 2
+    mismatched = {pack.name: problem for pack in packs if (problem := version_problem(pack))}
+    problems += list(mismatched.values())
+    disabled = disabled_packs()
     results = check(packs)
     counts: dict[str, int] = {}
     for result in results:
         counts[result.status] = counts.get(result.status, 0) + 1
     drift = counts.get("drift", 0)
     summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
-    verdict = f"DRIFT in {drift} target(s)" if drift else "no drift"
+    verdicts = ([f"DRIFT in {drift} target(s)"] if drift else []) \
+        + ([f"{len(problems)} pack problem(s)"] if problems else [])
+    verdict = ", ".join(verdicts) or "no drift"
     print(f"probes doctor: {len(packs)} packs, {len(results)} targets: {summary} -> {verdict}")
+    for problem in problems:
+        print(f"  PROBLEM {problem}")
     for pack in packs:
         version = installed_version(pack.library)
         installed = f"{pack.library} {version}" if version else f"{pack.library} not installed"
-        print(f"\n{pack.name}: {installed}; checked against: {'; '.join(pack.versions)}")
+        applies = ""
+        if pack.versions:
+            verdict = "MISMATCH: run leaves it out" if pack.name in mismatched else "ok"
+            applies = f"; versions {' or '.join(pack.versions)}: {verdict}"
+        off = "; DISABLED (MLATRACE_DISABLE_PACKS)" if pack.name in disabled else ""
+        checked = f"; checked against: {'; '.join(pack.checked)}" if pack.checked else ""
+        print(f"\n{pack.name}: {installed}{applies}{off}{checked}")
         for result in (r for r in results if r.pack == pack.name):
             mark = "DRIFT" if result.status == "drift" else result.status
             detail = f"  ({result.detail})" if result.detail else ""
             print(f"  {mark:<15} {result.probe:<22} {result.target}{detail}")
-    return 1 if drift else 0
+    return 1 if drift or problems else 0

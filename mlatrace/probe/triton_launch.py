@@ -176,6 +176,8 @@ def _num_warps(kwargs: dict, kernel: Any) -> Any:
 class TritonRun(Handler):
     """Replaces ``run`` of JITFunction / InterpretedFunction with a recording one."""
 
+    OPTIONS = {"name_regex": str, "launch_hook": bool}
+
     def __init__(self, spec: Any) -> None:
         super().__init__(spec)
         self.name_filter = kernel_filter(self.options)

@@ -28,7 +28,13 @@ USER_KEEP_ATTR = "_mlatrace_user_keep_graph"
 
 
 class Handler:
-    """Base: keeps the spec, its options and a field extractor."""
+    """Base: keeps the spec, its options and a field extractor.
+
+    A handler class declares the options it reads in OPTIONS ({name: type}; the base's
+    are inherited): a pack naming another option, or a value of another type, does not
+    load (`packs.check_options`)."""
+
+    OPTIONS: dict[str, Any] = {"src": str}   # the record's src (default: the pack's name)
 
     def __init__(self, spec: Any) -> None:
         self.spec = spec

@@ -42,6 +42,8 @@ class ReplayScope(Handler):
     the call returned (SGLang sets ``self.bs`` in replay_prepare).
     """
 
+    OPTIONS = {"key_after": str}
+
     def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
         if error is not None:
             return

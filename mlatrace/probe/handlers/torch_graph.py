@@ -24,6 +24,8 @@ from mlatrace.probe.handlers import (
 class GraphCaptureBegin(Handler):
     """capture_begin: give the graph a gid, note its parent, enter the capture."""
 
+    OPTIONS = {"graph_nodes": bool}   # keep the graph for the node dump (torch graphs)
+
     def before(self, view: Any, info: Any) -> Any:
         graph = view.instance
         if self.options.get("graph_nodes") and getattr(graph, USER_KEEP_ATTR, None) is not None:
@@ -45,6 +47,8 @@ class GraphCaptureBegin(Handler):
 
 class GraphCaptureEnd(Handler):
     """capture_end: leave the capture, record its duration and its kernel nodes."""
+
+    OPTIONS = {"graph_nodes": bool}   # dump the captured graph's kernel nodes
 
     def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
         graph = view.instance
@@ -129,6 +133,8 @@ class TorchGraphKeep(Handler):
     GraphCaptureEnd honours it (see dump_graph_nodes). close() removes the
     ``__init__`` again.
     """
+
+    OPTIONS = {"graph_nodes": bool}
 
     def __init__(self, spec: Any) -> None:
         super().__init__(spec)

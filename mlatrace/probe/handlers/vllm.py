@@ -66,6 +66,8 @@ class EntryCapture(Handler):
     ``options.mode_from = "vllm"`` the mode is read from vLLM's forward context.
     """
 
+    OPTIONS = {"mode_from": str}
+
     def before(self, view: Any, info: Any) -> Any:
         fields = self.fields(view)
         mode = fields.get("mode")
@@ -110,6 +112,8 @@ class EntryReplay(Handler):
 
 class EagerBreak(Handler):
     """add_eager(fn): the call runs eagerly between segments, so it is not capturing."""
+
+    OPTIONS = {"segment_src": list[str]}   # srcs of the segments a break ends (torch)
 
     def __init__(self, spec: Any) -> None:
         super().__init__(spec)
