@@ -38,20 +38,25 @@ def default_pack_paths(extra: list[str] | None = None) -> list[Path]:
     return paths
 
 
-def install(packs: list[Pack | str | Path]) -> list[str]:
-    """Install these packs; returns their names ([] when packs are already installed)."""
+def install(packs: list[Pack | str | Path], failed: dict[str, str] | None = None) -> list[str]:
+    """Install these packs; returns their names ([] when packs are already installed).
+
+    `failed`: pack files that did not load (path -> reason), kept for the coverage that
+    `process.end` records.
+    """
     global _engine
     with _lock:
         if _engine is not None:
             return []
         loaded = [p if isinstance(p, Pack) else load_pack(p) for p in packs]
-        engine = Engine()
+        engine = Engine(failed_packs=dict(failed or {}))
         engine.install(loaded)
         _engine = engine
     try:
         from mlatrace import record
 
         record.set_probes([p.name for p in loaded])
+        record.set_end_info("coverage", engine.coverage)
     except Exception:
         pass
     return [p.name for p in loaded]
@@ -66,19 +71,21 @@ def install_default() -> list[str]:
     if os.environ.get("MLATRACE_DISABLE", "0") not in ("", "0"):
         return []
     packs: list[Pack] = []
+    failed: dict[str, str] = {}
     for path in default_pack_paths():
         try:
             packs.append(load_pack(path))
         except PackError as exc:
+            failed[str(path)] = str(exc)
             _report_pack_error(str(path), str(exc))
-    return install(packs)
+    return install(packs, failed)
 
 
 def _report_pack_error(path: str, error: str) -> None:
     try:
         from mlatrace import record
 
-        record.emit("probe.error", probe="pack", target=path, error=error[:500])
+        record.emit("probe.error", probe="pack", target=path, reason="load", error=error[:500])
         record.note_probe_error()
     except Exception:
         pass
@@ -90,6 +97,12 @@ def uninstall() -> None:
     with _lock:
         engine, _engine = _engine, None
     if engine is not None:
+        try:  # a recorder that closes later still says what these probes covered
+            from mlatrace import record
+
+            record.set_end_info("coverage", lambda snapshot=engine.coverage(): snapshot)
+        except Exception:
+            pass
         engine.uninstall()
 
 

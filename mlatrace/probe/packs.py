@@ -66,6 +66,11 @@ class ProbeSpec:
     extract: Any = None              # compiled fields (FieldsProgram): CallView -> dict
     uses_result: bool = False
     arg_names: list[str] = field(default_factory=list)   # args.<name> the fields read
+    # The handler, resolved when the pack is loaded (module imported, name found): its
+    # factory, or why it cannot be had ('file:line: ...'). A probe with a handler_error
+    # is not installed; the rest of its pack is (engine.Engine.install).
+    handler_factory: Any = None
+    handler_error: str | None = None
 
     @property
     def qualname(self) -> str:
@@ -214,8 +219,30 @@ def load_pack(path: str | Path) -> Pack:
         if spec.uses_result and when == "call":
             raise PackError(f"{where}: probe {name!r} reads result but has when = \"call\"")
         spec.arg_names = sorted(_arg_names(fields))
+        if handler is not None:
+            spec.handler_factory, spec.handler_error = resolve_handler(
+                handler, line_of(index, "handler", handler))
         pack.probes.append(spec)
     return pack
+
+
+def resolve_handler(handler: str, where: str) -> tuple[Any, str | None]:
+    """(factory, None) for a handler 'module:Name', or (None, 'file:line: why not').
+
+    Imports the handler's module (mlatrace's own handlers import no target library).
+    """
+    import importlib
+
+    module_name, _, name = handler.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        return None, f"{where}: handler {handler!r}: cannot import {module_name}: " \
+                     f"{type(exc).__name__}: {exc}"
+    factory = getattr(module, name, None)
+    if factory is None or not callable(factory):
+        return None, f"{where}: handler {handler!r}: {module_name} has no callable {name!r}"
+    return factory, None
 
 
 def _arg_names(fields: dict[str, Any]) -> set[str]:

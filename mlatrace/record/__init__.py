@@ -358,6 +358,11 @@ class Recorder:
                 "replays": {str(gid): n for gid, n in self.replays.items()},
                 "reason": reason,
             }
+            for name, info in list(_end_info.items()):
+                try:
+                    end[name] = info()
+                except Exception as exc:  # never lose the end record for a part of it
+                    end[name] = {"error": repr(exc)[:200]}
             self._write_lines([end])
             os.close(self._fd)
             self._fd = None
@@ -469,6 +474,9 @@ class Recorder:
 
 _recorder: Recorder | None = None
 _hooks_registered = False
+# name -> callable giving an extra field of process.end (the probe engine's coverage);
+# module-level so that a forked child's recorder writes it too
+_end_info: dict[str, Callable[[], Any]] = {}
 
 
 def emit(kind: str, **fields: Any) -> None:
@@ -515,6 +523,14 @@ def set_probes(names: list[str]) -> None:
     if recorder is not None:
         recorder.probes = list(names)
         recorder.started()
+
+
+def set_end_info(name: str, info: Callable[[], Any] | None) -> None:
+    """Have `process.end` carry `name: info()` (None removes it); info must be quick."""
+    if info is None:
+        _end_info.pop(name, None)
+    else:
+        _end_info[name] = info
 
 
 def flush_now(timeout_s: float = 0.2) -> None:
