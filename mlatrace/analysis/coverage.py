@@ -233,8 +233,8 @@ def judge(model: TraceModel, expect: list[str] | tuple[str, ...] = ()) -> Covera
         cov.expect.append({"what": what, "kinds": list(kinds), "records": count,
                            "met": count > 0})
         if not count:
-            reasons.append(f"expected {what} ({' or '.join(kinds)}), but no process "
-                           "recorded any")
+            named = what if kinds == (what,) else f"{what} ({' or '.join(kinds)})"
+            reasons.append(f"expected {named}, but no process recorded any")
 
     cov.ranks = _ranks(model)
     if cov.ranks["missing"]:

@@ -6,8 +6,11 @@ probe sees the calls), not installed (the library is absent), not importable
 (the module fails to import here, e.g. a GPU-only backend on a CPU box), absent
 (a module or attribute of another version), or DRIFT (the target exists but its
 parameters differ from the pack's). A probe none of whose targets exists while
-its library is installed is drift too. Exit codes: 0 no drift, 1 drift, 2 a pack
-does not load.
+its library is installed is drift too. A probe whose handler cannot be resolved
+(packs.resolve_handler: its module does not import, or has no such name) is shown as
+BAD HANDLER with the pack's file:line: it would be skipped at run time (one
+probe.error) while the rest of its pack installs. Exit codes: 0 no drift, 1 drift,
+2 a pack does not load or a handler does not resolve (`list` too).
 """
 
 from __future__ import annotations
@@ -40,12 +43,30 @@ class TargetStatus:
     detail: str = ""
 
 
-def _load(extra: list[str]) -> list[Pack]:
-    return [load_pack(path) for path in default_pack_paths(extra)]
+def _load(extra: list[str]) -> tuple[list[Pack], list[str]]:
+    """(the packs that load, the problems: packs that do not, handlers that do not resolve)."""
+    packs: list[Pack] = []
+    problems: list[str] = []
+    for path in default_pack_paths(extra):
+        try:
+            pack = load_pack(path)
+        except PackError as exc:
+            problems.append(str(exc))
+            continue
+        packs.append(pack)
+        problems += [spec.handler_error for spec in pack.probes if spec.handler_error]
+    return packs, problems
+
+
+def _print_problems(command: str, problems: list[str]) -> None:
+    for problem in problems:
+        print(f"probes {command}: {problem}", file=sys.stderr)
 
 
 def library_version(library: str) -> str | None:
-    """The installed version of a pack's library, or None."""
+    """The installed version of a pack's library, or None (also when the pack names none)."""
+    if not library:
+        return None
     for name in _DISTRIBUTIONS.get(library, (library,)):
         try:
             return importlib.metadata.version(name)
@@ -55,12 +76,9 @@ def library_version(library: str) -> str | None:
 
 
 def list_packs(extra: list[str] | None = None) -> int:
-    """Print packs, probes and targets; exit 0, or 2 when a pack does not load."""
-    try:
-        packs = _load(extra or [])
-    except PackError as exc:
-        print(f"probes list: {exc}", file=sys.stderr)
-        return 2
+    """Print packs, probes and targets; exit 0, or 2 when a pack does not load or a
+    handler does not resolve (the rest is still listed)."""
+    packs, problems = _load(extra or [])
     total = sum(len(p.probes) for p in packs)
     print(f"{len(packs)} packs, {total} probes")
     for pack in packs:
@@ -70,10 +88,12 @@ def list_packs(extra: list[str] | None = None) -> int:
         for spec in pack.probes:
             kind = spec.kind or "(handler)"
             handler = f"  handler {spec.handler}" if spec.handler else ""
-            print(f"  - {spec.name}: {kind} on {spec.when}{handler}")
+            bad = "  BAD HANDLER (not installed, see below)" if spec.handler_error else ""
+            print(f"  - {spec.name}: {kind} on {spec.when}{handler}{bad}")
             for target in spec.targets:
                 print(f"      {target}")
-    return 0
+    _print_problems("list", problems)
+    return 2 if problems else 0
 
 
 def _module_status(module_name: str, cache: dict[str, tuple[object | None, str, str]]
@@ -105,6 +125,10 @@ def check(packs: list[Pack]) -> list[TargetStatus]:
     for pack in packs:
         for spec in pack.probes:
             probe_results = []
+            if spec.handler_error:
+                results.extend(TargetStatus(pack.name, spec.name, target, "bad handler",
+                                            spec.handler_error) for target in spec.targets)
+                continue
             for target in spec.targets:
                 module_name, _ = split_target(target)
                 module, status, detail = _module_status(module_name, cache)
@@ -131,12 +155,9 @@ def check(packs: list[Pack]) -> list[TargetStatus]:
 
 
 def doctor(extra: list[str] | None = None) -> int:
-    """Print which targets exist and match; exit 1 on drift, 2 when a pack does not load."""
-    try:
-        packs = _load(extra or [])
-    except PackError as exc:
-        print(f"probes doctor: {exc}", file=sys.stderr)
-        return 2
+    """Print which targets exist and match; exit 1 on drift, 2 when a pack does not load
+    or a handler does not resolve (the other packs are still checked)."""
+    packs, problems = _load(extra or [])
     results = check(packs)
     counts: dict[str, int] = {}
     for result in results:
@@ -144,13 +165,20 @@ def doctor(extra: list[str] | None = None) -> int:
     drift = counts.get("drift", 0)
     summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
     verdict = f"DRIFT in {drift} target(s)" if drift else "no drift"
+    if problems:
+        verdict += f"; {len(problems)} pack problem(s), listed at the end"
     print(f"probes doctor: {len(packs)} packs, {len(results)} targets: {summary} -> {verdict}")
     for pack in packs:
         version = library_version(pack.library)
-        installed = f"{pack.library} {version}" if version else f"{pack.library} not installed"
+        installed = (f"{pack.library} {version}" if version else
+                     f"{pack.library} not installed" if pack.library else "no library named")
         print(f"\n{pack.name}: {installed}; checked against: {'; '.join(pack.versions)}")
         for result in (r for r in results if r.pack == pack.name):
-            mark = "DRIFT" if result.status == "drift" else result.status
+            mark = result.status.upper() if result.status in ("drift", "bad handler") \
+                else result.status
             detail = f"  ({result.detail})" if result.detail else ""
             print(f"  {mark:<15} {result.probe:<22} {result.target}{detail}")
+    _print_problems("doctor", problems)
+    if problems:
+        return 2
     return 1 if drift else 0
