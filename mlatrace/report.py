@@ -298,9 +298,12 @@ def render_coverage(console: Any, data: dict[str, Any], verbose: bool) -> None:
             f"{name} {version}" for name, version in cov["engines"].items()), highlight=False)
     ranks = cov["ranks"]
     if ranks["world_size"]:
-        kept = f"; kept by --ranks: {_fmt(ranks['kept'])}" if ranks["kept"] is not None else ""
-        missing = f"; [red]missing: {_fmt(ranks['missing'])}[/]" if ranks["missing"] else ""
-        console.print(f"  ranks: world size {ranks['world_size']}, seen {_fmt(ranks['seen'])}"
+        def listed(values: list) -> str:
+            return ", ".join(map(str, values)) or "none"
+
+        kept = f"; kept by --ranks: {listed(ranks['kept'])}" if ranks["kept"] is not None else ""
+        missing = f"; [red]missing: {listed(ranks['missing'])}[/]" if ranks["missing"] else ""
+        console.print(f"  ranks: world size {ranks['world_size']}, seen {listed(ranks['seen'])}"
                       f"{kept}{missing}", highlight=False)
     for e in cov["expect"]:
         state = "met" if e["met"] else "[red]NOT met[/]"

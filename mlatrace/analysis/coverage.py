@@ -39,6 +39,14 @@ EXPECT_ALIASES: dict[str, tuple[str, ...]] = {
 }
 """Words `--expect` accepts besides record kinds (a kind has a dot: attn.call)."""
 
+KNOWN_KINDS = (
+    "process", "process.rank", "process.end", "probe.error", "graph.capture.begin",
+    "graph.capture.end", "graph.nodes", "graph.replay", "graph.eager_break", "dispatch",
+    "attn.metadata", "attn.call", "kernel.split", "kernel.launch", "kernel.skip", "sync",
+    "host.decision", "mark", "runner.dummy_run", "runner.capture_model",
+)
+"""The record kinds of schema mlatrace/1 (docs/trace-format.md)."""
+
 MAX_REASONS_PER_CAUSE = 10
 
 
@@ -51,10 +59,11 @@ def expect_kinds(what: str) -> tuple[str, ...]:
     name = what.strip()
     if name in EXPECT_ALIASES:
         return EXPECT_ALIASES[name]
-    if "." in name and all(part.replace("_", "").isalnum() for part in name.split(".")):
-        return (name,)
+    if name in KNOWN_KINDS or ("." in name and all(
+            part and part.replace("_", "").isalnum() for part in name.split("."))):
+        return (name,)   # a dotted name not listed: a kind of a newer schema or a user pack
     raise ExpectError(f"unknown expectation {what!r}: use a record kind (attn.call, "
-                      f"kernel.launch, ...) or one of {', '.join(EXPECT_ALIASES)}")
+                      f"kernel.launch, mark, ...) or one of {', '.join(EXPECT_ALIASES)}")
 
 
 @dataclass
@@ -133,12 +142,13 @@ def process_coverage(proc: ProcessModel) -> ProcessCoverage:
             pack = str(qualname).split(".", 1)[0]
             tally = by_pack.setdefault(pack, {"patched": 0, "not_imported": 0, "bad": 0})
             patched = entry.get("patched") if isinstance(entry.get("patched"), list) else []
-            not_imported = (entry.get("not_imported")
-                            if isinstance(entry.get("not_imported"), list) else [])
+            raw_not = entry.get("not_imported")
+            not_imported = (len(raw_not) if isinstance(raw_not, list)
+                            else raw_not if isinstance(raw_not, int) else 0)
             targets["patched"] += len(patched)
-            targets["not_imported"] += len(not_imported)
+            targets["not_imported"] += not_imported
             tally["patched"] += len(patched)
-            tally["not_imported"] += len(not_imported)
+            tally["not_imported"] += not_imported
             for target, why in (entry.get("skipped") or {}).items():
                 status = _status(str(why))
                 if status == "inherited":

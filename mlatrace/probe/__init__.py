@@ -100,7 +100,8 @@ def uninstall() -> None:
         try:  # a recorder that closes later still says what these probes covered
             from mlatrace import record
 
-            record.set_end_info("coverage", lambda snapshot=engine.coverage(): snapshot)
+            record.set_end_info("coverage", lambda snapshot=engine.coverage(): snapshot,
+                                once=True)
         except Exception:
             pass
         engine.uninstall()

@@ -583,6 +583,7 @@ class Engine:
         docs/trace-format.md, "Coverage"). Takes no lock: it may run in a signal handler."""
         probes: dict[str, dict[str, Any]] = {}
         packs: dict[str, dict[str, int]] = {}
+        modules: set[str] = set()
         imported = self.imported
         for runtime in list(self.runtimes):
             spec = runtime.spec
@@ -592,7 +593,8 @@ class Engine:
                             if t not in imported and t not in skipped and t not in patched]
             entry: dict[str, Any] = {"patched": patched}
             if not_imported:
-                entry["not_imported"] = not_imported
+                entry["not_imported"] = len(not_imported)
+                modules.update(split_target(t)[0] for t in not_imported)
             if skipped:
                 entry["skipped"] = skipped
             if runtime.errors:
@@ -605,7 +607,8 @@ class Engine:
             totals["probes"] += 1
             totals["attached"] += bool(patched)
             totals["errors"] += len(runtime.errors)
-        return {"packs": packs, "failed_packs": dict(self.failed_packs), "probes": probes}
+        return {"packs": packs, "failed_packs": dict(self.failed_packs), "probes": probes,
+                "not_imported_modules": sorted(modules)}
 
     def uninstall(self) -> None:
         """Undo every patch (newest first) and turn remaining wrappers into pass-throughs."""

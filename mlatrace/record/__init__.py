@@ -363,6 +363,9 @@ class Recorder:
                     end[name] = info()
                 except Exception as exc:  # never lose the end record for a part of it
                     end[name] = {"error": repr(exc)[:200]}
+                if name in _end_info_once:
+                    _end_info.pop(name, None)
+                    _end_info_once.discard(name)
             self._write_lines([end])
             os.close(self._fd)
             self._fd = None
@@ -477,6 +480,7 @@ _hooks_registered = False
 # name -> callable giving an extra field of process.end (the probe engine's coverage);
 # module-level so that a forked child's recorder writes it too
 _end_info: dict[str, Callable[[], Any]] = {}
+_end_info_once: set[str] = set()   # names given once=True: dropped after one process.end
 
 
 def emit(kind: str, **fields: Any) -> None:
@@ -525,12 +529,18 @@ def set_probes(names: list[str]) -> None:
         recorder.started()
 
 
-def set_end_info(name: str, info: Callable[[], Any] | None) -> None:
-    """Have `process.end` carry `name: info()` (None removes it); info must be quick."""
+def set_end_info(name: str, info: Callable[[], Any] | None, once: bool = False) -> None:
+    """Have `process.end` carry `name: info()` (None removes it); info must be quick.
+
+    once: only the next `process.end` written carries it (a snapshot taken at uninstall).
+    """
+    _end_info_once.discard(name)
     if info is None:
         _end_info.pop(name, None)
-    else:
-        _end_info[name] = info
+        return
+    _end_info[name] = info
+    if once:
+        _end_info_once.add(name)
 
 
 def flush_now(timeout_s: float = 0.2) -> None:
