@@ -337,7 +337,7 @@ def render_coverage(console: Any, data: dict[str, Any], verbose: bool) -> None:
         counts = [f"{t['patched']} patched", f"{t['not_imported']} not imported"]
         counts += [f"{len(t[name])} {name}" for name in ("missing", "drifted", "failed")
                    if t[name]]
-        console.print(f"{where} packs attached {_fmt(p['packs_attached'])}; skipped "
+        console.print(f"{where} packs attached {', '.join(p['packs_attached']) or 'none'}; skipped "
                       f"{escape(skipped_text)}; targets {', '.join(counts)}", highlight=False)
         for name in ("missing", "drifted", "failed"):
             for target in t[name]:

@@ -49,6 +49,9 @@ KNOWN_KINDS = (
 
 MAX_REASONS_PER_CAUSE = 10
 
+STATUS_WORDS = {"missing": "target missing", "drift": "signature drift",
+                "load": "load error", "patch": "patch failed"}
+
 
 class ExpectError(ValueError):
     """An expectation that names neither a record kind nor a known word (exit 2)."""
@@ -140,7 +143,7 @@ def process_coverage(proc: ProcessModel) -> ProcessCoverage:
             if not isinstance(entry, dict):
                 continue
             pack = str(qualname).split(".", 1)[0]
-            tally = by_pack.setdefault(pack, {"patched": 0, "not_imported": 0, "bad": 0})
+            tally = by_pack.setdefault(pack, {"patched": 0, "not_imported": 0, "bad": set()})
             patched = entry.get("patched") if isinstance(entry.get("patched"), list) else []
             raw_not = entry.get("not_imported")
             not_imported = (len(raw_not) if isinstance(raw_not, list)
@@ -154,7 +157,7 @@ def process_coverage(proc: ProcessModel) -> ProcessCoverage:
                 if status == "inherited":
                     targets["inherited"] += 1
                     continue
-                tally["bad"] += 1
+                tally["bad"].add(STATUS_WORDS.get(status, status))
                 bucket = {"missing": "missing", "drift": "drifted"}.get(status, "failed")
                 targets[bucket].append(f"{qualname} {target}")
             if isinstance(entry.get("hits"), int) and entry["hits"] > 0:
@@ -164,7 +167,7 @@ def process_coverage(proc: ProcessModel) -> ProcessCoverage:
             if tally["patched"]:
                 continue
             if tally["bad"]:
-                skipped[pack] = "targets missing, drifted or not loadable"
+                skipped[pack] = ", ".join(sorted(tally["bad"]))
             elif tally["not_imported"]:
                 skipped[pack] = "module never imported"
             else:
@@ -191,6 +194,15 @@ def _ranks(model: TraceModel) -> dict[str, Any]:
         missing = sorted(wanted - set(seen))
     return {"world_size": world, "seen": seen,
             "kept": sorted(kept) if kept is not None else None, "missing": missing}
+
+
+def _error_line(e: dict) -> str:
+    """One probe.error as a blind reason: where, which probe, why (target if not said)."""
+    error, target = str(e.get("error")), e.get("target")
+    on = f" on {target}" if target and str(target) not in error else ""
+    why = STATUS_WORDS.get(str(e.get("reason")), e.get("reason") or "error")
+    said = error if error.startswith(str(why)) else f"{why}: {error}"
+    return f"probe error in {e['file']}:seq {e['seq']}: {e.get('probe')}{on}: {said}"
 
 
 def _limited(lines: list[str]) -> list[str]:
@@ -225,9 +237,7 @@ def judge(model: TraceModel, expect: list[str] | tuple[str, ...] = ()) -> Covera
     cov.probes_errored = len({probe for probe, _ in errored}) or (1 if errors_total else 0)
 
     reasons: list[str] = []
-    lines = [f"probe error in {e['file']}:seq {e['seq']}: {e.get('probe')} on "
-             f"{e.get('target')} ({e.get('reason') or 'error'}): {e.get('error')}"
-             for e in cov.probe_errors]
+    lines = [_error_line(e) for e in cov.probe_errors]
     if errors_total > len(lines):
         lines.append(f"{errors_total - len(lines)} more probe.error records")
     reasons += _limited(lines)
