@@ -75,9 +75,11 @@ def install_default() -> list[str]:
     for path in default_pack_paths():
         try:
             packs.append(load_pack(path))
-        except PackError as exc:
-            failed[str(path)] = str(exc)
-            _report_pack_error(str(path), str(exc))
+        except Exception as exc:  # PackError ('file:line: reason') or anything unforeseen
+            error = str(exc) if isinstance(exc, PackError) else \
+                f"{path}:0: cannot load: {type(exc).__name__}: {exc}"
+            failed[str(path)] = error
+            _report_pack_error(str(path), error)
     return install(packs, failed)
 
 

@@ -527,7 +527,11 @@ class Engine:
                 return  # registered by an installation since undone
             for runtime, target in entries:
                 self.imported.add(target)
-                self.patch(runtime, target, module)
+                try:  # a hook that raised would fail the traced program's import
+                    self.patch(runtime, target, module)
+                except Exception as exc:
+                    runtime.report(target, f"cannot patch: {type(exc).__name__}: {exc}",
+                                   "patch")
 
         return on_import
 
