@@ -215,6 +215,12 @@ def test_engine_in_versions_without_graph_or_attention_is_blind(tmp_path: Path) 
     [proc] = open_trace(trace).processes
     assert proc.header["versions"]["vllm"] == "0.32.0"
     assert_blind(tmp_path, trace, "the headers name vllm 0.32.0, yet no process recorded")
+    # the same run where one process recorded an attention call is not blind
+    seen = traced(tmp_path / "seen", sys.executable, "-c",
+                  "from mlatrace import record; record.emit('attn.call', op='forward_mqa')",
+                  env=env)
+    check = cli("check", seen)
+    assert check.returncode == ExitCode.CLEAN, check.stdout
 
 
 def test_unmet_expectation_is_blind_from_flags_and_config(tmp_path: Path) -> None:

@@ -59,7 +59,26 @@ def install(packs: list[Pack | str | Path], failed: dict[str, str] | None = None
         record.set_end_info("coverage", engine.coverage)
     except Exception:
         pass
+    _reset_counts_in_forked_children()
     return [p.name for p in loaded]
+
+
+_fork_hook_registered = False
+
+
+def _reset_counts_in_forked_children() -> None:
+    """A forked child keeps the parent's patches but counts its own hits and errors."""
+    global _fork_hook_registered
+    if _fork_hook_registered or not hasattr(os, "register_at_fork"):
+        return
+    _fork_hook_registered = True
+
+    def reset() -> None:
+        engine = _engine
+        if engine is not None:
+            engine.forked()
+
+    os.register_at_fork(after_in_child=reset)
 
 
 def install_default() -> list[str]:

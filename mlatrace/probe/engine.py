@@ -614,6 +614,13 @@ class Engine:
         return {"packs": packs, "failed_packs": dict(self.failed_packs), "probes": probes,
                 "not_imported_modules": sorted(modules)}
 
+    def forked(self) -> None:
+        """In a forked child: the patches are inherited, hits and errors start again (the
+        parent's probe.error records are in the parent's file)."""
+        for runtime in self.runtimes:
+            runtime.hits = 0
+            runtime.errors = []
+
     def uninstall(self) -> None:
         """Undo every patch (newest first) and turn remaining wrappers into pass-throughs."""
         with self.lock:
