@@ -1,18 +1,44 @@
-"""`mlatrace check TRACE`: a CI verdict over the findings.
+"""`mlatrace check TRACE`: a CI verdict over the findings and the coverage.
 
-Exit codes: 0 clean (no finding at or above --fail-on), 1 findings at or above it,
-2 the trace is unreadable / has nothing usable, or the arguments or config are wrong.
-`--junit FILE` writes one testcase per rule (failures carry the messages and evidence).
+Exit codes (ExitCode): 0 clean (no finding at or above --fail-on, and not blind),
+1 findings at or above it, 2 the trace is unreadable / has nothing usable, or the
+arguments or config are wrong, 3 blind: the trace cannot support a clean verdict
+(a probe.error, a probed engine in the headers but no graph or attention record, an
+unmet --expect, ranks missing; analysis/coverage.py). Findings (1) take precedence
+over blindness (3).
+
+Output: one line per finding starting with its id at column 0, then coverage lines
+(`coverage ...`, indented `blind: ...`) that never start with an id, then the verdict.
+`--junit FILE` writes one testcase per rule (failures carry the messages and evidence)
+and a `coverage` testcase that fails when the run is blind.
 """
 
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from enum import IntEnum
 from pathlib import Path
+from typing import Any
 
 from mlatrace.analysis import RULES, Analysis, ConfigError, Finding, at_or_above
 from mlatrace.analysis.load import Unusable, load, resolve_config
 from mlatrace.report import make_console, print_warnings, report_dict
+
+
+class ExitCode(IntEnum):
+    """What `mlatrace check` exits with (README, "Commands and exit codes")."""
+
+    CLEAN = 0       # no finding at or above the threshold, and the trace is not blind
+    FINDINGS = 1    # a finding at or above the threshold (takes precedence over BLIND)
+    UNUSABLE = 2    # unreadable trace, unknown schema, bad arguments or config
+    BLIND = 3       # the trace cannot support a clean verdict (see coverage.reasons)
+
+
+def verdict_code(bad: list[Finding], blind: bool) -> ExitCode:
+    """Findings first, then blindness."""
+    if bad:
+        return ExitCode.FINDINGS
+    return ExitCode.BLIND if blind else ExitCode.CLEAN
 
 
 def failing(findings: list[Finding], fail_on: str) -> list[Finding]:
@@ -41,10 +67,24 @@ def junit_xml(result: Analysis, fail_on: str, rules: list[str], trace: str) -> E
         elif mine:  # below the threshold: visible, not failing
             out = ET.SubElement(case, "system-out")
             out.text = "\n\n".join(_finding_text(f) for f in mine)
+    coverage = result.coverage
+    case = ET.SubElement(suite, "testcase", classname="mlatrace.coverage", name="coverage",
+                         file=str(trace), time="0")
+    if coverage.blind:
+        failures += 1
+        failure = ET.SubElement(case, "failure", type="blind",
+                                message=f"blind: {coverage.reasons[0]}")
+        failure.text = "\n".join(coverage.reasons)
+    else:
+        out = ET.SubElement(case, "system-out")
+        attached = coverage.probes_attached
+        out.text = (f"{attached if attached is not None else 'unknown number of'} probes "
+                    f"attached, {coverage.probes_errored} errored; records: "
+                    + ", ".join(f"{k} {n}" for k, n in coverage.records.items()))
     if result.problems:
         err = ET.SubElement(suite, "system-err")
         err.text = "\n".join(str(p) for p in result.problems)
-    suite.set("tests", str(len(RULES)))
+    suite.set("tests", str(len(RULES) + 1))
     suite.set("failures", str(failures))
     suite.set("errors", "0")
     suite.set("skipped", str(skipped))
@@ -60,11 +100,13 @@ def _finding_text(f: Finding) -> str:
 
 
 def main(trace: str, fail_on: str | None = "error", rules: list[str] | None = None,
-         config: str | None = None, junit: str | None = None) -> int:
-    """Analyse TRACE and return 0 (clean), 1 (findings at/above fail_on) or 2 (unusable)."""
+         config: str | None = None, junit: str | None = None,
+         expect: list[str] | None = None) -> int:
+    """Analyse TRACE and return an ExitCode: 0 clean, 1 findings at/above fail_on,
+    2 unusable, 3 blind."""
     err = make_console(stderr=True)
     try:
-        cfg = resolve_config(config, trace)
+        cfg = resolve_config(config, trace, expect)
     except ConfigError as exc:
         err.print(f"[red]error:[/] {exc}")
         return 2
@@ -103,9 +145,33 @@ def main(trace: str, fail_on: str | None = "error", rules: list[str] | None = No
             out.print(f"    at {e.file}:seq {e.seq} ({e.kind}); fix: {f.hint}")
     data = report_dict(trace, result)
     summary = data["summary"]
-    verdict = (f"FAILED: {len(bad)} finding(s) at or above {fail_on}" if bad
-               else f"OK: no finding at or above {fail_on}")
-    out.print(f"[bold {'red' if bad else 'green'}]{verdict}[/] ({summary['processes']} processes, "
+    coverage = result.coverage
+    render_coverage_lines(out, coverage)
+    code = verdict_code(bad, coverage.blind)
+    if code is ExitCode.FINDINGS:
+        verdict, colour = f"FAILED: {len(bad)} finding(s) at or above {fail_on}", "red"
+        if coverage.blind:
+            verdict += " (and the trace is blind, see coverage)"
+    elif code is ExitCode.BLIND:
+        verdict, colour = ("BLIND: no finding at or above " + fail_on + ", but the trace "
+                           "cannot support a clean verdict"), "red"
+    else:
+        verdict, colour = f"OK: no finding at or above {fail_on}", "green"
+    out.print(f"[bold {colour}]{verdict}[/] ({summary['processes']} processes, "
               f"{summary['graphs']} graphs, {summary['replays']} replays, rules "
               f"{','.join(active) or 'none'})")
-    return 1 if bad else 0
+    return int(code)
+
+
+def render_coverage_lines(out: Any, coverage: Any) -> None:
+    """`coverage: ...` and indented `blind: ...` lines (never starting with a finding id)."""
+    from rich.markup import escape
+
+    attached = coverage.probes_attached
+    head = (f"{attached} probe(s) attached" if attached is not None
+            else "probe coverage not recorded")
+    state = "blind" if coverage.blind else "not blind"
+    out.print(f"coverage: {head}, {coverage.probes_errored} errored; {state}",
+              highlight=False)
+    for reason in coverage.reasons:
+        out.print(f"  blind: {escape(reason)}", highlight=False)

@@ -1,7 +1,8 @@
 """The `mlatrace` command line: parses arguments and delegates to one stage module each.
 
 Exit codes (documented in the README): 0 ok / clean, 1 findings at or above the
-threshold (check) or probe drift (probes doctor), 2 usage error or unreadable trace;
+threshold (check) or probe drift (probes doctor), 2 usage error or unreadable trace,
+3 blind (check: the trace cannot support a clean verdict; check.ExitCode);
 `run` passes the traced command's exit code through (128+N when killed by signal N).
 """
 
@@ -52,11 +53,16 @@ def run(out: str | None, ranks: str | None, probes: tuple[str, ...], replay_samp
 @click.option("-v", "--verbose", is_flag=True, help="Show the evidence of each finding.")
 @click.option("--config", type=click.Path(exists=True, dir_okay=False), default=None,
               help="mlatrace.toml or pyproject.toml with [tool.mlatrace].")
-def report(trace: str, as_json: bool, verbose: bool, config: str | None) -> None:
-    """Summarise a trace: processes, graphs, frozen topology, replays, findings."""
+@click.option("--expect", "expect", multiple=True, metavar="KIND",
+              help="A record kind (attn.call, ...) or graphs/replays/attention/launches the "
+                   "run must contain; the coverage section says whether it did. Repeatable.")
+def report(trace: str, as_json: bool, verbose: bool, config: str | None,
+           expect: tuple[str, ...]) -> None:
+    """Summarise a trace: processes, coverage, graphs, frozen topology, replays, findings."""
     from mlatrace import report as report_mod
 
-    sys.exit(report_mod.main(trace, as_json=as_json, verbose=verbose, config=config))
+    sys.exit(report_mod.main(trace, as_json=as_json, verbose=verbose, config=config,
+                             expect=list(expect)))
 
 
 @main.command()
@@ -77,12 +83,27 @@ def diff(a: str, b: str, as_json: bool) -> None:
 @click.option("--rule", "rules", multiple=True, help="Only these rule ids (repeatable).")
 @click.option("--config", type=click.Path(exists=True, dir_okay=False), default=None)
 @click.option("--junit", type=click.Path(dir_okay=False), default=None, help="Write JUnit XML here.")
+@click.option("--expect", "expect", multiple=True, metavar="KIND",
+              help="Exit 3 unless the run recorded this: a record kind (attn.call, "
+                   "kernel.launch, ...) or graphs, replays, attention, launches. Repeatable; "
+                   "adds to `expect = [...]` in the config.")
 def check(trace: str, fail_on: str | None, rules: tuple[str, ...], config: str | None,
-          junit: str | None) -> None:
-    """CI verdict: exit 0 clean, 1 findings at/above --fail-on, 2 unreadable trace."""
+          junit: str | None, expect: tuple[str, ...]) -> None:
+    """CI verdict over findings and coverage.
+
+    \b
+    Exit codes:
+      0  clean: no finding at or above --fail-on, and the trace is not blind
+      1  a finding at or above --fail-on (takes precedence over 3)
+      2  unreadable trace, unknown schema, bad arguments or config
+      3  blind: the trace cannot support a clean verdict (a probe.error; vLLM,
+         SGLang or AITER in the headers but no graph or attention record; an
+         unmet --expect; ranks of the world size missing)
+    """
     from mlatrace import check as check_mod
 
-    sys.exit(check_mod.main(trace, fail_on=fail_on, rules=list(rules), config=config, junit=junit))
+    sys.exit(check_mod.main(trace, fail_on=fail_on, rules=list(rules), config=config,
+                            junit=junit, expect=list(expect)))
 
 
 @main.command()

@@ -12,7 +12,11 @@ is unreadable or holds nothing usable (bad --config too).
                   "graphs_total": int,                  # incl. nested torch graphs
                   "replays": int,                       # steps (nested replays counted once)
                   "findings": {"error": int, "warning": int},
-                  "suppressed": int, "problems": int},
+                  "suppressed": int, "problems": int,
+                  "probes_attached": int|null,          # distinct probes with a patched
+                                                        # target (null: not recorded)
+                  "probes_errored": int,                # distinct probes with a probe.error
+                  "blind": bool},                       # coverage.blind
       "processes": [{"file", "pid", "ppid", "rank", "root", "world_size", "role", "argv",
                      "schema", "records", "dropped", "gaps", "end_reason"}],
       "graphs": [{"pid", "rank", "file", "gid", "nested_gids": [int], "src", "key", "mode",
@@ -31,7 +35,25 @@ is unreadable or holds nothing usable (bad --config too).
       "findings": [{"id", "name", "severity", "message", "hint", "pid", "rank", "gid",
                     "evidence": [{"file", "seq", "kind", "what"}], "details": {...}}],
       "suppressed": [same as findings],      # matched by the config's allow-list
-      "problems": [{"file", "line", "reason"}]
+      "problems": [{"file", "line", "reason"}],
+      "coverage": {                          # what the probes saw (analysis/coverage.py)
+        "blind": bool, "reasons": [str],     # why the trace cannot support a clean verdict
+        "probes_attached": int|null, "probes_errored": int,
+        "engines": {name: version},          # probed engines named in the headers
+        "ranks": {"world_size": int|null, "seen": [int], "kept": [int]|null,
+                  "missing": [int]},
+        "expect": [{"what", "kinds": [str], "records": int, "met": bool}],
+        "records": {kind: int},              # records per kind, whole run
+        "probe_errors": [{"file", "seq", "probe", "target", "reason", "error"}],
+        "processes": [{"file", "pid", "rank",
+                       "recorded": bool,     # process.end carried coverage (newer traces)
+                       "packs": [str], "packs_attached": [str]|null,
+                       "packs_skipped": {pack: why},
+                       "targets": {"patched": int, "not_imported": int, "inherited": int,
+                                   "missing": [str], "drifted": [str], "failed": [str]},
+                       "hits": {probe: int}, "records": {kind: int},
+                       "probe_errors": int}]
+      }
     }
 """
 
@@ -54,6 +76,7 @@ MAX_GRAPH_ROWS = 20
 def report_dict(trace_path: str, result: Analysis) -> dict[str, Any]:
     model = result.model
     counts = result.counts()
+    coverage = result.coverage
     return {
         "schema": REPORT_SCHEMA,
         "trace": str(trace_path),
@@ -65,6 +88,9 @@ def report_dict(trace_path: str, result: Analysis) -> dict[str, Any]:
             "findings": counts,
             "suppressed": len(result.suppressed),
             "problems": len(model.problems),
+            "probes_attached": coverage.probes_attached,
+            "probes_errored": coverage.probes_errored,
+            "blind": coverage.blind,
         },
         "processes": [{
             "file": p.file, "pid": p.pid, "ppid": p.ppid, "rank": p.rank,
@@ -83,6 +109,7 @@ def report_dict(trace_path: str, result: Analysis) -> dict[str, Any]:
         "findings": [f.to_dict() for f in result.findings],
         "suppressed": [f.to_dict() for f in result.suppressed],
         "problems": [{"file": p.file, "line": p.line, "reason": p.reason} for p in model.problems],
+        "coverage": coverage.to_dict(),
     }
 
 
@@ -101,6 +128,14 @@ def summary_line(data: dict[str, Any]) -> str:
         parts.append("no findings")
     if s["problems"]:
         parts.append(_plural(s["problems"], "problem"))
+    attached, errored = s.get("probes_attached"), s.get("probes_errored", 0)
+    if attached is None:
+        parts.append("probe coverage not recorded"
+                     + (f", {_plural(errored, 'probe')} errored" if errored else ""))
+    else:
+        parts.append(f"{_plural(attached, 'probe')} attached, {errored} errored")
+    if s.get("blind"):
+        parts.append("BLIND")
     return ", ".join(parts)
 
 
@@ -176,6 +211,7 @@ def print_warnings(console: Any, problems: list) -> None:
 def render(console: Any, data: dict[str, Any], problems: list, verbose: bool) -> None:
     """The human report: summary line, warnings, then one table per section (rich)."""
     render_summary(console, data, problems)
+    render_coverage(console, data, verbose)
     render_processes(console, data, verbose)
     render_graphs(console, data, verbose)
     render_attention(console, data)
@@ -197,6 +233,82 @@ def render_summary(console: Any, data: dict[str, Any], problems: list) -> None:
         if p["end_reason"] is None and p["records"]:
             console.print(f"[yellow]warning:[/] {p['file']}: no process.end record (killed, "
                           "or still running); the trace stops at its last flush", highlight=False)
+
+
+def render_coverage(console: Any, data: dict[str, Any], verbose: bool) -> None:
+    """What the probes saw: blind reasons, records per kind, packs and targets per process.
+
+    Every line starts with "coverage" or is indented: never with a finding id.
+    """
+    from rich.markup import escape
+
+    cov = data.get("coverage")
+    if not cov:
+        return
+    attached = cov["probes_attached"]
+    head = (f"{_plural(attached, 'probe')} attached" if attached is not None
+            else "not recorded by this trace (older mlatrace: no coverage in process.end)")
+    verdict = ("[bold red]BLIND: the trace cannot support a clean verdict[/]" if cov["blind"]
+               else "[green]no blind spot found[/]")
+    console.print(f"coverage: {head}, {cov['probes_errored']} errored; {verdict}",
+                  highlight=False)
+    for reason in cov["reasons"]:
+        console.print(f"  [red]blind:[/] {escape(reason)}", highlight=False)
+    if cov["engines"]:
+        console.print("  engines in the headers: " + ", ".join(
+            f"{name} {version}" for name, version in cov["engines"].items()), highlight=False)
+    ranks = cov["ranks"]
+    if ranks["world_size"]:
+        def listed(values: list) -> str:
+            return ", ".join(map(str, values)) or "none"
+
+        kept = f"; kept by --ranks: {listed(ranks['kept'])}" if ranks["kept"] is not None else ""
+        missing = f"; [red]missing: {listed(ranks['missing'])}[/]" if ranks["missing"] else ""
+        console.print(f"  ranks: world size {ranks['world_size']}, seen {listed(ranks['seen'])}"
+                      f"{kept}{missing}", highlight=False)
+    for e in cov["expect"]:
+        state = "met" if e["met"] else "[red]NOT met[/]"
+        console.print(f"  expect {escape(e['what'])}: {e['records']} record(s), {state}",
+                      highlight=False)
+    records = ", ".join(f"{kind} {n}" for kind, n in cov["records"].items()
+                        if kind not in ("process", "process.end"))
+    console.print(f"  records: {escape(records) or 'none beyond headers'}", highlight=False)
+    quiet = 0
+    for p in cov["processes"]:
+        active = (p["packs_attached"] or p["probe_errors"] or p["targets"]["missing"]
+                  or p["targets"]["drifted"] or p["targets"]["failed"]
+                  or any(k not in ("process", "process.end") for k in p["records"]))
+        if not active and not verbose:
+            quiet += 1
+            continue
+        rank = "" if p["rank"] is None else f" rank {p['rank']}"
+        where = f"  {p['file']}{rank}:"
+        if not p["recorded"]:
+            console.print(f"{where} packs {_fmt(p['packs'])} (per-target coverage not "
+                          "recorded)", highlight=False)
+            continue
+        t = p["targets"]
+        skipped = p["packs_skipped"]
+        reasons: dict[str, list[str]] = {}
+        for pack, why in skipped.items():
+            reasons.setdefault(why, []).append(pack)
+        skipped_text = "; ".join(
+            f"{', '.join(packs) if verbose or len(packs) <= 3 else _plural(len(packs), 'pack')}"
+            f" ({why})" for why, packs in reasons.items()) or "none"
+        counts = [f"{t['patched']} patched", f"{t['not_imported']} not imported"]
+        counts += [f"{len(t[name])} {name}" for name in ("missing", "drifted", "failed")
+                   if t[name]]
+        console.print(f"{where} packs attached {', '.join(p['packs_attached']) or 'none'}; skipped "
+                      f"{escape(skipped_text)}; targets {', '.join(counts)}", highlight=False)
+        for name in ("missing", "drifted", "failed"):
+            for target in t[name]:
+                console.print(f"    {name}: {escape(target)}", highlight=False)
+        if verbose and p["hits"]:
+            console.print("    hits: " + ", ".join(f"{q} {n}" for q, n in p["hits"].items()),
+                          highlight=False)
+    if quiet:
+        console.print(f"  +{_plural(quiet, 'process', 'processes')} with no probe activity "
+                      "(-v lists them)", highlight=False)
 
 
 def render_processes(console: Any, data: dict[str, Any], verbose: bool) -> None:
@@ -313,11 +425,11 @@ def make_console(stderr: bool = False) -> Any:
 
 
 def main(trace: str, as_json: bool = False, verbose: bool = False,
-         config: str | None = None) -> int:
+         config: str | None = None, expect: list[str] | None = None) -> int:
     """Print the report of TRACE; 0 when made, 2 when the trace (or config) is unusable."""
     err = make_console(stderr=True)
     try:
-        cfg = resolve_config(config, trace)
+        cfg = resolve_config(config, trace, expect)
         _trace, result = load(trace, cfg)
     except (Unusable, ConfigError) as exc:
         err.print(f"[red]error:[/] {exc}", highlight=False)

@@ -21,7 +21,9 @@ def test_report_summary_first_then_tables():
     result = run("report", FIXTURES / "legacy_tp2")
     assert result.exit_code == 0, result.output
     first = result.output.splitlines()[0]
-    assert first == "2 processes, 2 graphs captured, 6 replays, 2 error findings"
+    assert first == ("2 processes, 2 graphs captured, 6 replays, 2 error findings, "
+                     "probe coverage not recorded")  # a trace older than coverage
+    assert result.output.splitlines()[1].startswith("coverage: not recorded")
     assert "MLT001 frozen-one-split" in result.output
     assert "skipped" in result.output  # stage 2 skipped in the frozen topology
     assert "evidence" in result.output  # the -v pointer
@@ -41,12 +43,17 @@ def test_report_json_schema_is_stable():
     data = json.loads(result.stdout)
     assert data["schema"] == "mlatrace.report/1"
     assert set(data) == {"schema", "trace", "summary", "processes", "graphs", "attention",
-                         "findings", "suppressed", "problems"}
+                         "findings", "suppressed", "problems", "coverage"}
     calls = {(a["kind"], a["name"]): a for a in data["attention"]}
     assert calls[("attn.call", "forward_mqa")]["captured"] >= 1
     assert data["summary"] == {"processes": 1, "graphs": 1, "graphs_total": 2, "replays": 3,
                                "findings": {"error": 1, "warning": 0}, "suppressed": 0,
-                               "problems": 0}
+                               "problems": 0, "probes_attached": None, "probes_errored": 0,
+                               "blind": False}
+    assert set(data["coverage"]) == {"blind", "reasons", "probes_attached", "probes_errored",
+                                     "engines", "ranks", "expect", "records", "probe_errors",
+                                     "processes"}
+    assert data["coverage"]["records"]["kernel.split"] >= 1
     [graph] = data["graphs"]
     assert graph["frozen"]["num_kv_splits"] == [1] and graph["frozen"]["stage2"] == "skipped"
     assert graph["replays"]["seq_len_max"] == 100003

@@ -86,3 +86,16 @@ def test_vllm_serve_traced_end_to_end(vllm_venv: Path, tiny_model: Path, tmp_pat
     for pid in lineage["api"] + lineage["engine"] + lineage["worker"]:
         assert int(pid) in reported, f"process {pid} missing from the report: {sorted(reported)}"
     assert data["findings"] == [], data["findings"]
+
+    # Coverage: the worker's MLA probes attached, nothing failed, and `check` is clean
+    # (exit 0: neither findings nor blind).
+    coverage = data["coverage"]
+    assert not coverage["blind"], coverage["reasons"]
+    assert coverage["probe_errors"] == [] and coverage["probes_attached"] > 0
+    attached = {pack for p in coverage["processes"] for pack in p["packs_attached"] or []}
+    assert {"vllm_mla", "vllm_cudagraph"} <= attached, attached
+    assert coverage["engines"].get("vllm"), coverage["engines"]
+    check = subprocess.run([sys.executable, "-m", "mlatrace", "check", str(out), "--expect",
+                            "attn.call", "--expect", "attn.metadata"],
+                           capture_output=True, text=True, timeout=300)
+    assert check.returncode == 0, check.stdout + check.stderr

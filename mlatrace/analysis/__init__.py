@@ -4,6 +4,7 @@
     result.findings            # list[Finding], sorted by severity then id
     result.suppressed          # findings matched by the config's allow-list
     result.model               # TraceModel: processes, graphs, replays
+    result.coverage            # Coverage: what the probes saw; .blind, .reasons (coverage.py)
 
 Imports only the standard library (no torch): a CI box analyses traces without a GPU stack.
 """
@@ -15,12 +16,14 @@ from typing import Any
 
 from mlatrace.analysis.builder import build_model
 from mlatrace.analysis.config import Config, ConfigError, load_config
+from mlatrace.analysis.coverage import Coverage, ExpectError, judge
 from mlatrace.analysis.findings import RULES, SEVERITY_ORDER, Evidence, Finding, at_or_above
 from mlatrace.analysis.model import GraphModel, TraceModel
 from mlatrace.analysis.rules import RULE_FUNCTIONS
 
 __all__ = [
-    "RULES", "Analysis", "Config", "ConfigError", "Evidence", "Finding", "GraphModel",
+    "RULES", "Analysis", "Config", "ConfigError", "Coverage", "Evidence", "ExpectError",
+    "Finding", "GraphModel",
     "TraceModel", "analyze", "analyze_model", "at_or_above", "build_model", "load_config",
 ]
 
@@ -31,6 +34,7 @@ class Analysis:
     findings: list[Finding] = field(default_factory=list)
     suppressed: list[Finding] = field(default_factory=list)
     config: Config = field(default_factory=Config)
+    coverage: Coverage = field(default_factory=Coverage)
 
     @property
     def problems(self) -> list:
@@ -66,7 +70,8 @@ def analyze_model(model: TraceModel, config: Config | None = None,
                 findings.append(finding)
     findings.sort(key=lambda f: (-SEVERITY_ORDER.get(f.severity, 0), f.id,
                                  f.rank if f.rank is not None else -1, f.pid or 0, f.gid or 0))
-    return Analysis(model=model, findings=findings, suppressed=suppressed, config=config)
+    return Analysis(model=model, findings=findings, suppressed=suppressed, config=config,
+                    coverage=judge(model, config.expect))
 
 
 def _identity(f: Finding) -> tuple:

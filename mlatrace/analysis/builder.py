@@ -27,6 +27,8 @@ from mlatrace.analysis.parallel import _build_parallel, _default_workers, _pid_g
 from mlatrace.common import hashable
 from mlatrace.trace import Problem
 
+MAX_PROBE_ERRORS = 200     # probe.error records kept per process (all are counted in kinds)
+
 
 def _flush_ptr_run(stats: ReplayStats) -> None:
     """Add the replays that repeated the last pointer set to its per-name counts."""
@@ -150,6 +152,11 @@ class _ProcessBuilder:
         p.argv = [str(a) for a in argv] if isinstance(argv, list) else []
         p.versions = _dict(rec.get("versions"))
         p.device = _dict(rec.get("device"))
+        kept = rec.get("ranks_kept")
+        if isinstance(kept, list):
+            p.ranks_kept = [r for r in (_int(v) for v in kept) if r is not None]
+        probes = rec.get("probes")
+        p.packs = [str(name) for name in probes] if isinstance(probes, list) else []
 
     def handlers(self) -> dict[str, Any]:
         """Kind -> handler; dispatch, mark, probe.error and unknown kinds need nothing here."""
@@ -168,7 +175,15 @@ class _ProcessBuilder:
             "process.rank": self.process_info,
             "process.info": self.process_info,
             "process.end": self.process_end,
+            "probe.error": self.probe_error,
         }
+
+    def probe_error(self, rec: dict) -> None:
+        if len(self.proc.probe_errors) < MAX_PROBE_ERRORS:
+            self.proc.probe_errors.append({
+                "file": self.file, "seq": rec.get("seq"), "probe": _text(rec.get("probe")),
+                "target": _text(rec.get("target")), "reason": _text(rec.get("reason")),
+                "error": _text(rec.get("error"))})
 
     def kernel_skip(self, rec: dict) -> None:
         gid = self._capture_gid(rec)
@@ -480,11 +495,15 @@ def _stream_process(model: TraceModel, proc_file: Any) -> ProcessModel:
     if isinstance(header, dict):
         builder.header(header)
     handlers = builder.handlers()
+    kinds = builder.proc.kinds
+    count_kind = kinds.get
     count = 0
     for rec in proc_file.records():
         count += 1
         try:
-            handler = handlers.get(rec.get("k"))
+            kind = rec.get("k")
+            kinds[kind] = count_kind(kind, 0) + 1
+            handler = handlers.get(kind)
             if handler is not None:
                 handler(rec)
         except (AttributeError, TypeError, ValueError, KeyError) as exc:

@@ -10,6 +10,9 @@ Keys (all optional):
     disable = ["MLT004"]       # rule ids never reported
     allow = [{rule = "MLT006", key = "*decode*"}]   # suppress matching findings
                                # (match on rule, key (glob), rank, pid, op)
+    expect = ["graphs", "attn.call"]   # check exits 3 (blind) when the run recorded none
+                               # of one of these (a record kind, or graphs, replays,
+                               # attention, launches); see analysis/coverage.py
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ class Config:
     fail_on: str = "error"
     disable: set[str] = field(default_factory=set)
     allow: list[dict] = field(default_factory=list)
+    expect: list[str] = field(default_factory=list)
     source: str | None = None
 
     def enabled(self, rule_id: str) -> bool:
@@ -92,6 +96,18 @@ def config_from_dict(table: dict, source: str | None = None) -> Config:
                 raise ConfigError(f"{source}: allow must be a list of tables, e.g. "
                                   "[{rule = \"MLT006\", key = \"...\"}]")
             cfg.allow = [dict(v) for v in value]
+        elif key == "expect":
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ConfigError(f"{source}: expect must be a list of record kinds, e.g. "
+                                  "[\"graphs\", \"attn.call\"]")
+            from mlatrace.analysis.coverage import ExpectError, expect_kinds
+
+            for what in value:
+                try:
+                    expect_kinds(what)
+                except ExpectError as exc:
+                    raise ConfigError(f"{source}: {exc}") from None
+            cfg.expect = list(value)
         # unknown keys are ignored: newer configs stay readable
     return cfg
 

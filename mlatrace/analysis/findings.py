@@ -1,4 +1,4 @@
-"""Finding and Evidence: what a rule reports (fields fixed by mlatrace/CONTRACTS.md)."""
+"""Finding and Evidence: what a rule reports (fields fixed by docs/contracts.md)."""
 
 from __future__ import annotations
 

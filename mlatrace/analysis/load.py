@@ -34,6 +34,21 @@ def load(trace_path: str, config: Config | None = None,
     return trace, result
 
 
-def resolve_config(config_path: str | None, trace_path: str | None = None) -> Config:
-    """--config FILE, else mlatrace.toml / pyproject.toml [tool.mlatrace] in the cwd."""
-    return load_config(config_path) if config_path else load_config(None)
+def resolve_config(config_path: str | None, trace_path: str | None = None,
+                   expect: list[str] | None = None) -> Config:
+    """--config FILE, else mlatrace.toml / pyproject.toml [tool.mlatrace] in the cwd;
+    `expect` (--expect) adds to the config's expectations (ConfigError when unknown)."""
+    cfg = load_config(config_path) if config_path else load_config(None)
+    if expect:
+        from dataclasses import replace
+
+        from mlatrace.analysis import ConfigError, ExpectError
+        from mlatrace.analysis.coverage import expect_kinds
+
+        for what in expect:
+            try:
+                expect_kinds(what)
+            except ExpectError as exc:
+                raise ConfigError(f"--expect: {exc}") from None
+        cfg = replace(cfg, expect=[*cfg.expect, *(e for e in expect if e not in cfg.expect)])
+    return cfg

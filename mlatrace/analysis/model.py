@@ -76,6 +76,10 @@ class ProcessModel:
     dropped: int = 0
     first_replay_seq: int | None = None
     attention: dict[str, AttentionStats] = field(default_factory=dict)
+    ranks_kept: list[int] | None = None        # header: --ranks (ranks left out on purpose)
+    packs: list[str] = field(default_factory=list)   # header `probes`: packs installed
+    kinds: dict[str, int] = field(default_factory=dict)   # records per kind
+    probe_errors: list[dict] = field(default_factory=list)  # probe.error records (+file, seq)
 
 
 @dataclass

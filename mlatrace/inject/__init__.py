@@ -39,7 +39,7 @@ def bootstrap_process() -> None:
 
 def _report_failure(what: str, target: str, exc: BaseException) -> None:
     record.note_probe_error()
-    record.emit("probe.error", probe=what, target=target, error=repr(exc)[:300])
+    record.emit("probe.error", probe=what, target=target, reason="load", error=repr(exc)[:300])
     sys.stderr.write(f"mlatrace: {what} disabled in pid {os.getpid()}: {exc!r}\n")
 
 

@@ -35,23 +35,47 @@ def default_pack_paths(extra: list[str] | None = None) -> list[Path]:
     return discover(extra)[0]
 
 
-def install(packs: list[Pack | str | Path]) -> list[str]:
-    """Install these packs; returns their names ([] when packs are already installed)."""
+def install(packs: list[Pack | str | Path], failed: dict[str, str] | None = None) -> list[str]:
+    """Install these packs; returns their names ([] when packs are already installed).
+
+    `failed`: pack files that did not load (path -> reason), kept for the coverage that
+    `process.end` records.
+    """
     global _engine
     with _lock:
         if _engine is not None:
             return []
         loaded = [p if isinstance(p, Pack) else load_pack(p) for p in packs]
-        engine = Engine()
+        engine = Engine(failed_packs=dict(failed or {}))
         engine.install(loaded)
         _engine = engine
     try:
         from mlatrace import record
 
         record.set_probes([p.name for p in loaded])
+        record.set_end_info("coverage", engine.coverage)
     except Exception:
         pass
+    _reset_counts_in_forked_children()
     return [p.name for p in loaded]
+
+
+_fork_hook_registered = False
+
+
+def _reset_counts_in_forked_children() -> None:
+    """A forked child keeps the parent's patches but counts its own hits and errors."""
+    global _fork_hook_registered
+    if _fork_hook_registered or not hasattr(os, "register_at_fork"):
+        return
+    _fork_hook_registered = True
+
+    def reset() -> None:
+        engine = _engine
+        if engine is not None:
+            engine.forked()
+
+    os.register_at_fork(after_in_child=reset)
 
 
 def install_default() -> list[str]:
@@ -66,16 +90,18 @@ def install_default() -> list[str]:
     if os.environ.get("MLATRACE_DISABLE", "0") not in ("", "0"):
         return []
     packs, problems = load_applicable()
+    failed: dict[str, str] = {}
     for where, error in problems:
+        failed[where] = error
         _report_pack_error(where, error)
-    return install(packs)
+    return install(packs, failed)
 
 
 def _report_pack_error(path: str, error: str) -> None:
     try:
         from mlatrace import record
 
-        record.emit("probe.error", probe="pack", target=path, error=error[:500])
+        record.emit("probe.error", probe="pack", target=path, reason="load", error=error[:500])
         record.note_probe_error()
     except Exception:
         pass
@@ -87,6 +113,13 @@ def uninstall() -> None:
     with _lock:
         engine, _engine = _engine, None
     if engine is not None:
+        try:  # a recorder that closes later still says what these probes covered
+            from mlatrace import record
+
+            record.set_end_info("coverage", lambda snapshot=engine.coverage(): snapshot,
+                                once=True)
+        except Exception:
+            pass
         engine.uninstall()
 
 

@@ -6,13 +6,17 @@ probe sees the calls), not installed (the library is absent), not importable
 (the module fails to import here, e.g. a GPU-only backend on a CPU box), absent
 (a module or attribute of another version), or DRIFT (the target exists but its
 parameters differ from the pack's). A probe none of whose targets exists while
-its library is installed is drift too.
+its library is installed is drift too. A probe whose handler cannot be resolved
+(packs.resolve_handler: its module does not import, or has no such name) is shown as
+BAD HANDLER with the pack's file:line: it would be skipped at run time (one
+probe.error) while the rest of its pack installs.
 
 doctor also checks each pack itself: a probe option its handler does not declare or of
 the wrong type (the pack then does not load), a `versions` range that excludes the
 installed library (`mlatrace run` leaves such a pack out), and an entry point of the
 `mlatrace.packs` group that gives no pack. Exit codes: 0 none of these, 1 drift or a
-pack problem, 2 a pack is malformed otherwise (bad TOML, missing fields).
+pack problem (a bad handler too), 2 a pack is malformed otherwise (bad TOML, missing
+fields).
 """
 
 from __future__ import annotations
@@ -55,9 +59,12 @@ def _load(extra: list[str]) -> tuple[list[Pack], list[str]]:
     problems = [error for _, error in entry_point_problems]
     for path in paths:
         try:
-            packs.append(load_pack(path))
+            pack = load_pack(path)
         except OptionError as exc:
             problems.append(str(exc))
+            continue
+        packs.append(pack)
+        problems += [spec.handler_error for spec in pack.probes if spec.handler_error]
     return packs, problems
 
 
@@ -81,7 +88,8 @@ def list_packs(extra: list[str] | None = None) -> int:
         for spec in pack.probes:
             kind = spec.kind or "(handler)"
             handler = f"  handler {spec.handler}" if spec.handler else ""
-            print(f"  - {spec.name}: {kind} on {spec.when}{handler}")
+            bad = "  BAD HANDLER (not installed, see below)" if spec.handler_error else ""
+            print(f"  - {spec.name}: {kind} on {spec.when}{handler}{bad}")
             for target in spec.targets:
                 print(f"      {target}")
     return 2 if problems else 0
@@ -115,6 +123,10 @@ def check(packs: list[Pack]) -> list[TargetStatus]:
     cache: dict[str, tuple[object | None, str, str]] = {}
     for pack in packs:
         for spec in pack.probes:
+            if spec.handler_error:
+                results.extend(TargetStatus(pack.name, spec.name, target, "bad handler",
+                                            spec.handler_error) for target in spec.targets)
+                continue
             probe_results = []
             for target in spec.targets:
                 module_name, _ = split_target(target)
@@ -175,7 +187,8 @@ def doctor(extra: list[str] | None = None) -> int:
         checked = f"; checked against: {'; '.join(pack.checked)}" if pack.checked else ""
         print(f"\n{pack.name}: {installed}{applies}{off}{checked}")
         for result in (r for r in results if r.pack == pack.name):
-            mark = "DRIFT" if result.status == "drift" else result.status
+            mark = result.status.upper() if result.status in ("drift", "bad handler") \
+                else result.status
             detail = f"  ({result.detail})" if result.detail else ""
             print(f"  {mark:<15} {result.probe:<22} {result.target}{detail}")
     return 1 if drift or problems else 0

@@ -12,16 +12,25 @@ Cost: a probe's fields are compiled for each target when it is patched (see
 paths.FieldsProgram.bind), and its record goes to the recorder as the dict built,
 so a probed call with a handful of fields costs about 1-2 us.
 
-Isolation: a probe whose extraction or handler raises is disabled for good, one
-``probe.error`` is recorded, and the call goes on untouched. A target whose
-parameters do not start with the probe's declared ``params`` has drifted: it is
-reported once (``probe.error``) and left alone.
+Isolation: whatever goes wrong with one probe disables that probe only, is recorded
+once as ``probe.error`` (probe, target, reason, error), and never reaches the traced
+program. A handler that cannot be resolved (packs.resolve_handler) or built is not
+installed (reason ``load``); a target that is missing (``missing``), whose parameters
+do not start with the probe's declared ``params`` (``drift``) or that cannot be
+patched (``patch``) is left alone while the probe's other targets are patched; a probe
+whose extraction or handler raises during a call (``run``) is disabled for good and
+the call goes on untouched. Every other probe of every pack still installs.
+
+Coverage: ``Engine.coverage()`` says, per probe, which targets were patched, which
+were skipped and why (module never imported, missing, drift, inherited), its errors
+and how many calls it saw (``hits``: one attribute increment per call in the engine's
+own wrappers; None for probes whose handler makes its own replacement). The recorder
+writes it into ``process.end`` (``record.set_end_info``).
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import sys
 import threading
@@ -33,7 +42,7 @@ from typing import Any
 import wrapt
 
 from mlatrace import record
-from mlatrace.probe.packs import Pack, ProbeSpec
+from mlatrace.probe.packs import Pack, ProbeSpec, resolve_handler
 from mlatrace.probe.paths import CallView
 
 MARK = "_self_mlatrace_probes"   # attribute on our wrappers: the probe names they carry
@@ -92,7 +101,10 @@ class ProbeRuntime:
         self.spec = spec
         self.handler = handler
         self.disabled = False
+        self.hits = 0                  # calls seen by the engine's wrappers (not custom ones)
+        self.counted = False           # whether a wrapper of the engine counts hits for it
         self.reported: set[str] = set()
+        self.errors: list[dict[str, str]] = []
         self.patched: list[str] = []
         self.skipped: dict[str, str] = {}
         # An override that calls super() (AMXMLAMetadataBuilder.build ->
@@ -100,19 +112,21 @@ class ProbeRuntime:
         self.local = _Inside()
 
     def fail(self, target: str, exc: BaseException) -> None:
-        """Disable this probe after its first failure and say so once."""
+        """Disable this probe after its first failure (during a call) and say so once."""
         if self.disabled:
             return
         self.disabled = True
-        self.report(target, f"{type(exc).__name__}: {exc}")
+        self.report(target, f"{type(exc).__name__}: {exc}", "run")
 
-    def report(self, target: str, error: str) -> None:
-        """Record one probe.error per (probe, target)."""
+    def report(self, target: str, error: str, reason: str = "run") -> None:
+        """Record one probe.error per (probe, target); reason: load, missing, drift, patch, run."""
         if target in self.reported:
             return
         self.reported.add(target)
         try:
-            record.emit("probe.error", probe=self.spec.qualname, target=target, error=error[:500])
+            self.errors.append({"target": target, "reason": reason, "error": error[:500]})
+            record.emit("probe.error", probe=self.spec.qualname, target=target, reason=reason,
+                        error=error[:500])
             record.note_probe_error()
         except Exception:
             pass
@@ -298,6 +312,7 @@ def _make_function(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
         def handler_probe(*args: Any, **kwargs: Any) -> Any:
             if runtime.disabled or not state.active:
                 return original(*args, **kwargs)
+            runtime.hits += 1
             if method:
                 view = CallView(args[0] if args else None, args[1:], kwargs, positions,
                                 defaults, None, bound)
@@ -311,6 +326,7 @@ def _make_function(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
         def call_probe_method(*args: Any, **kwargs: Any) -> Any:
             if runtime.disabled or not state.active or local.inside:
                 return original(*args, **kwargs)
+            runtime.hits += 1
             try:
                 add(kind, extract(args[0] if args else None, args, kwargs, None))
             except Exception as exc:
@@ -327,6 +343,7 @@ def _make_function(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
         def call_probe(*args: Any, **kwargs: Any) -> Any:
             if runtime.disabled or not state.active or local.inside:
                 return original(*args, **kwargs)
+            runtime.hits += 1
             try:
                 add(kind, extract(None, args, kwargs, None))
             except Exception as exc:
@@ -344,6 +361,7 @@ def _make_function(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
     def return_probe(*args: Any, **kwargs: Any) -> Any:
         if runtime.disabled or not state.active or local.inside:
             return original(*args, **kwargs)
+        runtime.hits += 1
         local.inside = True
         try:
             return around(original, (args[0] if args else None) if method else None,
@@ -411,6 +429,7 @@ def _make_wrapper(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
         def handler_wrapper(wrapped, instance, args, kwargs):
             if runtime.disabled or not state.active:
                 return wrapped(*args, **kwargs)
+            runtime.hits += 1
             view = CallView(instance, args, kwargs, positions, defaults, None, bound)
             return _around_handler(runtime, info, before, after, view, wrapped, args, kwargs)
 
@@ -422,6 +441,7 @@ def _make_wrapper(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
         def call_wrapper(wrapped, instance, args, kwargs):
             if runtime.disabled or not state.active or local.inside:
                 return wrapped(*args, **kwargs)
+            runtime.hits += 1
             try:
                 add(kind, extract(instance, args, kwargs, None))
             except Exception as exc:
@@ -439,6 +459,7 @@ def _make_wrapper(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
     def return_wrapper(wrapped, instance, args, kwargs):
         if runtime.disabled or not state.active or local.inside:
             return wrapped(*args, **kwargs)
+        runtime.hits += 1
         local.inside = True
         try:
             return around(wrapped, instance, args, kwargs)
@@ -455,6 +476,10 @@ class Engine:
     packs: list[Pack] = field(default_factory=list)
     runtimes: list[ProbeRuntime] = field(default_factory=list)
     patches: list[Patch] = field(default_factory=list)
+    # pack files that did not load at all: path -> 'file:line: reason' (probe.__init__)
+    failed_packs: dict[str, str] = field(default_factory=dict)
+    # targets whose module was imported (their hook ran): the rest were never imported
+    imported: set[str] = field(default_factory=set)
     lock: threading.RLock = field(default_factory=threading.RLock)
     generation: int = 0
 
@@ -468,17 +493,32 @@ class Engine:
             by_module: dict[str, list[tuple[ProbeRuntime, str]]] = {}
             for pack in packs:
                 for spec in pack.probes:
-                    runtime = ProbeRuntime(spec, _load_handler(spec))
+                    runtime = ProbeRuntime(spec)
                     self.runtimes.append(runtime)
+                    try:
+                        runtime.handler = _load_handler(spec)
+                    except Exception as exc:  # this probe only: the others still install
+                        runtime.disabled = True
+                        error = (str(exc) if isinstance(exc, HandlerError)
+                                 else f"{spec.source}: handler {spec.handler!r}: "
+                                      f"{type(exc).__name__}: {exc}")
+                        runtime.report(spec.handler or spec.qualname, error, "load")
+                        runtime.skipped.update({t: f"load: {error}" for t in spec.targets})
+                        continue
                     for target in spec.targets:
                         module, _ = split_target(target)
                         by_module.setdefault(module, []).append((runtime, target))
             for module_name, entries in by_module.items():
-                hook = self._hook_for(entries, self.generation)
-                if module_name in sys.modules:
-                    hook(sys.modules[module_name])
-                else:
-                    wrapt.register_post_import_hook(hook, module_name)
+                try:
+                    hook = self._hook_for(entries, self.generation)
+                    if module_name in sys.modules:
+                        hook(sys.modules[module_name])
+                    else:
+                        wrapt.register_post_import_hook(hook, module_name)
+                except Exception as exc:
+                    for runtime, target in entries:
+                        runtime.report(target, f"cannot hook {module_name}: "
+                                       f"{type(exc).__name__}: {exc}", "patch")
 
     def _hook_for(self, entries: list[tuple[ProbeRuntime, str]], generation: int
                   ) -> Callable[[Any], None]:
@@ -486,7 +526,12 @@ class Engine:
             if generation != STATE.generation or not STATE.active:
                 return  # registered by an installation since undone
             for runtime, target in entries:
-                self.patch(runtime, target, module)
+                self.imported.add(target)
+                try:  # a hook that raised would fail the traced program's import
+                    self.patch(runtime, target, module)
+                except Exception as exc:
+                    runtime.report(target, f"cannot patch: {type(exc).__name__}: {exc}",
+                                   "patch")
 
         return on_import
 
@@ -497,19 +542,19 @@ class Engine:
                 info = resolve(target, module, runtime.spec.params, runtime.spec.arg_names,
                                runtime.spec.inherited)
             except InheritedError as exc:
-                runtime.skipped[target] = str(exc)
+                runtime.skipped[target] = f"inherited: {exc}"
                 return
             except Drift as exc:
                 runtime.skipped[target] = f"drift: {exc}"
-                runtime.report(target, f"signature drift: {exc}")
+                runtime.report(target, f"signature drift: {exc}", "drift")
                 return
             except LookupError as exc:
                 runtime.skipped[target] = f"missing: {exc}"
-                runtime.report(target, f"target missing: {exc}")
+                runtime.report(target, f"target missing: {exc}", "missing")
                 return
             except Exception as exc:
-                runtime.skipped[target] = f"error: {exc}"
-                runtime.report(target, f"cannot resolve: {type(exc).__name__}: {exc}")
+                runtime.skipped[target] = f"patch: {exc}"
+                runtime.report(target, f"cannot resolve: {type(exc).__name__}: {exc}", "patch")
                 return
             carried = getattr(info.raw, MARK, None) or ()
             if runtime.spec.qualname in carried:
@@ -519,6 +564,7 @@ class Engine:
                 if make is not None:
                     replacement = make(info, runtime)
                 else:
+                    runtime.counted = True
                     if type(info.raw) is types.FunctionType:
                         replacement = _make_function(runtime, info)
                     else:
@@ -529,11 +575,51 @@ class Engine:
                                   and info.attr not in info.owner.__dict__)
                 setattr(info.owner, info.attr, replacement)
             except Exception as exc:
-                runtime.report(target, f"cannot patch: {type(exc).__name__}: {exc}")
+                runtime.skipped[target] = f"patch: {exc}"
+                runtime.report(target, f"cannot patch: {type(exc).__name__}: {exc}", "patch")
                 return
             self.patches.append(Patch(info.owner, info.attr, info.raw, replacement, target,
                                       inherited=inherited_attr))
             runtime.patched.append(target)
+
+    def coverage(self) -> dict[str, Any]:
+        """What this process's probes covered, for ``process.end`` (schema in
+        docs/trace-format.md, "Coverage"). Takes no lock: it may run in a signal handler."""
+        probes: dict[str, dict[str, Any]] = {}
+        packs: dict[str, dict[str, int]] = {}
+        modules: set[str] = set()
+        imported = self.imported
+        for runtime in list(self.runtimes):
+            spec = runtime.spec
+            patched = list(runtime.patched)
+            skipped = dict(runtime.skipped)
+            not_imported = [t for t in spec.targets
+                            if t not in imported and t not in skipped and t not in patched]
+            entry: dict[str, Any] = {"patched": patched}
+            if not_imported:
+                entry["not_imported"] = len(not_imported)
+                modules.update(split_target(t)[0] for t in not_imported)
+            if skipped:
+                entry["skipped"] = skipped
+            if runtime.errors:
+                entry["errors"] = len(runtime.errors)   # each one is a probe.error record
+            entry["hits"] = runtime.hits if runtime.counted or not patched else None
+            if runtime.disabled:
+                entry["disabled"] = True
+            probes[spec.qualname] = entry
+            totals = packs.setdefault(spec.pack, {"probes": 0, "attached": 0, "errors": 0})
+            totals["probes"] += 1
+            totals["attached"] += bool(patched)
+            totals["errors"] += len(runtime.errors)
+        return {"packs": packs, "failed_packs": dict(self.failed_packs), "probes": probes,
+                "not_imported_modules": sorted(modules)}
+
+    def forked(self) -> None:
+        """In a forked child: the patches are inherited, hits and errors start again (the
+        parent's probe.error records are in the parent's file)."""
+        for runtime in self.runtimes:
+            runtime.hits = 0
+            runtime.errors = []
 
     def uninstall(self) -> None:
         """Undo every patch (newest first) and turn remaining wrappers into pass-throughs."""
@@ -564,11 +650,21 @@ class Engine:
             self.packs = []
 
 
+class HandlerError(Exception):
+    """A probe's handler that cannot be resolved; str() is 'file:line: handler ...: why'."""
+
+
 def _load_handler(spec: ProbeSpec) -> Any:
-    """Instantiate a probe's handler class ``module:Name`` with (spec)."""
+    """Instantiate a probe's handler ``module:Name`` with (spec).
+
+    The pack loader has resolved it already (spec.handler_factory / handler_error); a
+    spec built by hand is resolved here. Raises HandlerError or whatever the factory raises.
+    """
     if not spec.handler:
         return None
-    module_name, _, name = spec.handler.partition(":")
-    module = importlib.import_module(module_name)
-    factory = getattr(module, name)
+    factory, error = spec.handler_factory, spec.handler_error
+    if factory is None and error is None:
+        factory, error = resolve_handler(spec.handler, spec.source)
+    if error is not None:
+        raise HandlerError(error)
     return factory(spec)

@@ -91,6 +91,11 @@ class ProbeSpec:
     extract: Any = None              # compiled fields (FieldsProgram): CallView -> dict
     uses_result: bool = False
     arg_names: list[str] = field(default_factory=list)   # args.<name> the fields read
+    # The handler, resolved when the pack is loaded (module imported, name found): its
+    # factory, or why it cannot be had ('file:line: ...'). A probe with a handler_error
+    # is not installed; the rest of its pack is (engine.Engine.install).
+    handler_factory: Any = None
+    handler_error: str | None = None
 
     @property
     def qualname(self) -> str:
@@ -249,8 +254,30 @@ def load_pack(path: str | Path) -> Pack:
         if spec.uses_result and when == "call":
             raise PackError(f"{where}: probe {name!r} reads result but has when = \"call\"")
         spec.arg_names = sorted(_arg_names(fields))
+        if handler is not None:
+            spec.handler_factory, spec.handler_error = resolve_handler(
+                handler, line_of(index, "handler", handler))
         pack.probes.append(spec)
     return pack
+
+
+def resolve_handler(handler: str, where: str) -> tuple[Any, str | None]:
+    """(factory, None) for a handler 'module:Name', or (None, 'file:line: why not').
+
+    Imports the handler's module (mlatrace's own handlers import no target library).
+    """
+    import importlib
+
+    module_name, _, name = handler.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        return None, f"{where}: handler {handler!r}: cannot import {module_name}: " \
+                     f"{type(exc).__name__}: {exc}"
+    factory = getattr(module, name, None)
+    if factory is None or not callable(factory):
+        return None, f"{where}: handler {handler!r}: {module_name} has no callable {name!r}"
+    return factory, None
 
 
 def _arg_names(fields: dict[str, Any]) -> set[str]:
@@ -461,8 +488,9 @@ def load_applicable(extra: list[str | Path] | None = None, environ: Any = None
     for path in paths:
         try:
             pack = load_pack(path)
-        except PackError as exc:
-            problems.append((str(path), str(exc)))
+        except Exception as exc:  # PackError ('file:line: reason') or anything unforeseen
+            problems.append((str(path), str(exc) if isinstance(exc, PackError)
+                             else f"{path}:0: cannot load: {type(exc).__name__}: {exc}"))
             continue
         if pack.name in disabled:
             continue

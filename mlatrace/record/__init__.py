@@ -346,6 +346,14 @@ class Recorder:
                 "replays": {str(gid): n for gid, n in self.replays.items()},
                 "reason": reason,
             }
+            for name, info in list(_end_info.items()):
+                try:
+                    end[name] = info()
+                except Exception as exc:  # never lose the end record for a part of it
+                    end[name] = {"error": repr(exc)[:200]}
+                if name in _end_info_once:
+                    _end_info.pop(name, None)
+                    _end_info_once.discard(name)
             self._write_lines([end])
             os.close(self._fd)
             self._fd = None
@@ -457,6 +465,10 @@ class Recorder:
 
 _recorder: Recorder | None = None
 _hooks_registered = False
+# name -> callable giving an extra field of process.end (the probe engine's coverage);
+# module-level so that a forked child's recorder writes it too
+_end_info: dict[str, Callable[[], Any]] = {}
+_end_info_once: set[str] = set()   # names given once=True: dropped after one process.end
 
 
 def emit(kind: str, **fields: Any) -> None:
@@ -503,6 +515,20 @@ def set_probes(names: list[str]) -> None:
     if recorder is not None:
         recorder.probes = list(names)
         recorder.started()
+
+
+def set_end_info(name: str, info: Callable[[], Any] | None, once: bool = False) -> None:
+    """Have `process.end` carry `name: info()` (None removes it); info must be quick.
+
+    once: only the next `process.end` written carries it (a snapshot taken at uninstall).
+    """
+    _end_info_once.discard(name)
+    if info is None:
+        _end_info.pop(name, None)
+        return
+    _end_info[name] = info
+    if once:
+        _end_info_once.add(name)
 
 
 def flush_now(timeout_s: float = 0.2) -> None:
