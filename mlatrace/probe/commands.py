@@ -15,8 +15,8 @@ doctor also checks each pack itself: a probe option its handler does not declare
 the wrong type (the pack then does not load), a `versions` range that excludes the
 installed library (`mlatrace run` leaves such a pack out), and an entry point of the
 `mlatrace.packs` group that gives no pack. Exit codes: 0 none of these, 1 drift or a
-pack problem (a bad handler too), 2 a pack is malformed otherwise (bad TOML, missing
-fields).
+pack problem, 2 a pack is malformed otherwise (bad TOML, missing fields) or a handler
+does not resolve.
 """
 
 from __future__ import annotations
@@ -51,32 +51,40 @@ class TargetStatus:
     detail: str = ""
 
 
-def _load(extra: list[str]) -> tuple[list[Pack], list[str]]:
-    """Every discovered pack that loads, and the pack problems (an option error, an entry
-    point without a pack) as 'where: reason' lines; any other PackError is raised."""
+def _load(extra: list[str]) -> tuple[list[Pack], list[str], list[str]]:
+    """(the packs that load, their problems, what cannot load at all).
+
+    Problems (exit 1): a mistyped or unknown option, an entry point without a pack.
+    Cannot load (exit 2): a malformed pack, a handler that does not resolve; the other
+    packs are still listed and checked.
+    """
     paths, entry_point_problems = discover(extra)
     packs: list[Pack] = []
     problems = [error for _, error in entry_point_problems]
+    broken: list[str] = []
     for path in paths:
         try:
             pack = load_pack(path)
         except OptionError as exc:
             problems.append(str(exc))
             continue
+        except PackError as exc:
+            broken.append(str(exc))
+            continue
         packs.append(pack)
-        problems += [spec.handler_error for spec in pack.probes if spec.handler_error]
-    return packs, problems
+        broken += [spec.handler_error for spec in pack.probes if spec.handler_error]
+    return packs, problems, broken
+
+
+def _print_problems(command: str, problems: list[str]) -> None:
+    for problem in problems:
+        print(f"probes {command}: {problem}", file=sys.stderr)
 
 
 def list_packs(extra: list[str] | None = None) -> int:
-    """Print packs, probes and targets; exit 0, or 2 when a pack does not load."""
-    try:
-        packs, problems = _load(extra or [])
-    except PackError as exc:
-        print(f"probes list: {exc}", file=sys.stderr)
-        return 2
-    for problem in problems:
-        print(f"probes list: {problem}", file=sys.stderr)
+    """Print packs, probes and targets; exit 0, or 2 when a pack or a handler does not
+    load or has a problem (the rest is still listed)."""
+    packs, problems, broken = _load(extra or [])
     total = sum(len(p.probes) for p in packs)
     print(f"{len(packs)} packs, {total} probes")
     for pack in packs:
@@ -92,7 +100,8 @@ def list_packs(extra: list[str] | None = None) -> int:
             print(f"  - {spec.name}: {kind} on {spec.when}{handler}{bad}")
             for target in spec.targets:
                 print(f"      {target}")
-    return 2 if problems else 0
+    _print_problems("list", problems + broken)
+    return 2 if problems or broken else 0
 
 
 def _module_status(module_name: str, cache: dict[str, tuple[object | None, str, str]]
@@ -155,12 +164,9 @@ def check(packs: list[Pack]) -> list[TargetStatus]:
 
 def doctor(extra: list[str] | None = None) -> int:
     """Print which targets exist and match and what is wrong with a pack; exit 1 on drift
-    or a pack problem, 2 when a pack is malformed."""
-    try:
-        packs, problems = _load(extra or [])
-    except PackError as exc:
-        print(f"probes doctor: {exc}", file=sys.stderr)
-        return 2
+    or a pack problem, 2 when a pack or a handler does not load (the other packs are
+    still checked)."""
+    packs, problems, broken = _load(extra or [])
     mismatched = {pack.name: problem for pack in packs if (problem := version_problem(pack))}
     problems += list(mismatched.values())
     disabled = disabled_packs()
@@ -173,6 +179,8 @@ def doctor(extra: list[str] | None = None) -> int:
     verdicts = ([f"DRIFT in {drift} target(s)"] if drift else []) \
         + ([f"{len(problems)} pack problem(s)"] if problems else [])
     verdict = ", ".join(verdicts) or "no drift"
+    if broken:
+        verdict += f"; {len(broken)} that cannot load, listed at the end"
     print(f"probes doctor: {len(packs)} packs, {len(results)} targets: {summary} -> {verdict}")
     for problem in problems:
         print(f"  PROBLEM {problem}")
@@ -191,4 +199,7 @@ def doctor(extra: list[str] | None = None) -> int:
                 else result.status
             detail = f"  ({result.detail})" if result.detail else ""
             print(f"  {mark:<15} {result.probe:<22} {result.target}{detail}")
+    _print_problems("doctor", broken)
+    if broken:
+        return 2
     return 1 if drift or problems else 0
