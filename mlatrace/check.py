@@ -1,8 +1,13 @@
 """`mlatrace check TRACE`: a CI verdict over the findings.
 
 Exit codes: 0 clean (no finding at or above --fail-on), 1 findings at or above it,
-2 the trace is unreadable / has nothing usable, or the arguments or config are wrong.
-`--junit FILE` writes one testcase per rule (failures carry the messages and evidence).
+2 the trace is unreadable / has nothing usable, a header names a schema this mlatrace
+does not know (no verdict on records it may misread), or the arguments or config are
+wrong. `--junit FILE` writes one testcase per rule (failures carry the messages and
+evidence).
+
+Output is plain lines for CI logs, never wrapped: the trace's problems (`warning: ...`),
+one line per finding starting with its id, its evidence and fix, then the verdict.
 """
 
 from __future__ import annotations
@@ -15,10 +20,14 @@ from mlatrace.report import (
     Unusable,
     load,
     make_console,
+    plural,
     print_warnings,
+    problem_text,
+    rank_text,
     report_dict,
     resolve_config,
 )
+from mlatrace.trace import SCHEMA_MAJOR, SCHEMA_NAME, check_schema
 
 
 def failing(findings: list[Finding], fail_on: str) -> list[Finding]:
@@ -47,9 +56,10 @@ def junit_xml(result: Analysis, fail_on: str, rules: list[str], trace: str) -> E
         elif mine:  # below the threshold: visible, not failing
             out = ET.SubElement(case, "system-out")
             out.text = "\n\n".join(_finding_text(f) for f in mine)
-    if result.problems:
+    problems = report_dict(trace, result)["problems"]
+    if problems:
         err = ET.SubElement(suite, "system-err")
-        err.text = "\n".join(str(p) for p in result.problems)
+        err.text = "\n".join(problem_text(p) for p in problems)
     suite.set("tests", str(len(RULES)))
     suite.set("failures", str(failures))
     suite.set("errors", "0")
@@ -59,7 +69,7 @@ def junit_xml(result: Analysis, fail_on: str, rules: list[str], trace: str) -> E
 
 
 def _finding_text(f: Finding) -> str:
-    lines = [f"[{f.severity}] {f.message}", f"pid {f.pid} rank {f.rank} gid {f.gid}"]
+    lines = [f"[{f.severity}] {f.message}", f"pid {f.pid} rank {rank_text(f.rank)} gid {f.gid}"]
     lines += [f"  {e.file}:seq {e.seq} ({e.kind}) {e.what}" for e in f.evidence]
     lines.append(f"fix: {f.hint}")
     return "\n".join(lines)
@@ -72,7 +82,7 @@ def main(trace: str, fail_on: str | None = "error", rules: list[str] | None = No
     try:
         cfg = resolve_config(config, trace)
     except ConfigError as exc:
-        err.print(f"[red]error:[/] {exc}")
+        err.print(f"[red]error:[/] {exc}", soft_wrap=True)
         return 2
     fail_on = fail_on or cfg.fail_on
     if fail_on not in ("error", "warning"):
@@ -85,9 +95,16 @@ def main(trace: str, fail_on: str | None = "error", rules: list[str] | None = No
                   f"(known: {', '.join(RULES)})")
         return 2
     try:
-        _trace, result = load(trace, cfg, selected or None)
+        opened, result = load(trace, cfg, selected or None)
     except Unusable as exc:
-        err.print(f"[red]error:[/] {exc}")
+        err.print(f"[red]error:[/] {exc}", soft_wrap=True)
+        return 2
+    unknown = unknown_schemas(result)
+    if unknown:
+        file, schema = unknown[0]
+        err.print(f"[red]error:[/] {file}: the header says schema {schema!r}, this mlatrace "
+                  f"reads {SCHEMA_NAME}/{SCHEMA_MAJOR}: no verdict (upgrade mlatrace; "
+                  "`mlatrace report` shows a best-effort view)", soft_wrap=True)
         return 2
     active = [r for r in RULES if cfg.enabled(r) and (not selected or r in selected)]
     if junit:
@@ -96,22 +113,31 @@ def main(trace: str, fail_on: str | None = "error", rules: list[str] | None = No
             junit_xml(result, fail_on, active, trace).write(junit, encoding="utf-8",
                                                             xml_declaration=True)
         except OSError as exc:
-            err.print(f"[red]error:[/] cannot write {junit}: {exc.strerror or exc}")
+            err.print(f"[red]error:[/] cannot write {junit}: {exc.strerror or exc}", soft_wrap=True)
             return 2
+    data = report_dict(trace, result, run=opened.run)
     out = make_console()
-    print_warnings(err, result.problems)
+    print_warnings(out, data["problems"])   # on stdout, before the verdict they qualify
     bad = failing(result.findings, fail_on)
     for f in result.findings:
         colour = "red" if f.severity == "error" else "yellow"
-        out.print(f"[{colour}]{f.id}[/] {f.severity} rank {f.rank}: {f.message}")
+        out.print(f"[{colour}]{f.id}[/] {f.severity} rank {rank_text(f.rank)}: {f.message}",
+                  soft_wrap=True)
         if f.evidence:
             e = f.evidence[0]
-            out.print(f"    at {e.file}:seq {e.seq} ({e.kind}); fix: {f.hint}")
-    data = report_dict(trace, result)
+            out.print(f"    at {e.file}:seq {e.seq} ({e.kind}); fix: {f.hint}", soft_wrap=True)
     summary = data["summary"]
-    verdict = (f"FAILED: {len(bad)} finding(s) at or above {fail_on}" if bad
+    verdict = (f"FAILED: {plural(len(bad), 'finding')} at or above {fail_on}" if bad
                else f"OK: no finding at or above {fail_on}")
-    out.print(f"[bold {'red' if bad else 'green'}]{verdict}[/] ({summary['processes']} processes, "
-              f"{summary['graphs']} graphs, {summary['replays']} replays, rules "
-              f"{','.join(active) or 'none'})")
+    problems = f", {plural(summary['problems'], 'problem')}" if summary["problems"] else ""
+    out.print(f"[bold {'red' if bad else 'green'}]{verdict}[/] "
+              f"({plural(summary['processes'], 'process', 'processes')}, "
+              f"{plural(summary['graphs'], 'graph')}, {plural(summary['replays'], 'replay')}"
+              f"{problems}; rules {','.join(active) or 'none'})", soft_wrap=True)
     return 1 if bad else 0
+
+
+def unknown_schemas(result: Analysis) -> list[tuple[str, str]]:
+    """(file, schema) of each process whose header names a schema this reader does not know."""
+    return [(p.file, p.schema) for p in result.model.processes
+            if p.schema is not None and check_schema(p.schema)]
