@@ -23,6 +23,7 @@ from mlatrace.report import (
     plural,
     print_warnings,
     problem_text,
+    problems_of,
     rank_text,
     report_dict,
     resolve_config,
@@ -51,12 +52,12 @@ def junit_xml(result: Analysis, fail_on: str, rules: list[str], trace: str) -> E
         if bad:
             failures += 1
             failure = ET.SubElement(case, "failure", type=severity,
-                                    message=f"{len(bad)} finding(s): {bad[0].message}")
+                                    message=f"{plural(len(bad), 'finding')}: {bad[0].message}")
             failure.text = "\n\n".join(_finding_text(f) for f in bad)
         elif mine:  # below the threshold: visible, not failing
             out = ET.SubElement(case, "system-out")
             out.text = "\n\n".join(_finding_text(f) for f in mine)
-    problems = report_dict(trace, result)["problems"]
+    problems = problems_of(result.model)
     if problems:
         err = ET.SubElement(suite, "system-err")
         err.text = "\n".join(problem_text(p) for p in problems)
@@ -130,6 +131,8 @@ def main(trace: str, fail_on: str | None = "error", rules: list[str] | None = No
     verdict = (f"FAILED: {plural(len(bad), 'finding')} at or above {fail_on}" if bad
                else f"OK: no finding at or above {fail_on}")
     problems = f", {plural(summary['problems'], 'problem')}" if summary["problems"] else ""
+    if summary["exit_code"]:
+        problems += f", the traced command exited with code {summary['exit_code']}"
     out.print(f"[bold {'red' if bad else 'green'}]{verdict}[/] "
               f"({plural(summary['processes'], 'process', 'processes')}, "
               f"{plural(summary['graphs'], 'graph')}, {plural(summary['replays'], 'replay')}"

@@ -19,8 +19,8 @@ def main() -> None:
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.option("--out", "out", type=click.Path(file_okay=False), default=None,
-              help="Trace directory (default ./mlatrace-trace/<timestamp>).")
+@click.option("--out", "out", default=None,
+              help="Trace directory, created if needed (default ./mlatrace-trace/<timestamp>).")
 @click.option("--ranks", default=None, show_default="all ranks",
               help="Keep only these ranks' events, e.g. 0 or 0,1.")
 @click.option("--probes", "probes", multiple=True, type=click.Path(exists=True, dir_okay=False),
@@ -76,7 +76,7 @@ def report(trace: str, as_json: bool, verbose: bool, config: str | None) -> None
 @main.command()
 @click.argument("a", type=click.Path())
 @click.argument("b", type=click.Path())
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (stable schema).")
 def diff(a: str, b: str, as_json: bool) -> None:
     """Topology differences between two traces (A -> B)."""
     from mlatrace import diff as diff_mod
@@ -163,7 +163,8 @@ def bench() -> None:
 
 
 @bench.command("record")
-@click.option("--events", type=int, default=200_000)
+@click.option("--events", type=int, default=200_000, show_default=True,
+              help="Records to emit for the per-event cost.")
 def bench_record(events: int) -> None:
     """Recorder cost per event and traced/untraced ratio of a probed tight loop."""
     from mlatrace.bench import record_bench
@@ -172,7 +173,8 @@ def bench_record(events: int) -> None:
 
 
 @bench.command("probes")
-@click.option("--launches", type=int, default=2000)
+@click.option("--launches", type=int, default=2000, show_default=True,
+              help="Launches (and probed calls) to time.")
 def bench_probes(launches: int) -> None:
     """Added cost per eager Triton launch and per probed Python call."""
     from mlatrace.bench import probes_bench
@@ -181,7 +183,8 @@ def bench_probes(launches: int) -> None:
 
 
 @bench.command("analyze")
-@click.option("--events", type=int, default=1_000_000)
+@click.option("--events", type=int, default=1_000_000, show_default=True,
+              help="Records in the generated trace.")
 def bench_analyze(events: int) -> None:
     """Time and peak memory of `report` on a generated trace."""
     from mlatrace.bench import analyze_bench
@@ -190,7 +193,8 @@ def bench_analyze(events: int) -> None:
 
 
 @bench.command("splits")
-@click.option("--out", type=click.Path(file_okay=False), default="bench-splits")
+@click.option("--out", type=click.Path(file_okay=False), default="bench-splits", show_default=True,
+              help="Directory for splits.md, splits.json and splits.png.")
 @click.option("--quick", is_flag=True, help="Fewer lengths/iterations (smoke test).")
 def bench_splits(out: str, quick: bool) -> None:
     """Per-step decode latency by KV length and split policy, replayed from CUDA graphs (GPU)."""
@@ -200,7 +204,8 @@ def bench_splits(out: str, quick: bool) -> None:
 
 
 @bench.command("overhead")
-@click.option("--steps", type=int, default=200)
+@click.option("--steps", type=int, default=200, show_default=True,
+              help="Decode steps timed per configuration.")
 def bench_overhead(steps: int) -> None:
     """Decode step time under graph replay, traced vs untraced (GPU)."""
     from mlatrace.bench import overhead_bench

@@ -1,7 +1,8 @@
 """`mlatrace diff A B`: topology-level differences between two traces (A -> B).
 
-Capture units (root graphs) are matched by rank, batch-descriptor key and source (and
-their order among equals); kernels inside them by name. Compared: split counts,
+Capture units (root graphs) are matched by rank (processes without one: by their order),
+batch-descriptor key and source (and their order among equals); kernels inside them by
+name. Compared: split counts,
 grids, stage 2 present/skipped, pointer stability, replay counts and lengths, GPU-time
 percentiles when present, and findings added/removed (matched by rule, rank, key, op).
 
@@ -12,8 +13,11 @@ Exit codes: 0 the diff was made (differences or not), 2 either trace is unusable
     {"schema": "mlatrace.diff/1", "a": str, "b": str,
      "summary": {"matched": int, "changed": int, "only_a": int, "only_b": int,
                  "findings_added": int, "findings_removed": int},
-     "graphs": [{"rank", "key", "src", "status": "changed"|"same"|"only_a"|"only_b",
+     "graphs": [{"rank",                     # null for a process without a rank
+                 "key", "src", "status": "changed"|"same"|"only_a"|"only_b",
                  "changes": [{"field": str, "a": value, "b": value}]}],
+     # field num_kv_splits: the frozen split counts, or {"eager": [int]} for a breakable
+     # capture that froze none: the counts its eager calls chose at run time
      "findings": {"added": [finding], "removed": [finding]}}   # finding as in report --json
 """
 

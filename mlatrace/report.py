@@ -8,11 +8,16 @@ is unreadable or holds nothing usable (bad --config too).
     {
       "schema": "mlatrace.report/1",
       "trace": str,                          # the trace directory
-      "summary": {"processes": int, "graphs": int,      # capture units (root graphs)
-                  "graphs_total": int,                  # incl. nested torch graphs
+      "summary": {"processes": int,
+                  "graphs": int,        # capture units: root graphs, each with the graphs
+                                        # captured inside it (gid 1>2,3 in the table)
+                  "graphs_total": int,  # every graph, nested torch graphs included
                   "replays": int,                       # steps (nested replays counted once)
                   "findings": {"error": int, "warning": int},
-                  "suppressed": int, "problems": int},
+                  "suppressed": int,
+                  "problems": int,      # len(problems): the text, check and this agree
+                  "marks": int,         # mlatrace.mark() records (all, even past the kept ones)
+                  "exit_code": int|null},               # the traced command's (run.json)
       "processes": [{"file", "pid", "ppid", "rank", "root", "world_size", "role", "argv",
                      "schema", "records", "dropped", "gaps", "end_reason"}],
       "graphs": [{"pid", "rank", "file", "gid", "nested_gids": [int], "src", "key", "mode",
@@ -23,7 +28,9 @@ is unreadable or holds nothing usable (bad --config too).
                              "graph_nodes": int, "capture_seq_len_max": int|null},
                   "replays": {"count": int, "seq_len_max": int|null, "seq_len_min": int|null,
                               "ptrs_stable": bool|null,
-                              "gpu_ns": {"p50", "p90", "p99", "max", "samples"}|null}}],
+                              "gpu_ns": {"p50", "p90", "p99", "max", "samples"}|null},
+                  "runtime": {"num_kv_splits": [int]}|null}],  # a unit with eager breaks:
+                                        # split counts its process chose eagerly while replaying
       "attention": [{"file", "pid", "rank", "kind": "attn.call"|"attn.metadata",
                      "name",                 # the op (forward_mqa, ...) or the backend
                      "count", "captured", "eager", "layers",   # distinct layer names
@@ -31,7 +38,10 @@ is unreadable or holds nothing usable (bad --config too).
       "findings": [{"id", "name", "severity", "message", "hint", "pid", "rank", "gid",
                     "evidence": [{"file", "seq", "kind", "what"}], "details": {...}}],
       "suppressed": [same as findings],      # matched by the config's allow-list
-      "problems": [{"file", "line", "reason"}]
+      "problems": [{"file", "line", "reason"}],  # the reader's bad lines (line >= 1), then
+                                        # per-file data loss (line 0): dropped records, no
+                                        # process.end
+      "marks": [{"file", "pid", "rank", "seq", "t", "name", "attrs"}]  # the first 100 per process
     }
 """
 
@@ -215,7 +225,7 @@ def _quiet(proc: dict, graphs: list[dict]) -> bool:
 
 
 GRAPH_COLUMNS = [
-    Column("ranks", priority=5, wrap=True),
+    Column("ranks", priority=2, wrap=True),
     Column("gid", justify="right"),
     Column("src", priority=6),
     Column("key", wrap=True),

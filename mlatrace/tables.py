@@ -4,8 +4,8 @@ rich shrinks every column of a table that is too wide, down to cutting words in
 half ("3283" / "1"). Here each column says how important it is and whether its
 text may wrap between words; `fit_table` then drops the least important columns
 until the rest fit at their minimum width (the longest word of a prose column,
-the whole value of any other), widens prose columns with what is left, and names
-the columns it left out. Every table of `report`, `diff` and `check` goes through
+the whole value of any other), a column that is empty in every row going first,
+then narrows the widest columns to fit, and names the columns it left out. Every table of `report`, `diff` and `check` goes through
 it, so a new column only has to declare its priority.
 """
 
@@ -91,6 +91,8 @@ def fit_columns(columns: list[Column], rows: list[list[str]], width: int
         natural.append(max(widest, _widest_line(col.header)))
         body = max([_longest_word(c) for c in cells] + [1]) if col.wrap else widest
         minimum.append(max(body, header_word))
+    # a column that says nothing in any row (all "-" or blank) is the first to go
+    empty = [all(row[i].strip() in ("", "-") for row in plain) for i in range(len(columns))]
     shown = list(range(len(columns)))
 
     def total(ws: dict[int, int] | list[int]) -> int:
@@ -104,7 +106,7 @@ def fit_columns(columns: list[Column], rows: list[list[str]], width: int
         candidates = [i for i in shown if columns[i].priority > REQUIRED]
         if not squeezed or not candidates:
             break
-        worst = max(candidates, key=lambda i: (columns[i].priority, i))
+        worst = max(candidates, key=lambda i: (empty[i], columns[i].priority, i))
         shown.remove(worst)
         dropped.append(worst)
     return sorted(dropped), widths
@@ -125,7 +127,8 @@ def _shrink(widths: dict[int, int], minimum: list[int], width: int, total: Any) 
 
 def fit_table(console: Any, columns: list[Column], rows: list[list[str]], *,
               title: str | None = None) -> tuple[Any, list[str]]:
-    """A rich Table of `rows` that fits `console.width`, and the headers it left out."""
+    """A rich Table of `rows` that fits `console.width`, and the headers it left out
+    that had something to show."""
     from rich.table import Table
 
     dropped, widths = fit_columns(columns, rows, console.width)
@@ -136,7 +139,9 @@ def fit_table(console: Any, columns: list[Column], rows: list[list[str]], *,
         table.add_column(col.header, justify=col.justify, width=widths[i], overflow="fold")
     for row in rows:
         table.add_row(*(row[i] for i in shown))
-    return table, [columns[i].header for i in dropped]
+    # a column left out that was empty in every row lost nothing: not worth a mention
+    said = [i for i in dropped if any(_plain(row[i]).strip() not in ("", "-") for row in rows)]
+    return table, [columns[i].header for i in said]
 
 
 def print_table(console: Any, columns: list[Column], rows: list[list[str]], *,

@@ -41,12 +41,12 @@ def test_report_json_schema_is_stable():
     data = json.loads(result.stdout)
     assert data["schema"] == "mlatrace.report/1"
     assert set(data) == {"schema", "trace", "summary", "processes", "graphs", "attention",
-                         "findings", "suppressed", "problems"}
+                         "findings", "suppressed", "problems", "marks"}
     calls = {(a["kind"], a["name"]): a for a in data["attention"]}
     assert calls[("attn.call", "forward_mqa")]["captured"] >= 1
     assert data["summary"] == {"processes": 1, "graphs": 1, "graphs_total": 2, "replays": 3,
                                "findings": {"error": 1, "warning": 0}, "suppressed": 0,
-                               "problems": 0}
+                               "problems": 0, "marks": 0, "exit_code": 0}
     [graph] = data["graphs"]
     assert graph["frozen"]["num_kv_splits"] == [1] and graph["frozen"]["stage2"] == "skipped"
     assert graph["replays"]["seq_len_max"] == 100003

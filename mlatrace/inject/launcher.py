@@ -74,6 +74,8 @@ def _parse_ranks(ranks: str | None) -> str | None:
 
 def _unusable_out_dir(out_dir: Path) -> str | None:
     """Create OUT and prove it takes files; None when usable, else why not (one line)."""
+    if out_dir.exists() and not out_dir.is_dir():
+        return "it is a file, not a directory"
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         probe = out_dir / f".mlatrace-write-test-{os.getpid()}"

@@ -143,7 +143,7 @@ def doctor(extra: list[str] | None = None) -> int:
         counts[result.status] = counts.get(result.status, 0) + 1
     drift = counts.get("drift", 0)
     summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
-    verdict = f"DRIFT in {drift} target(s)" if drift else "no drift"
+    verdict = f"DRIFT in {drift} target{'' if drift == 1 else 's'}" if drift else "no drift"
     print(f"probes doctor: {len(packs)} packs, {len(results)} targets: {summary} -> {verdict}")
     for pack in packs:
         version = library_version(pack.library)
