@@ -88,6 +88,17 @@ def test_report_tables_never_split_a_word_when_not_a_tty(trace: Path) -> None:
         assert "max" in narrow.output and "splits" in narrow.output and "gid" in narrow.output
 
 
+def test_diff_table_never_splits_a_word() -> None:
+    args = ("diff", SAMPLES / "gpu_serve_legacy", SAMPLES / "gpu_serve_bucketed_breakable")
+    wide = cli(*args, columns=1000).output
+    for width in WIDTHS:
+        narrow = cli(*args, columns=width)
+        assert narrow.exit_code == 0
+        table = [line for line in narrow.output.splitlines() if "│" in line or "┃" in line]
+        _assert_fits("\n".join(table), wide, width, "diff")
+        assert "num_kv_splits" in narrow.output
+
+
 def _run_in_pty(args: list[str], width: int) -> str:
     """Run `mlatrace ARGS` on a pseudo-terminal of `width` columns (no COLUMNS set)."""
     master, slave = pty.openpty()
