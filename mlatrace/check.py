@@ -1,16 +1,18 @@
 """`mlatrace check TRACE`: a CI verdict over the findings and the coverage.
 
 Exit codes (ExitCode): 0 clean (no finding at or above --fail-on, and not blind),
-1 findings at or above it, 2 the trace is unreadable / has nothing usable, or the
-arguments or config are wrong, 3 blind: the trace cannot support a clean verdict
+1 findings at or above it, 2 the trace is unreadable / has nothing usable, a header
+names a schema this mlatrace does not know (no verdict on records it may misread), or
+the arguments or config are wrong, 3 blind: the trace cannot support a clean verdict
 (a probe.error, a probed engine in the headers but no graph or attention record, an
 unmet --expect, ranks missing; analysis/coverage.py). Findings (1) take precedence
 over blindness (3).
 
-Output: one line per finding starting with its id at column 0, then coverage lines
-(`coverage ...`, indented `blind: ...`) that never start with an id, then the verdict.
-`--junit FILE` writes one testcase per rule (failures carry the messages and evidence)
-and a `coverage` testcase that fails when the run is blind.
+Output is plain lines for CI logs, never wrapped: the trace's problems (`warning: ...`),
+one line per finding starting with its id at column 0, its evidence and fix, then
+coverage lines (`coverage ...`, indented `blind: ...`) that never start with an id, then
+the verdict. `--junit FILE` writes one testcase per rule (failures carry the messages
+and evidence) and a `coverage` testcase that fails when the run is blind.
 """
 
 from __future__ import annotations
@@ -22,7 +24,16 @@ from typing import Any
 
 from mlatrace.analysis import RULES, Analysis, ConfigError, Finding, at_or_above
 from mlatrace.analysis.load import Unusable, load, resolve_config
-from mlatrace.report import make_console, print_warnings, report_dict
+from mlatrace.report import (
+    make_console,
+    plural,
+    print_warnings,
+    problem_text,
+    problems_of,
+    rank_text,
+    report_dict,
+)
+from mlatrace.trace import SCHEMA_MAJOR, SCHEMA_NAME, check_schema
 
 
 class ExitCode(IntEnum):
@@ -62,7 +73,7 @@ def junit_xml(result: Analysis, fail_on: str, rules: list[str], trace: str) -> E
         if bad:
             failures += 1
             failure = ET.SubElement(case, "failure", type=severity,
-                                    message=f"{len(bad)} finding(s): {bad[0].message}")
+                                    message=f"{plural(len(bad), 'finding')}: {bad[0].message}")
             failure.text = "\n\n".join(_finding_text(f) for f in bad)
         elif mine:  # below the threshold: visible, not failing
             out = ET.SubElement(case, "system-out")
@@ -81,9 +92,10 @@ def junit_xml(result: Analysis, fail_on: str, rules: list[str], trace: str) -> E
         out.text = (f"{attached if attached is not None else 'unknown number of'} probes "
                     f"attached, {coverage.probes_errored} errored; records: "
                     + ", ".join(f"{k} {n}" for k, n in coverage.records.items()))
-    if result.problems:
+    problems = problems_of(result.model)
+    if problems:
         err = ET.SubElement(suite, "system-err")
-        err.text = "\n".join(str(p) for p in result.problems)
+        err.text = "\n".join(problem_text(p) for p in problems)
     suite.set("tests", str(len(RULES) + 1))
     suite.set("failures", str(failures))
     suite.set("errors", "0")
@@ -93,7 +105,7 @@ def junit_xml(result: Analysis, fail_on: str, rules: list[str], trace: str) -> E
 
 
 def _finding_text(f: Finding) -> str:
-    lines = [f"[{f.severity}] {f.message}", f"pid {f.pid} rank {f.rank} gid {f.gid}"]
+    lines = [f"[{f.severity}] {f.message}", f"pid {f.pid} rank {rank_text(f.rank)} gid {f.gid}"]
     lines += [f"  {e.file}:seq {e.seq} ({e.kind}) {e.what}" for e in f.evidence]
     lines.append(f"fix: {f.hint}")
     return "\n".join(lines)
@@ -108,7 +120,7 @@ def main(trace: str, fail_on: str | None = "error", rules: list[str] | None = No
     try:
         cfg = resolve_config(config, trace, expect)
     except ConfigError as exc:
-        err.print(f"[red]error:[/] {exc}")
+        err.print(f"[red]error:[/] {exc}", soft_wrap=True)
         return 2
     fail_on = fail_on or cfg.fail_on
     if fail_on not in ("error", "warning"):
@@ -121,9 +133,16 @@ def main(trace: str, fail_on: str | None = "error", rules: list[str] | None = No
                   f"(known: {', '.join(RULES)})")
         return 2
     try:
-        _trace, result = load(trace, cfg, selected or None)
+        opened, result = load(trace, cfg, selected or None)
     except Unusable as exc:
-        err.print(f"[red]error:[/] {exc}")
+        err.print(f"[red]error:[/] {exc}", soft_wrap=True)
+        return 2
+    unknown = unknown_schemas(result)
+    if unknown:
+        file, schema = unknown[0]
+        err.print(f"[red]error:[/] {file}: the header says schema {schema!r}, this mlatrace "
+                  f"reads {SCHEMA_NAME}/{SCHEMA_MAJOR}: no verdict (upgrade mlatrace; "
+                  "`mlatrace report` shows a best-effort view)", soft_wrap=True)
         return 2
     active = [r for r in RULES if cfg.enabled(r) and (not selected or r in selected)]
     if junit:
@@ -132,24 +151,25 @@ def main(trace: str, fail_on: str | None = "error", rules: list[str] | None = No
             junit_xml(result, fail_on, active, trace).write(junit, encoding="utf-8",
                                                             xml_declaration=True)
         except OSError as exc:
-            err.print(f"[red]error:[/] cannot write {junit}: {exc.strerror or exc}")
+            err.print(f"[red]error:[/] cannot write {junit}: {exc.strerror or exc}", soft_wrap=True)
             return 2
+    data = report_dict(trace, result, run=opened.run)
     out = make_console()
-    print_warnings(err, result.problems)
+    print_warnings(out, data["problems"])   # on stdout, before the verdict they qualify
     bad = failing(result.findings, fail_on)
     for f in result.findings:
         colour = "red" if f.severity == "error" else "yellow"
-        out.print(f"[{colour}]{f.id}[/] {f.severity} rank {f.rank}: {f.message}")
+        out.print(f"[{colour}]{f.id}[/] {f.severity} rank {rank_text(f.rank)}: {f.message}",
+                  soft_wrap=True)
         if f.evidence:
             e = f.evidence[0]
-            out.print(f"    at {e.file}:seq {e.seq} ({e.kind}); fix: {f.hint}")
-    data = report_dict(trace, result)
+            out.print(f"    at {e.file}:seq {e.seq} ({e.kind}); fix: {f.hint}", soft_wrap=True)
     summary = data["summary"]
     coverage = result.coverage
     render_coverage_lines(out, coverage)
     code = verdict_code(bad, coverage.blind)
     if code is ExitCode.FINDINGS:
-        verdict, colour = f"FAILED: {len(bad)} finding(s) at or above {fail_on}", "red"
+        verdict, colour = f"FAILED: {plural(len(bad), 'finding')} at or above {fail_on}", "red"
         if coverage.blind:
             verdict += " (and the trace is blind, see coverage)"
     elif code is ExitCode.BLIND:
@@ -157,9 +177,13 @@ def main(trace: str, fail_on: str | None = "error", rules: list[str] | None = No
                            "cannot support a clean verdict"), "red"
     else:
         verdict, colour = f"OK: no finding at or above {fail_on}", "green"
-    out.print(f"[bold {colour}]{verdict}[/] ({summary['processes']} processes, "
-              f"{summary['graphs']} graphs, {summary['replays']} replays, rules "
-              f"{','.join(active) or 'none'})")
+    problems = f", {plural(summary['problems'], 'problem')}" if summary["problems"] else ""
+    if summary["exit_code"]:
+        problems += f", the traced command exited with code {summary['exit_code']}"
+    out.print(f"[bold {colour}]{verdict}[/] "
+              f"({plural(summary['processes'], 'process', 'processes')}, "
+              f"{plural(summary['graphs'], 'graph')}, {plural(summary['replays'], 'replay')}"
+              f"{problems}; rules {','.join(active) or 'none'})", soft_wrap=True)
     return int(code)
 
 
@@ -168,10 +192,16 @@ def render_coverage_lines(out: Any, coverage: Any) -> None:
     from rich.markup import escape
 
     attached = coverage.probes_attached
-    head = (f"{attached} probe(s) attached" if attached is not None
+    head = (plural(attached, "probe") + " attached" if attached is not None
             else "probe coverage not recorded")
     state = "blind" if coverage.blind else "not blind"
     out.print(f"coverage: {head}, {coverage.probes_errored} errored; {state}",
-              highlight=False)
+              highlight=False, soft_wrap=True)
     for reason in coverage.reasons:
-        out.print(f"  blind: {escape(reason)}", highlight=False)
+        out.print(f"  blind: {escape(reason)}", highlight=False, soft_wrap=True)
+
+
+def unknown_schemas(result: Analysis) -> list[tuple[str, str]]:
+    """(file, schema) of each process whose header names a schema this reader does not know."""
+    return [(p.file, p.schema) for p in result.model.processes
+            if p.schema is not None and check_schema(p.schema)]

@@ -20,16 +20,19 @@ def main() -> None:
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.option("--out", "out", type=click.Path(file_okay=False), default=None,
-              help="Trace directory (default ./mlatrace-trace/<timestamp>).")
-@click.option("--ranks", default=None, help="Keep only these ranks' events, e.g. 0 or 0,1.")
+@click.option("--out", "out", default=None,
+              help="Trace directory, created if needed (default ./mlatrace-trace/<timestamp>).")
+@click.option("--ranks", default=None, show_default="all ranks",
+              help="Keep only these ranks' events, e.g. 0 or 0,1.")
 @click.option("--probes", "probes", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="Extra probe pack (TOML); repeatable.")
 @click.option("--replay-sample", type=click.IntRange(min=1), default=None,
-              help="Keep the first N replay records per graph, then 1 in N.")
-@click.option("--launch-sample", type=click.IntRange(min=0), default=None,
+              show_default="keep every replay record",
+              help="Keep the first N replay records per graph, then 1 in N (process.end "
+                   "still counts every replay).")
+@click.option("--launch-sample", type=click.IntRange(min=0), default=None, show_default="8",
               help="Eager kernel launches repeating their last grid and constexprs: keep the "
-                   "first N in a row, then 1 in N (default 8; 0 keeps all).")
+                   "first N in a row, then 1 in N (0 keeps all).")
 @click.option("--graph-nodes/--no-graph-nodes", default=True,
               help="Dump each captured graph's kernel nodes (capture-time cost only).")
 @click.option("--otlp", default=None, help="Also export spans live to this OTLP/HTTP endpoint.")
@@ -58,7 +61,20 @@ def run(out: str | None, ranks: str | None, probes: tuple[str, ...], replay_samp
                    "run must contain; the coverage section says whether it did. Repeatable.")
 def report(trace: str, as_json: bool, verbose: bool, config: str | None,
            expect: tuple[str, ...]) -> None:
-    """Summarise a trace: processes, coverage, graphs, frozen topology, replays, findings."""
+    """Summarise a trace: processes, coverage, graphs, frozen topology, replays, findings.
+
+    \b
+    A capture unit is a root graph and the graphs captured inside it: gid 1>2-4
+    in the graphs table is unit 1 (vLLM's wrapper graph, a breakable capture)
+    enclosing the torch graphs 2, 3 and 4. The summary's "graphs captured" and
+    --json's summary.graphs count units; summary.graphs_total counts every
+    graph, nested ones included. Columns that do not fit the terminal are left
+    out (the table says which; --json has them all). -v adds the evidence of
+    each finding, the frozen details of each graph and the mlatrace.mark()
+    annotations.
+
+    Exit codes: 0 a report was made (findings or not), 2 unreadable trace or config.
+    """
     from mlatrace import report as report_mod
 
     sys.exit(report_mod.main(trace, as_json=as_json, verbose=verbose, config=config,
@@ -68,7 +84,7 @@ def report(trace: str, as_json: bool, verbose: bool, config: str | None,
 @main.command()
 @click.argument("a", type=click.Path())
 @click.argument("b", type=click.Path())
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (stable schema).")
 def diff(a: str, b: str, as_json: bool) -> None:
     """Topology differences between two traces (A -> B)."""
     from mlatrace import diff as diff_mod
@@ -81,7 +97,9 @@ def diff(a: str, b: str, as_json: bool) -> None:
 @click.option("--fail-on", type=click.Choice(["error", "warning"]), default=None,
               help="Lowest severity that fails (default: the config's fail_on, else error).")
 @click.option("--rule", "rules", multiple=True, help="Only these rule ids (repeatable).")
-@click.option("--config", type=click.Path(exists=True, dir_okay=False), default=None)
+@click.option("--config", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="mlatrace.toml or pyproject.toml with [tool.mlatrace] (default: the one "
+                   "in the current directory, if any).")
 @click.option("--junit", type=click.Path(dir_okay=False), default=None, help="Write JUnit XML here.")
 @click.option("--expect", "expect", multiple=True, metavar="KIND",
               help="Exit 3 unless the run recorded this: a record kind (attn.call, "
@@ -99,6 +117,13 @@ def check(trace: str, fail_on: str | None, rules: tuple[str, ...], config: str |
       3  blind: the trace cannot support a clean verdict (a probe.error; vLLM,
          SGLang or AITER in the headers but no graph or attention record; an
          unmet --expect; ranks of the world size missing)
+      Exit 2 also when a process header names a schema this mlatrace does not
+      know (e.g. mlatrace/9 from a newer mlatrace): no verdict on records it may
+      misread; `mlatrace report` still shows a best-effort view.
+
+    Output is plain lines, never wrapped: problems (warning: ...), one line per
+    finding starting with its id, its evidence and fix, coverage lines, then the
+    verdict.
     """
     from mlatrace import check as check_mod
 
@@ -109,8 +134,12 @@ def check(trace: str, fail_on: str | None, rules: tuple[str, ...], config: str |
 @main.command()
 @click.argument("trace", type=click.Path())
 @click.option("--otlp", default=None, help="OTLP endpoint URL.")
-@click.option("--protocol", type=click.Choice(["http/protobuf", "grpc"]), default="http/protobuf")
-@click.option("--service-name", default="mlatrace")
+@click.option("--protocol", type=click.Choice(["http/protobuf", "grpc"]), default="http/protobuf",
+              show_default=True,
+              help="OTLP transport: http/protobuf (e.g. http://collector:4318/v1/traces) or "
+                   "grpc (collector:4317; needs the gRPC exporter installed).")
+@click.option("--service-name", default="mlatrace", show_default=True,
+              help="service.name resource attribute of the exported spans.")
 @click.option("--perfetto", type=click.Path(dir_okay=False), default=None,
               help="Write Chrome/Perfetto trace-event JSON here.")
 def export(trace: str, otlp: str | None, protocol: str, service_name: str,
@@ -127,8 +156,12 @@ def probes() -> None:
     """Probe packs: list them, check them against installed packages."""
 
 
+PROBES_HELP = "Also load this probe pack (TOML), as `mlatrace run --probes` does; repeatable."
+
+
 @probes.command("list")
-@click.option("--probes", "extra", multiple=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--probes", "extra", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help=PROBES_HELP)
 def probes_list(extra: tuple[str, ...]) -> None:
     """Packs, probes and their targets."""
     from mlatrace.probe import commands
@@ -137,7 +170,8 @@ def probes_list(extra: tuple[str, ...]) -> None:
 
 
 @probes.command("doctor")
-@click.option("--probes", "extra", multiple=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--probes", "extra", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help=PROBES_HELP)
 def probes_doctor(extra: tuple[str, ...]) -> None:
     """Which targets exist in installed packages and whether signatures match (exit 1 on drift)."""
     from mlatrace.probe import commands
@@ -151,7 +185,8 @@ def bench() -> None:
 
 
 @bench.command("record")
-@click.option("--events", type=int, default=200_000)
+@click.option("--events", type=int, default=200_000, show_default=True,
+              help="Records to emit for the per-event cost.")
 def bench_record(events: int) -> None:
     """Recorder cost per event and traced/untraced ratio of a probed tight loop."""
     from mlatrace.bench import record_bench
@@ -160,7 +195,8 @@ def bench_record(events: int) -> None:
 
 
 @bench.command("probes")
-@click.option("--launches", type=int, default=2000)
+@click.option("--launches", type=int, default=2000, show_default=True,
+              help="Launches (and probed calls) to time.")
 def bench_probes(launches: int) -> None:
     """Added cost per eager Triton launch and per probed Python call."""
     from mlatrace.bench import probes_bench
@@ -169,7 +205,8 @@ def bench_probes(launches: int) -> None:
 
 
 @bench.command("analyze")
-@click.option("--events", type=int, default=1_000_000)
+@click.option("--events", type=int, default=1_000_000, show_default=True,
+              help="Records in the generated trace.")
 def bench_analyze(events: int) -> None:
     """Time and peak memory of `report` on a generated trace."""
     from mlatrace.bench import analyze_bench
@@ -178,7 +215,8 @@ def bench_analyze(events: int) -> None:
 
 
 @bench.command("splits")
-@click.option("--out", type=click.Path(file_okay=False), default="bench-splits")
+@click.option("--out", type=click.Path(file_okay=False), default="bench-splits", show_default=True,
+              help="Directory for splits.md, splits.json and splits.png.")
 @click.option("--quick", is_flag=True, help="Fewer lengths/iterations (smoke test).")
 def bench_splits(out: str, quick: bool) -> None:
     """Per-step decode latency by KV length and split policy, replayed from CUDA graphs (GPU)."""
@@ -188,7 +226,8 @@ def bench_splits(out: str, quick: bool) -> None:
 
 
 @bench.command("overhead")
-@click.option("--steps", type=int, default=200)
+@click.option("--steps", type=int, default=200, show_default=True,
+              help="Decode steps timed per configuration.")
 def bench_overhead(steps: int) -> None:
     """Decode step time under graph replay, traced vs untraced (GPU)."""
     from mlatrace.bench import overhead_bench
@@ -197,9 +236,16 @@ def bench_overhead(steps: int) -> None:
 
 
 @main.command()
-@click.option("--policy", type=click.Choice(["legacy", "bucketed", "device"]), default="legacy")
-@click.option("--out", type=click.Path(file_okay=False), default=None)
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto")
+@click.option("--policy", type=click.Choice(["legacy", "bucketed", "device"]), default="legacy",
+              show_default=True,
+              help="KV-split policy of the reference decode: legacy (AITER's host formula, "
+                   "frozen at capture: MLT001), bucketed, or device (derived on the GPU: "
+                   "no finding).")
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              show_default="a temporary directory",
+              help="Keep the trace in this directory.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
+              show_default=True, help="Where the reference decode runs (auto: CUDA if available).")
 def demo(policy: str, out: str | None, device: str) -> None:
     """Trace the bundled reference decode program and print its report."""
     from mlatrace.reference import demo as demo_mod

@@ -1,7 +1,8 @@
 """`mlatrace diff A B`: topology-level differences between two traces (A -> B).
 
-Capture units (root graphs) are matched by rank, batch-descriptor key and source (and
-their order among equals); kernels inside them by name. Compared: split counts,
+Capture units (root graphs) are matched by rank (processes without one: by their order),
+batch-descriptor key and source (and their order among equals); kernels inside them by
+name. Compared: split counts,
 grids, stage 2 present/skipped, pointer stability, replay counts and lengths, GPU-time
 percentiles when present, and findings added/removed (matched by rule, rank, key, op).
 
@@ -12,8 +13,11 @@ Exit codes: 0 the diff was made (differences or not), 2 either trace is unusable
     {"schema": "mlatrace.diff/1", "a": str, "b": str,
      "summary": {"matched": int, "changed": int, "only_a": int, "only_b": int,
                  "findings_added": int, "findings_removed": int},
-     "graphs": [{"rank", "key", "src", "status": "changed"|"same"|"only_a"|"only_b",
+     "graphs": [{"rank",                     # null for a process without a rank
+                 "key", "src", "status": "changed"|"same"|"only_a"|"only_b",
                  "changes": [{"field": str, "a": value, "b": value}]}],
+     # field num_kv_splits: the frozen split counts, or {"eager": [int]} for a breakable
+     # capture that froze none: the counts its eager calls chose at run time
      "findings": {"added": [finding], "removed": [finding]}}   # finding as in report --json
 """
 
@@ -26,17 +30,25 @@ from typing import Any
 from mlatrace.analysis import Analysis, ConfigError
 from mlatrace.analysis.load import Unusable, load, resolve_config
 from mlatrace.analysis.summary import units
-from mlatrace.report import make_console, print_warnings
+from mlatrace.report import (
+    make_console,
+    plural,
+    print_warnings,
+    problems_of,
+    rank_text,
+)
+from mlatrace.tables import Column, print_table
 
 DIFF_SCHEMA = "mlatrace.diff/1"
 
 
-def _rank_key(unit: dict, model: Any) -> Any:
-    """Rank when known, else the process's position among rankless processes (stable)."""
+def _rank_key(unit: dict, model: Any) -> tuple:
+    """Match key of a unit's process: its rank when known, else its position among the
+    processes without a rank (pids differ between runs)."""
     if unit["rank"] is not None:
-        return unit["rank"]
+        return (unit["rank"], -1)
     rankless = [p.pid for p in model.processes if p.rank is None]
-    return f"proc{rankless.index(unit['pid'])}" if unit["pid"] in rankless else f"pid{unit['pid']}"
+    return (None, rankless.index(unit["pid"]) if unit["pid"] in rankless else -1)
 
 
 def keyed_units(result: Analysis) -> dict[tuple, dict]:
@@ -59,7 +71,7 @@ def compare_units(a: dict, b: dict) -> list[dict]:
             changes.append({"field": field, "a": va, "b": vb})
 
     fa, fb = a["frozen"], b["frozen"]
-    cmp("num_kv_splits", fa["num_kv_splits"], fb["num_kv_splits"])
+    cmp("num_kv_splits", splits_view(a), splits_view(b))
     cmp("stage2", fa["stage2"], fb["stage2"])
     for name in sorted(set(fa["kernels"]) | set(fb["kernels"])):
         ka, kb = fa["kernels"].get(name), fb["kernels"].get(name)
@@ -85,6 +97,16 @@ def compare_units(a: dict, b: dict) -> list[dict]:
     return changes
 
 
+def splits_view(unit: dict) -> Any:
+    """The split counts a unit runs with: frozen at capture, or, for a breakable capture
+    that froze none, {"eager": [...]}: what its eager calls chose at run time."""
+    frozen = unit["frozen"]["num_kv_splits"]
+    runtime = (unit.get("runtime") or {}).get("num_kv_splits")
+    if not frozen and runtime:
+        return {"eager": runtime}
+    return frozen
+
+
 def _stable(value: bool | None) -> str | None:
     return None if value is None else ("stable" if value else "drift")
 
@@ -93,7 +115,7 @@ def diff_dict(a_path: str, a: Analysis, b_path: str, b: Analysis) -> dict[str, A
     ua, ub = keyed_units(a), keyed_units(b)
     graphs = []
     for key in sorted(set(ua) | set(ub), key=lambda k: tuple(str(x) for x in k)):
-        rank, gkey, src, _ordinal = key
+        (rank, _position), gkey, src, _ordinal = key
         row = {"rank": rank, "key": None if gkey == "None" else gkey, "src": src}
         if key not in ub:
             graphs.append({**row, "status": "only_a", "changes": []})
@@ -121,6 +143,8 @@ def diff_dict(a_path: str, a: Analysis, b_path: str, b: Analysis) -> dict[str, A
 def _fmt(value: Any) -> str:
     if value is None:
         return "-"
+    if isinstance(value, dict) and set(value) == {"eager"}:
+        return f"{_fmt(value['eager'])} (chosen eagerly at run time)"
     if isinstance(value, list) and value and all(isinstance(v, int) for v in value) \
             and len(value) == 3:
         return "(" + ",".join(map(str, value)) + ")"  # a launch grid
@@ -129,36 +153,44 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def render(console: Any, data: dict[str, Any]) -> None:
-    from rich.table import Table
+DIFF_COLUMNS = [
+    Column("rank", priority=1, justify="right"),
+    Column("graph key", wrap=True),
+    Column("src", priority=2),
+    Column("what", wrap=True),
+    Column("A", wrap=True),
+    Column("B", wrap=True),
+]
 
+
+def render(console: Any, data: dict[str, Any]) -> None:
     s = data["summary"]
-    console.print(f"[bold]{s['matched']} graphs matched, {s['changed']} changed, "
+    console.print(f"[bold]{plural(s['matched'], 'graph')} matched, {s['changed']} changed, "
                   f"{s['only_a']} only in A, {s['only_b']} only in B; findings: "
-                  f"{s['findings_removed']} removed, {s['findings_added']} added[/]")
-    console.print(f"A = {data['a']}\nB = {data['b']}")
-    rows = [g for g in data["graphs"] if g["status"] != "same"]
+                  f"{s['findings_removed']} removed, {s['findings_added']} added[/]",
+                  soft_wrap=True)
+    console.print(f"A = {data['a']}\nB = {data['b']}", soft_wrap=True)
+    rows = []
+    for g in data["graphs"]:
+        if g["status"] == "same":
+            continue
+        if g["status"] in ("only_a", "only_b"):
+            rows.append([rank_text(g["rank"]), _fmt(g["key"]), _fmt(g["src"]), "captured",
+                         "yes" if g["status"] == "only_a" else "-",
+                         "yes" if g["status"] == "only_b" else "-"])
+            continue
+        for i, c in enumerate(g["changes"]):
+            first = i == 0
+            rows.append([rank_text(g["rank"]) if first else "", _fmt(g["key"]) if first else "",
+                         _fmt(g["src"]) if first else "", c["field"], _fmt(c["a"]),
+                         _fmt(c["b"])])
     if rows:
-        table = Table(show_edge=False)
-        for col in ("rank", "graph key", "src", "what", "A", "B"):
-            table.add_column(col, overflow="fold")
-        for g in rows:
-            if g["status"] in ("only_a", "only_b"):
-                table.add_row(_fmt(g["rank"]), _fmt(g["key"]), _fmt(g["src"]), "captured",
-                              "yes" if g["status"] == "only_a" else "-",
-                              "yes" if g["status"] == "only_b" else "-")
-                continue
-            for i, c in enumerate(g["changes"]):
-                first = i == 0
-                table.add_row(_fmt(g["rank"]) if first else "", _fmt(g["key"]) if first else "",
-                              _fmt(g["src"]) if first else "", c["field"], _fmt(c["a"]),
-                              _fmt(c["b"]))
-        console.print(table)
+        print_table(console, DIFF_COLUMNS, rows)
     for label, colour, items in (("removed", "green", data["findings"]["removed"]),
                                  ("added", "red", data["findings"]["added"])):
         for f in items:
-            console.print(f"[{colour}]{label}[/] {f['id']} {f['name']} (rank {_fmt(f['rank'])}): "
-                          f"{f['message']}")
+            console.print(f"[{colour}]{label}[/] {f['id']} {f['name']} (rank "
+                          f"{rank_text(f['rank'])}): {f['message']}", soft_wrap=True)
 
 
 def main(a: str, b: str, as_json: bool = False) -> int:
@@ -169,10 +201,10 @@ def main(a: str, b: str, as_json: bool = False) -> int:
         cfg = resolve_config(None)
         for path in (a, b):
             _trace, result = load(path, cfg)
-            print_warnings(err, result.problems)
+            print_warnings(err, problems_of(result.model))
             results.append(result)
     except (Unusable, ConfigError) as exc:
-        err.print(f"[red]error:[/] {exc}")
+        err.print(f"[red]error:[/] {exc}", soft_wrap=True)
         return 2
     data = diff_dict(a, results[0], b, results[1])
     if as_json:

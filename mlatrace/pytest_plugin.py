@@ -137,7 +137,8 @@ class MlaTrace:
         return [f for f in self.findings if at_or_above(f.severity, fail_on)]
 
     def describe(self, findings: list) -> str:
-        lines = [f"mlatrace: {len(findings)} finding(s) in {self.path}"]
+        lines = [f"mlatrace: {len(findings)} finding{'' if len(findings) == 1 else 's'} in "
+                 f"{self.path}"]
         for f in findings:
             lines.append(f"  {f.id} {f.name} [{f.severity}]: {f.message}")
             lines += [f"      {e.file}:seq {e.seq} ({e.kind}) {e.what}" for e in f.evidence[:3]]

@@ -8,11 +8,16 @@ is unreadable or holds nothing usable (bad --config too).
     {
       "schema": "mlatrace.report/1",
       "trace": str,                          # the trace directory
-      "summary": {"processes": int, "graphs": int,      # capture units (root graphs)
-                  "graphs_total": int,                  # incl. nested torch graphs
+      "summary": {"processes": int,
+                  "graphs": int,        # capture units: root graphs, each with the graphs
+                                        # captured inside it (gid 1>2,3 in the table)
+                  "graphs_total": int,  # every graph, nested torch graphs included
                   "replays": int,                       # steps (nested replays counted once)
                   "findings": {"error": int, "warning": int},
-                  "suppressed": int, "problems": int,
+                  "suppressed": int,
+                  "problems": int,      # len(problems): the text, check and this agree
+                  "marks": int,         # mlatrace.mark() records (all, even past the kept ones)
+                  "exit_code": int|null,                # the traced command's (run.json)
                   "probes_attached": int|null,          # distinct probes with a patched
                                                         # target (null: not recorded)
                   "probes_errored": int,                # distinct probes with a probe.error
@@ -27,7 +32,9 @@ is unreadable or holds nothing usable (bad --config too).
                              "graph_nodes": int, "capture_seq_len_max": int|null},
                   "replays": {"count": int, "seq_len_max": int|null, "seq_len_min": int|null,
                               "ptrs_stable": bool|null,
-                              "gpu_ns": {"p50", "p90", "p99", "max", "samples"}|null}}],
+                              "gpu_ns": {"p50", "p90", "p99", "max", "samples"}|null},
+                  "runtime": {"num_kv_splits": [int]}|null}],  # a unit with eager breaks:
+                                        # split counts its process chose eagerly while replaying
       "attention": [{"file", "pid", "rank", "kind": "attn.call"|"attn.metadata",
                      "name",                 # the op (forward_mqa, ...) or the backend
                      "count", "captured", "eager", "layers",   # distinct layer names
@@ -35,7 +42,10 @@ is unreadable or holds nothing usable (bad --config too).
       "findings": [{"id", "name", "severity", "message", "hint", "pid", "rank", "gid",
                     "evidence": [{"file", "seq", "kind", "what"}], "details": {...}}],
       "suppressed": [same as findings],      # matched by the config's allow-list
-      "problems": [{"file", "line", "reason"}],
+      "problems": [{"file", "line", "reason"}],  # the reader's bad lines (line >= 1), then
+                                        # per-file data loss (line 0): dropped records, no
+                                        # process.end
+      "marks": [{"file", "pid", "rank", "seq", "t", "name", "attrs"}]  # the first 100 per process
       "coverage": {                          # what the probes saw (analysis/coverage.py)
         "blind": bool, "reasons": [str],     # why the trace cannot support a clean verdict
         "probes_attached": int|null, "probes_errored": int,
@@ -65,7 +75,9 @@ from typing import Any
 
 from mlatrace.analysis import Analysis, ConfigError
 from mlatrace.analysis.load import Unusable, load, resolve_config
+from mlatrace.analysis.model import MAX_MARKS
 from mlatrace.analysis.summary import root_graphs, units
+from mlatrace.tables import Column, make_console, print_table
 
 __all__ = ["Unusable", "load", "main", "render", "report_dict", "resolve_config"]
 
@@ -73,9 +85,30 @@ REPORT_SCHEMA = "mlatrace.report/1"
 MAX_GRAPH_ROWS = 20
 
 
-def report_dict(trace_path: str, result: Analysis) -> dict[str, Any]:
+def problems_of(model: Any) -> list[dict[str, Any]]:
+    """Every problem of a trace, once, in one order: the reader's bad lines, then each
+    process's data loss (dropped records, no process.end). The summary counts these,
+    the text prints them, --json lists them and check prints them: the same list."""
+    out = [{"file": p.file, "line": p.line, "reason": p.reason} for p in model.problems]
+    for p in model.processes:
+        if p.dropped:
+            out.append({"file": p.file, "line": 0, "reason": (
+                f"{_plural(p.dropped, 'record')} dropped (seq gaps); replay counts come from "
+                "process.end, evidence may be missing")})
+        if p.end is None and p.records:
+            out.append({"file": p.file, "line": 0, "reason": (
+                "no process.end record (killed, or still running); the trace stops at its "
+                "last flush")})
+    return out
+
+
+def report_dict(trace_path: str, result: Analysis,
+                run: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The report as data (schema mlatrace.report/1, see the module docstring)."""
     model = result.model
     counts = result.counts()
+    problems = problems_of(model)
+    run = run or {}
     coverage = result.coverage
     return {
         "schema": REPORT_SCHEMA,
@@ -87,7 +120,9 @@ def report_dict(trace_path: str, result: Analysis) -> dict[str, Any]:
             "replays": model.total_replays(),
             "findings": counts,
             "suppressed": len(result.suppressed),
-            "problems": len(model.problems),
+            "problems": len(problems),
+            "marks": sum(p.marks_total for p in model.processes),
+            "exit_code": run.get("exit_code"),
             "probes_attached": coverage.probes_attached,
             "probes_errored": coverage.probes_errored,
             "blind": coverage.blind,
@@ -108,7 +143,9 @@ def report_dict(trace_path: str, result: Analysis) -> dict[str, Any]:
         } for p in model.processes for a in p.attention.values()],
         "findings": [f.to_dict() for f in result.findings],
         "suppressed": [f.to_dict() for f in result.suppressed],
-        "problems": [{"file": p.file, "line": p.line, "reason": p.reason} for p in model.problems],
+        "problems": problems,
+        "marks": [{"file": p.file, "pid": p.pid, "rank": p.rank, **m}
+                  for p in model.processes for m in p.marks],
         "coverage": coverage.to_dict(),
     }
 
@@ -136,11 +173,22 @@ def summary_line(data: dict[str, Any]) -> str:
         parts.append(f"{_plural(attached, 'probe')} attached, {errored} errored")
     if s.get("blind"):
         parts.append("BLIND")
+    if s.get("exit_code"):
+        parts.append(f"the traced command exited with code {s['exit_code']}")
     return ", ".join(parts)
 
 
-def _plural(n: int, word: str, plural: str | None = None) -> str:
-    return f"{n} {word if n == 1 else (plural or word + 's')}"
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """'1 process', '2 processes': a count with its noun agreeing."""
+    return f"{n} {word if n == 1 else (many or word + 's')}"
+
+
+_plural = plural
+
+
+def rank_text(rank: Any) -> str:
+    """A rank as every output prints it: its number, or '-' when the process has none."""
+    return "-" if rank is None else str(rank)
 
 
 def _fmt(value: Any) -> str:
@@ -161,14 +209,53 @@ def _ms(ns: int | None) -> str:
     return "-" if ns is None else f"{ns / 1e6:.3g} ms"
 
 
+def gid_text(gid: int, nested: list[int]) -> str:
+    """`1>2-4,6`: capture unit 1 and the graphs nested in it (runs of ids shortened)."""
+    if not nested:
+        return str(gid)
+    runs: list[list[int]] = []
+    for n in sorted(nested):
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    parts = [str(r[0]) if len(r) == 1 else (f"{r[0]},{r[1]}" if len(r) == 2 else f"{r[0]}-{r[-1]}")
+             for r in runs]
+    return f"{gid}>{','.join(parts)}"
+
+
+GID_NOTE = ("gid 1>2-4: capture unit 1 (vLLM's wrapper graph, a breakable capture) encloses "
+            "the torch graphs 2 to 4 it captured; the summary counts units (--json: graphs), "
+            "graphs_total counts every graph")
+
+
 def _quiet(proc: dict, graphs: list[dict]) -> bool:
     """A process that recorded nothing but its header and end (compile workers, trackers)."""
     return proc["records"] <= 2 and not proc["dropped"] and not proc["root"] and \
         not any(g["pid"] == proc["pid"] for g in graphs)
 
 
+GRAPH_COLUMNS = [
+    Column("ranks", priority=2, wrap=True),
+    Column("gid", justify="right"),
+    Column("src", priority=6),
+    Column("key", wrap=True),
+    Column("mode", priority=2),
+    Column("captured at", priority=1, justify="right"),
+    Column("splits"),
+    Column("stage-1 grid", priority=4),
+    Column("stage 2", priority=3),
+    Column("replays", priority=2, justify="right"),
+    Column("max replay len", justify="right"),
+    Column("ptrs", priority=3),
+    Column("gpu p50", priority=7, justify="right"),
+]
+
+
 def graph_rows(graphs: list[dict]) -> list[tuple[list, list[str]]]:
-    """Table rows of capture units; ranks whose units look the same share one row (TP)."""
+    """Table rows of capture units; ranks whose units look the same share one row (TP).
+
+    Processes without a rank never share a row (nothing would tell them apart)."""
     rows: dict[tuple, list] = {}
     for g in sorted(graphs, key=lambda g: (g["gid"], g["rank"] if g["rank"] is not None else -1,
                                            g["pid"] or 0)):
@@ -177,15 +264,15 @@ def graph_rows(graphs: list[dict]) -> list[tuple[list, list[str]]]:
                        or "stage_1" in k.lower()), None)
         grid = frozen["kernels"][stage1]["grids"] if stage1 else None
         ptrs = {None: "-", True: "stable", False: "[red]drift[/]"}[rep["ptrs_stable"]]
-        gids = str(g["gid"]) + ("" if not g["nested_gids"] else
-                                ">" + ",".join(map(str, g["nested_gids"])))
         gpu = rep["gpu_ns"]["p50"] if rep["gpu_ns"] else None
-        cells = (gids, _fmt(g["src"]), _fmt(g["key"]), _fmt(g["mode"]),
-                 _fmt(frozen["capture_seq_len_max"]), _fmt(frozen["num_kv_splits"]),
+        cells = (gid_text(g["gid"], g["nested_gids"]), _fmt(g["src"]), _fmt(g["key"]),
+                 _fmt(g["mode"]), _fmt(frozen["capture_seq_len_max"]),
+                 _fmt(frozen["num_kv_splits"]),
                  _fmt(grid[0] if grid and len(grid) == 1 else grid), _fmt(frozen["stage2"]),
                  str(rep["count"]), _fmt(rep["seq_len_max"]), ptrs, _ms(gpu))
-        rows.setdefault(cells, []).append(g["rank"] if g["rank"] is not None else f"pid {g['pid']}")
-    return [(ranks, list(cells)) for cells, ranks in rows.items()]
+        alone = ("pid", g["pid"]) if g["rank"] is None else ()
+        rows.setdefault((*cells, *alone), []).append(g["rank"])
+    return [(ranks, list(key[:len(GRAPH_COLUMNS) - 1])) for key, ranks in rows.items()]
 
 
 def group_findings(findings: list[dict]) -> list[dict]:
@@ -201,38 +288,58 @@ def group_findings(findings: list[dict]) -> list[dict]:
     return list(groups.values())
 
 
-def print_warnings(console: Any, problems: list) -> None:
-    for p in problems[:50]:
-        console.print(f"[yellow]warning:[/] {p.file}:{p.line}: {p.reason}", highlight=False)
-    if len(problems) > 50:
-        console.print(f"[yellow]warning:[/] ... {len(problems) - 50} more problems", highlight=False)
+def ranks_text(ranks: list) -> str:
+    return ",".join(rank_text(r) for r in ranks) or "-"
 
 
-def render(console: Any, data: dict[str, Any], problems: list, verbose: bool) -> None:
+def problem_text(p: dict[str, Any]) -> str:
+    """`file:line: reason`, or `file: reason` for a problem of a whole file."""
+    where = f"{p['file']}:{p['line']}" if p.get("line") else str(p["file"])
+    return f"{where}: {p['reason']}"
+
+
+MAX_PROBLEM_LINES = 50
+
+
+def print_warnings(console: Any, problems: list[dict[str, Any]]) -> None:
+    """One `warning:` line per problem (problems_of), never wrapped: CI logs grep them."""
+    for p in problems[:MAX_PROBLEM_LINES]:
+        console.print(f"[yellow]warning:[/] {problem_text(p)}", highlight=False, soft_wrap=True)
+    if len(problems) > MAX_PROBLEM_LINES:
+        console.print(f"[yellow]warning:[/] ... {len(problems) - MAX_PROBLEM_LINES} more "
+                      "problems (--json lists them all)", highlight=False, soft_wrap=True)
+
+
+def render(console: Any, data: dict[str, Any], verbose: bool) -> None:
     """The human report: summary line, warnings, then one table per section (rich)."""
-    render_summary(console, data, problems)
+    render_summary(console, data)
     render_coverage(console, data, verbose)
     render_processes(console, data, verbose)
     render_graphs(console, data, verbose)
     render_attention(console, data)
+    render_marks(console, data, verbose)
     render_findings(console, data, verbose)
 
 
-def render_summary(console: Any, data: dict[str, Any], problems: list) -> None:
-    """The summary line, the reader's problems and per-process data-loss warnings."""
+def render_summary(console: Any, data: dict[str, Any]) -> None:
+    """The summary line, then every problem (the reader's and per-process data loss)."""
     errors = data["summary"]["findings"]["error"]
     style = "bold red" if errors else ("bold yellow" if data["summary"]["findings"]["warning"]
                                        else "bold green")
-    console.print(f"[{style}]{summary_line(data)}[/]", highlight=False)
-    print_warnings(console, problems)
-    for p in data["processes"]:
-        if p["dropped"]:
-            console.print(f"[yellow]warning:[/] {p['file']}: {p['dropped']} records dropped "
-                          "(seq gaps); replay counts come from process.end, evidence may be "
-                          "missing", highlight=False)
-        if p["end_reason"] is None and p["records"]:
-            console.print(f"[yellow]warning:[/] {p['file']}: no process.end record (killed, "
-                          "or still running); the trace stops at its last flush", highlight=False)
+    console.print(f"[{style}]{summary_line(data)}[/]", highlight=False, soft_wrap=True)
+    print_warnings(console, data["problems"])
+
+
+PROCESS_COLUMNS = [
+    Column("file"),
+    Column("pid", justify="right"),
+    Column("ppid", priority=3, justify="right"),
+    Column("rank", priority=1, justify="right"),
+    Column("role", wrap=True),
+    Column("records", priority=2, justify="right"),
+    Column("dropped", priority=4, justify="right"),
+    Column("end", wrap=True),
+]
 
 
 def render_coverage(console: Any, data: dict[str, Any], verbose: bool) -> None:
@@ -313,45 +420,34 @@ def render_coverage(console: Any, data: dict[str, Any], verbose: bool) -> None:
 
 def render_processes(console: Any, data: dict[str, Any], verbose: bool) -> None:
     """One row per process; processes with no events fold into one row unless -v."""
-    from rich.table import Table
-
-    procs = Table(title="processes", title_justify="left", show_edge=False)
-    for col in ("file", "pid", "ppid", "rank", "role", "records", "dropped", "end"):
-        procs.add_column(col, justify="right" if col in ("pid", "ppid", "rank", "records",
-                                                          "dropped") else "left")
     quiet = [] if verbose else [p for p in data["processes"] if _quiet(p, data["graphs"])]
+    rows = []
     for p in data["processes"]:
         if p in quiet and len(quiet) > 1:
             continue
-        procs.add_row(p["file"], _fmt(p["pid"]), _fmt(p["ppid"]), _fmt(p["rank"]), p["role"],
-                      str(p["records"]), str(p["dropped"]), _fmt(p["end_reason"]))
+        rows.append([p["file"], _fmt(p["pid"]), _fmt(p["ppid"]), rank_text(p["rank"]), p["role"],
+                     str(p["records"]), str(p["dropped"]), _fmt(p["end_reason"])])
     if len(quiet) > 1:
         roles = sorted({p["role"] for p in quiet})
-        procs.add_row(f"+{len(quiet)} more", "", "", "", "no events: " + ", ".join(roles[:4])
-                      + (", ..." if len(roles) > 4 else ""), str(sum(p["records"] for p in quiet)),
-                      "", "(-v lists them)")
-    console.print(procs)
+        rows.append([f"+{len(quiet)} more", "", "", "", "no events: " + ", ".join(roles[:4])
+                     + (", ..." if len(roles) > 4 else ""), str(sum(p["records"] for p in quiet)),
+                     "", "(-v lists them)"])
+    print_table(console, PROCESS_COLUMNS, rows, title="processes")
 
 
 def render_graphs(console: Any, data: dict[str, Any], verbose: bool) -> None:
     """What each capture froze and what its replays saw; -v adds the frozen details."""
-    from rich.table import Table
-
     graphs = data["graphs"]
     if not graphs:
         return
-    table = Table(title="graphs (what capture froze / what replays saw)", title_justify="left",
-                  show_edge=False)
-    for col in ("ranks", "gid", "src", "key", "mode", "captured at", "splits", "stage-1 grid",
-                "stage 2", "replays", "max replay len", "ptrs", "gpu p50"):
-        table.add_column(col, overflow="fold")
     rows = graph_rows(graphs)
     shown_rows = rows if verbose else rows[:MAX_GRAPH_ROWS]
-    for ranks, cells in shown_rows:
-        table.add_row(_fmt(ranks), *cells)
-    console.print(table)
+    print_table(console, GRAPH_COLUMNS, [[ranks_text(ranks), *cells] for ranks, cells in shown_rows],
+                title="graphs (what capture froze / what replays saw)")
     if len(rows) > len(shown_rows):
         console.print(f"... {len(rows) - len(shown_rows)} more rows (use -v)")
+    if any(g["nested_gids"] for g in graphs):
+        console.print(f"({GID_NOTE})", highlight=False)
     if not verbose:
         return
     for g in graphs:
@@ -362,49 +458,85 @@ def render_graphs(console: Any, data: dict[str, Any], verbose: bool) -> None:
             f"{name} grid {_fmt(k['grids'][0] if len(k['grids']) == 1 else k['grids'])}"
             + (f" NUM_KV_SPLITS {_fmt(k['num_kv_splits'])}" if k["num_kv_splits"] else "")
             for name, k in frozen["kernels"].items()) or "-"
-        console.print(f"  rank {_fmt(g['rank'])} gid {g['gid']} {_fmt(g['key'])}: "
-                      f"ops {_fmt(frozen['ops'])}; hints {hints}; ptrs {ptrs}; "
+        console.print(f"  rank {rank_text(g['rank'])} pid {_fmt(g['pid'])} gid {g['gid']} "
+                      f"{_fmt(g['key'])}: ops {_fmt(frozen['ops'])}; hints {hints}; ptrs {ptrs}; "
                       f"kernels {kernels}; graph nodes {frozen['graph_nodes']}",
                       highlight=False)
 
 
+ATTENTION_COLUMNS = [
+    Column("pid", priority=2, justify="right"),
+    Column("rank", priority=1, justify="right"),
+    Column("record", priority=3),
+    Column("op / backend"),
+    Column("count", justify="right"),
+    Column("captured", priority=1, justify="right"),
+    Column("eager", priority=2, justify="right"),
+    Column("layers", priority=4, justify="right"),
+    Column("seq len min..max"),
+]
+
+
 def render_attention(console: Any, data: dict[str, Any]) -> None:
     """Attention calls by op and metadata builds by backend."""
-    from rich.table import Table
-
     if not data["attention"]:
         return
-    table = Table(title="attention (calls by op, metadata builds by backend)",
-                  title_justify="left", show_edge=False)
-    for col in ("pid", "rank", "record", "op / backend", "count", "captured", "eager",
-                "layers", "seq len min..max"):
-        table.add_column(col, justify="right" if col in ("count", "captured", "eager",
-                                                          "layers") else "left")
+    rows = []
     for a in data["attention"]:
         lens = ("-" if a["seq_len_max"] is None
                 else f"{_fmt(a['seq_len_min'])}..{_fmt(a['seq_len_max'])}")
-        table.add_row(_fmt(a["pid"]), _fmt(a["rank"]), a["kind"], a["name"], str(a["count"]),
-                      str(a["captured"]), str(a["eager"]), str(a["layers"] or "-"), lens)
-    console.print(table)
+        rows.append([_fmt(a["pid"]), rank_text(a["rank"]), a["kind"], a["name"], str(a["count"]),
+                     str(a["captured"]), str(a["eager"]), str(a["layers"] or "-"), lens])
+    print_table(console, ATTENTION_COLUMNS, rows,
+                title="attention (calls by op, metadata builds by backend)")
+
+
+MAX_MARK_LINES = 20
+
+
+def render_marks(console: Any, data: dict[str, Any], verbose: bool) -> None:
+    """`mlatrace.mark()` annotations: their count, and with -v each one."""
+    total = data["summary"]["marks"]
+    if not total:
+        return
+    if not verbose:
+        console.print(f"{plural(total, 'mark')} (mlatrace.mark annotations; -v lists them)",
+                      highlight=False)
+        return
+    console.print(f"[bold]marks[/] ({plural(total, 'mlatrace.mark annotation')})", highlight=False)
+    for m in data["marks"]:
+        attrs = " ".join(f"{k}={v}" for k, v in (m["attrs"] or {}).items())
+        console.print(f"  rank {rank_text(m['rank'])} pid {_fmt(m['pid'])} {m['file']}:seq "
+                      f"{m['seq']} {m['name']}" + (f" {attrs}" if attrs else ""),
+                      highlight=False, soft_wrap=True)
+    if total > len(data["marks"]):
+        console.print(f"  ... {total - len(data['marks'])} more (the first {MAX_MARKS} of each "
+                      "process are kept)", highlight=False)
+
+
+FINDING_COLUMNS = [
+    Column("id", wrap=True),
+    Column("severity"),
+    Column("count", priority=2, justify="right"),
+    Column("ranks", priority=1, wrap=True),
+    Column("message", wrap=True, want=40),
+]
 
 
 def render_findings(console: Any, data: dict[str, Any], verbose: bool) -> None:
     """Findings grouped by rule; -v adds each one's evidence and fix hint."""
-    from rich.table import Table
-
     if data["findings"]:
-        table = Table(title="findings", title_justify="left", show_edge=False)
-        for col in ("id", "severity", "count", "ranks", "message"):
-            table.add_column(col, overflow="fold")
+        rows = []
         for f in group_findings(data["findings"]):
             sev = "[red]error[/]" if f["severity"] == "error" else "[yellow]warning[/]"
-            table.add_row(f"{f['id']} {f['name']}", sev, str(f["count"]), _fmt(f["ranks"]),
-                          f["message"])
-        console.print(table)
+            rows.append([f"{f['id']} {f['name']}", sev, str(f["count"]),
+                         ranks_text(f["ranks"]), f["message"]])
+        print_table(console, FINDING_COLUMNS, rows, title="findings")
         if verbose:
             for f in group_findings(data["findings"]):
                 console.print(f"\n[bold]{f['id']} {f['name']}[/] (pid {_fmt(f['pids'])}, "
-                              f"rank {_fmt(f['ranks'])}, gid {_fmt(f['gid'])})", highlight=False)
+                              f"rank {ranks_text(f['ranks'])}, gid {_fmt(f['gid'])})",
+                              highlight=False)
                 for e in f["evidence"]:
                     console.print(f"  {e['file']}:seq {e['seq']} ({e['kind']}) {e['what']}",
                                   highlight=False)
@@ -412,16 +544,8 @@ def render_findings(console: Any, data: dict[str, Any], verbose: bool) -> None:
         else:
             console.print("(-v shows evidence and fix hints)")
     if data["summary"]["suppressed"]:
-        console.print(f"{data['summary']['suppressed']} finding(s) suppressed by the config's "
-                      "allow-list")
-
-
-def make_console(stderr: bool = False) -> Any:
-    from rich.console import Console
-
-    stream = sys.stderr if stderr else sys.stdout
-    width = None if stream.isatty() else 160
-    return Console(file=stream, width=width, highlight=False)
+        console.print(f"{plural(data['summary']['suppressed'], 'finding')} suppressed by the "
+                      "config's allow-list")
 
 
 def main(trace: str, as_json: bool = False, verbose: bool = False,
@@ -434,10 +558,10 @@ def main(trace: str, as_json: bool = False, verbose: bool = False,
     except (Unusable, ConfigError) as exc:
         err.print(f"[red]error:[/] {exc}", highlight=False)
         return 2
-    data = report_dict(trace, result)
+    data = report_dict(trace, result, run=_trace.run)
     if as_json:
-        print_warnings(err, result.problems)
+        print_warnings(err, data["problems"])
         sys.stdout.write(json.dumps(data, indent=1, default=str) + "\n")
         return 0
-    render(make_console(), data, result.problems, verbose)
+    render(make_console(), data, verbose)
     return 0

@@ -22,7 +22,7 @@ def test_exit_codes():
     assert run(FIXTURES / "device_healthy").exit_code == 0
     result = run(FIXTURES / "legacy_one_split")
     assert result.exit_code == 1
-    assert "FAILED: 1 finding(s) at or above error" in result.output
+    assert "FAILED: 1 finding at or above error" in result.output
     assert "p1000.jsonl:seq" in result.output
     assert run(FIXTURES / "all_garbage").exit_code == 2
     assert run(FIXTURES / "no-such-trace").exit_code == 2

@@ -158,7 +158,7 @@ def test_healthy_user_pack_is_not_blind(tmp_path: Path) -> None:
     trace = traced(tmp_path, sys.executable, prog, opts=("--probes", pack), env=env)
     check = cli("check", trace, "--expect", "mark")
     assert check.returncode == ExitCode.CLEAN, check.stdout
-    assert "coverage: 1 probe(s) attached, 0 errored; not blind" in check.stdout
+    assert "coverage: 1 probe attached, 0 errored; not blind" in check.stdout
     report = cli("report", trace).stdout.splitlines()
     assert report[0].endswith("1 probe attached, 0 errored")
     assert report[1] == "coverage: 1 probe attached, 0 errored; no blind spot found"

@@ -80,7 +80,7 @@ def test_doctor_exits_1_on_drift_and_names_the_target(tmp_path, target_module):
     assert run.returncode == 1, run.stdout + run.stderr
     first = run.stdout.splitlines()[0]
     shipped = len(list(shipped_pack_dir().glob("*.toml")))
-    assert first.startswith(f"probes doctor: {shipped + 1} packs") and "DRIFT in 1 target(s)" in first
+    assert first.startswith(f"probes doctor: {shipped + 1} packs") and "DRIFT in 1 target" in first
     drift = [line for line in run.stdout.splitlines() if line.strip().startswith("DRIFT")]
     assert len(drift) == 1 and "mt_doctor_target:Impl.forward_mqa" in drift[0]
     assert "do not start with the declared (self, query, kv_cache)" in drift[0]

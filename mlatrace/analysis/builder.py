@@ -9,6 +9,7 @@ from typing import Any
 
 from mlatrace.analysis.model import (
     MAX_DISTINCT,
+    MAX_MARKS,
     MAX_NODES,
     MAX_SYNC_SITES,
     AttentionStats,
@@ -159,7 +160,7 @@ class _ProcessBuilder:
         p.packs = [str(name) for name in probes] if isinstance(probes, list) else []
 
     def handlers(self) -> dict[str, Any]:
-        """Kind -> handler; dispatch, mark, probe.error and unknown kinds need nothing here."""
+        """Kind -> handler; dispatch, probe.error and unknown kinds need nothing here."""
         return {
             "graph.replay": self.replay,
             "attn.metadata": self.attn_metadata,
@@ -176,6 +177,7 @@ class _ProcessBuilder:
             "process.info": self.process_info,
             "process.end": self.process_end,
             "probe.error": self.probe_error,
+            "mark": self.mark,
         }
 
     def probe_error(self, rec: dict) -> None:
@@ -184,6 +186,15 @@ class _ProcessBuilder:
                 "file": self.file, "seq": rec.get("seq"), "probe": _text(rec.get("probe")),
                 "target": _text(rec.get("target")), "reason": _text(rec.get("reason")),
                 "error": _text(rec.get("error"))})
+
+
+    def mark(self, rec: dict) -> None:
+        """A user annotation (`mlatrace.mark`): the first MAX_MARKS kept, all counted."""
+        p = self.proc
+        p.marks_total += 1
+        if len(p.marks) < MAX_MARKS:
+            p.marks.append({"seq": rec.get("seq"), "t": rec.get("t"),
+                            "name": _text(rec.get("name")), "attrs": _dict(rec.get("attrs"))})
 
     def kernel_skip(self, rec: dict) -> None:
         gid = self._capture_gid(rec)
@@ -283,6 +294,13 @@ class _ProcessBuilder:
             else:
                 entry[0] += 1
 
+    def _runtime_split(self, rec: dict, splits: int | None) -> None:
+        """A split count chosen eagerly while this thread replays graphs (bounded set)."""
+        if splits is not None and rec.get("tid") in self.replaying:
+            seen = self.model.runtime_splits.setdefault(self.pid, set())
+            if len(seen) < MAX_DISTINCT:
+                seen.add(splits)
+
     def attn_call(self, rec: dict) -> None:
         self._count_attention(rec, "attn.call", str(rec.get("op")))
         gid = self._capture_gid(rec)
@@ -310,8 +328,9 @@ class _ProcessBuilder:
         gid = self._capture_gid(rec)
         op = _text(rec.get("op"))
         splits = _int(rec.get("num_kv_splits"))
-        if gid is None:
-            return  # an eager policy evaluation (maybe not even a launch): nothing frozen
+        if gid is None:  # an eager policy evaluation (maybe not even a launch): nothing frozen
+            self._runtime_split(rec, splits)
+            return
         graph = self._graph(gid)
         fields = (op, splits, _int(rec.get("block_n")), _text(rec.get("policy")),
                   _int(rec.get("min_kv_seq_len")))
@@ -329,6 +348,7 @@ class _ProcessBuilder:
         gid = self._capture_gid(rec)
         if gid is None:
             self._eager(rec, str(rec.get("name")), "kernel.launch")
+            self._runtime_split(rec, _int(_dict(rec.get("const")).get("NUM_KV_SPLITS")))
             return
         graph = self._graph(gid)
         name = str(rec.get("name"))
@@ -472,6 +492,7 @@ def _finish_model(model: TraceModel, trace: Any, parts: list[TraceModel] | None)
             model.processes.extend(part.processes)
             model.graphs.update(part.graphs)
             model.runtime_eager.update(part.runtime_eager)
+            model.runtime_splits.update(part.runtime_splits)
             model.step_syncs.update(part.step_syncs)
             model.worker_cpu_s.extend(part.worker_cpu_s)
             done_files.update(p.file for p in part.processes)

@@ -16,6 +16,7 @@ GPU_HIST_BITS = 8          # GPU-time histogram keeps 8 significant bits (<0.8% 
 MAX_SYNC_SITES = 64
 MAX_NODES = 256            # distinct (name, grid) graph nodes kept per graph
 MAX_LAYERS = 512           # distinct layer names counted per attention op
+MAX_MARKS = 100            # mlatrace.mark() annotations kept per process (all are counted)
 
 PREFILL_MARKERS = ("flash_attn_varlen", "prefill", "varlen")
 DECODE_MARKERS = ("paged_attention", "decode", "mla_gluon")
@@ -80,6 +81,8 @@ class ProcessModel:
     packs: list[str] = field(default_factory=list)   # header `probes`: packs installed
     kinds: dict[str, int] = field(default_factory=dict)   # records per kind
     probe_errors: list[dict] = field(default_factory=list)  # probe.error records (+file, seq)
+    marks: list[dict] = field(default_factory=list)   # {seq, t, name, attrs}, the first MAX_MARKS
+    marks_total: int = 0
 
 
 @dataclass
@@ -232,6 +235,10 @@ class TraceModel:
     # eagerly after the thread began replaying (a breakable capture's eager MLA call): their
     # host decisions are re-made with the real length, so what capture saw is not frozen
     runtime_eager: dict[tuple[int | None, str], list] = field(default_factory=dict)
+    # pid -> distinct split counts chosen eagerly after the thread began replaying
+    # (kernel.split, or a launch's NUM_KV_SPLITS): what a breakable capture's eager MLA
+    # call picked at run time, with the real lengths
+    runtime_splits: dict[int | None, set[int]] = field(default_factory=dict)
     # syncs outside capture after the thread started replaying (the decode step path)
     step_syncs: dict[tuple[int | None, Any, Any], SyncSite] = field(default_factory=dict)
     problems: list = field(default_factory=list)

@@ -117,6 +117,10 @@ def unit_dict(model: TraceModel, root: GraphModel) -> dict[str, Any]:
         "capture_seq": root.begin.seq if root.begin else None,
         "frozen": topo,
         "replays": replays(model, root, topo["ptrs"]),
+        # a breakable capture runs its split-deciding call eagerly between segments: the
+        # split counts its process chose at run time (None for a unit with no eager breaks)
+        "runtime": ({"num_kv_splits": sorted(model.runtime_splits.get(root.pid, ()))}
+                    if root.eager_breaks else None),
     }
 
 

@@ -100,8 +100,10 @@ def _flush_on_sigterm() -> None:
     Default SIGTERM kills without atexit, and serving engines install their own
     handlers (and reset them to the default on shutdown, just before a parent
     SIGKILLs them). So `signal.signal` is wrapped: a SIGTERM handler the program
-    installs runs after a flush, and the default becomes flush-then-die. The
-    program still sees its own handler through `signal.signal`/`getsignal`.
+    installs runs after the records and a `process.end` are written (the exit
+    writes the final one if the process gets that far), and the default becomes
+    flush-then-die. The program still sees its own handler through
+    `signal.signal`/`getsignal`.
     """
     if threading.current_thread() is not threading.main_thread():
         return
@@ -115,7 +117,9 @@ def _flush_on_sigterm() -> None:
                 real_signal(signal.SIGTERM, signal.SIG_DFL)
                 os.kill(os.getpid(), signal.SIGTERM)
                 return
-            record.flush_now()
+            # A parent may SIGKILL this process right after its SIGTERM (vLLM's shutdown:
+            # ~20 ms), long before the handler's shutdown path reaches atexit.
+            record.end_now("SIGTERM")
             handler(signum, frame)  # type: ignore[operator]
 
         originals[on_sigterm] = handler

@@ -75,6 +75,20 @@ def _parse_ranks(ranks: str | None) -> str | None:
     return ",".join(values)
 
 
+def _unusable_out_dir(out_dir: Path) -> str | None:
+    """Create OUT and prove it takes files; None when usable, else why not (one line)."""
+    if out_dir.exists() and not out_dir.is_dir():
+        return "it is a file, not a directory"
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / f".mlatrace-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
 def _write_run_json(path: Path, info: dict) -> None:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(info, indent=2) + "\n")
@@ -108,12 +122,18 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
     except ValueError as exc:
         print(f"mlatrace run: {exc}", file=sys.stderr)
         return 2
+    if out is not None and not out.strip():
+        print("mlatrace run: --out is empty; give a directory", file=sys.stderr)
+        return 2
     out_dir = (Path(out) if out else default_out_dir()).resolve()
     if out_dir.exists() and any(out_dir.glob("p*.jsonl")):
         print(f"mlatrace run: {out_dir} already holds a trace; choose another --out",
               file=sys.stderr)
         return 2
-    out_dir.mkdir(parents=True, exist_ok=True)
+    problem = _unusable_out_dir(out_dir)
+    if problem:
+        print(f"mlatrace run: cannot write the trace to {out_dir}: {problem}", file=sys.stderr)
+        return 2
     run_id = uuid.uuid4().hex[:12]
     info = {
         "schema": mlatrace.SCHEMA,
@@ -166,10 +186,15 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
                 forwarded_signals=[signal.Signals(s).name for s in received],
                 process_files=len(files))
     _write_run_json(run_json, info)
+    if returncode < 0:
+        ended = f"{cmd[0]} died of {signal.Signals(-returncode).name} (exit code {exit_code})"
+    else:
+        ended = f"{cmd[0]} exited with code {exit_code}"
     if files:
-        print(f"mlatrace: trace of {len(files)} process(es) in {out_dir}\n"
+        print(f"mlatrace: {ended}; trace of {len(files)} "
+              f"{'process' if len(files) == 1 else 'processes'} in {out_dir}\n"
               f"mlatrace: look at it with: mlatrace report {out_dir}", file=sys.stderr)
     else:
-        print(f"mlatrace: no Python process ran under {cmd[0]}: nothing was traced "
+        print(f"mlatrace: {ended}; no Python process ran under it: nothing was traced "
               f"(run.json in {out_dir})", file=sys.stderr)
     return exit_code

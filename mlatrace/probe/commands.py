@@ -176,8 +176,9 @@ def doctor(extra: list[str] | None = None) -> int:
         counts[result.status] = counts.get(result.status, 0) + 1
     drift = counts.get("drift", 0)
     summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
-    verdicts = ([f"DRIFT in {drift} target(s)"] if drift else []) \
-        + ([f"{len(problems)} pack problem(s)"] if problems else [])
+    verdicts = ([f"DRIFT in {drift} target{'' if drift == 1 else 's'}"] if drift else []) \
+        + ([f"{len(problems)} pack problem{'' if len(problems) == 1 else 's'}"]
+           if problems else [])
     verdict = ", ".join(verdicts) or "no drift"
     if broken:
         verdict += f"; {len(broken)} that cannot load, listed at the end"

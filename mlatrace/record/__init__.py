@@ -316,6 +316,53 @@ class Recorder:
                 except Exception:
                     self.sink_errors += 1
 
+    def _end_record(self, reason: str, final: bool = False) -> dict:
+        """A `process.end` for everything written so far (call with the write lock held).
+
+        It carries each `set_end_info` part; a `once` part is dropped after the final end.
+        """
+        end = {
+            "k": "process.end",
+            "t": time.perf_counter_ns() - self.t0,
+            "seq": next(self._seq),
+            "tid": threading.get_ident(),
+            "events": self._last_seq,
+            "dropped": self.dropped,
+            "sampled_out": self.sampled_out,
+            "launches_sampled_out": self.launches_sampled_out,
+            "probe_errors": self.probe_errors,
+            "sink_errors": self.sink_errors,
+            "replays": {str(gid): n for gid, n in self.replays.items()},
+            "reason": reason,
+        }
+        for name, info in list(_end_info.items()):
+            try:
+                end[name] = info()
+            except Exception as exc:  # never lose the end record for a part of it
+                end[name] = {"error": repr(exc)[:200]}
+            if final and name in _end_info_once:
+                _end_info.pop(name, None)
+                _end_info_once.discard(name)
+        return end
+
+    def end_now(self, reason: str, timeout_s: float = 0.2) -> None:
+        """Write what is queued and a `process.end` now, and keep recording.
+
+        For a signal that usually ends the process (SIGTERM): its parent may SIGKILL it
+        milliseconds later (vLLM's shutdown does), before atexit can run. If the process
+        lives on, its later records follow and the exit writes another `process.end`;
+        the last one in the file is the final one. Sinks (live export) see only that one.
+        Bounded wait for the writer, as in `flush`.
+        """
+        if self._closed or not self._write_lock.acquire(timeout=timeout_s):
+            return
+        try:
+            self._flush_locked()
+            if self._fd is not None:
+                self._write_lines([self._end_record(reason)])
+        finally:
+            self._write_lock.release()
+
     def close(self, reason: str = "exit", timeout_s: float = CLOSE_TIMEOUT_S) -> None:
         """Flush, write `process.end` and close the file. Idempotent.
 
@@ -332,28 +379,7 @@ class Recorder:
             self._flush_locked()
             if self._fd is None:
                 return
-            end = {
-                "k": "process.end",
-                "t": time.perf_counter_ns() - self.t0,
-                "seq": next(self._seq),
-                "tid": threading.get_ident(),
-                "events": self._last_seq,
-                "dropped": self.dropped,
-                "sampled_out": self.sampled_out,
-                "launches_sampled_out": self.launches_sampled_out,
-                "probe_errors": self.probe_errors,
-                "sink_errors": self.sink_errors,
-                "replays": {str(gid): n for gid, n in self.replays.items()},
-                "reason": reason,
-            }
-            for name, info in list(_end_info.items()):
-                try:
-                    end[name] = info()
-                except Exception as exc:  # never lose the end record for a part of it
-                    end[name] = {"error": repr(exc)[:200]}
-                if name in _end_info_once:
-                    _end_info.pop(name, None)
-                    _end_info_once.discard(name)
+            end = self._end_record(reason, final=True)
             self._write_lines([end])
             os.close(self._fd)
             self._fd = None
@@ -536,6 +562,13 @@ def flush_now(timeout_s: float = 0.2) -> None:
     recorder = _recorder
     if recorder is not None:
         recorder.flush(timeout_s)
+
+
+def end_now(reason: str, timeout_s: float = 0.2) -> None:
+    """Write what is queued and a `process.end` now, and keep recording (see Recorder)."""
+    recorder = _recorder
+    if recorder is not None:
+        recorder.end_now(reason, timeout_s)
 
 
 def count_sampled_launch() -> None:

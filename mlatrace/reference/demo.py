@@ -6,7 +6,8 @@ With the legacy (or bucketed) policy the FULL graph froze one KV split and the r
 shows MLT001 frozen-one-split; with the device policy it is clean.
 
 Exit codes: 0 the run worked and the report shows what the policy should produce,
-1 it does not (a regression of the probes or the rules), 2 the traced run failed.
+1 it does not (a regression of the probes or the rules), 2 the traced run failed or
+torch is not installed (`pip install 'mlatrace[reference]'`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ def serve_command(policy: str, device: str, graph: str = "full") -> list[str]:
 def main(policy: str = "legacy", out: str | None = None, device: str = "auto",
          graph: str = "full") -> int:
     """Trace the serve program with `policy`, print its report; see the module docstring."""
+    missing = missing_reference_deps()
+    if missing:
+        print(f"mlatrace demo: needs {missing}, which this Python ({sys.executable}) cannot "
+              "import: install the reference extra, pip install 'mlatrace[reference]'",
+              file=sys.stderr)
+        return 2
     out_dir = Path(out) if out else Path(tempfile.mkdtemp(prefix=f"mlatrace-demo-{policy}-"))
     serve = serve_command(policy, device, graph)
     shown = " ".join(["python", *serve[1:]])
@@ -55,6 +62,15 @@ def main(policy: str = "legacy", out: str | None = None, device: str = "auto",
     print(f"\ndemo: policy {policy} ({graph} graph) -> {verdict}; expected {want}: "
           f"{'as expected' if ok else 'NOT as expected'}")
     return 0 if ok else 1
+
+
+def missing_reference_deps() -> str | None:
+    """The reference program's first dependency this interpreter cannot import, if any."""
+    try:
+        import torch  # noqa: F401  (the traced child imports it the same way)
+    except ImportError:
+        return "torch"
+    return None
 
 
 def show_report(trace_dir: Path) -> set[str] | None:

@@ -197,6 +197,8 @@ def open_trace(path: str | Path) -> Trace:
     """Open a trace directory (or a single process file); TraceError when it is neither."""
     root = Path(path)
     problems: list[Problem] = []
+    if not root.exists():
+        raise TraceError(f"{root}: does not exist")
     if root.is_file() and root.suffix == ".jsonl":
         files, root = [root], root.parent
         run = None

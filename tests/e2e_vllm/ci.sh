@@ -5,7 +5,8 @@
 # Env: MLATRACE_VLLM_VENV (default /work/vllm-venv), MLATRACE_TINY_MODEL (default
 # ~/.cache/mlatrace/tiny-deepseek-v2-mla), PYTHON (default: .venv/bin/python, else python3).
 # Cost on a 2-core box: venv ~2-3 min when absent (~4 s when cached), model ~5 s,
-# test ~2 min (vLLM cold start ~80-110 s, mostly torch.compile warm-up).
+# tests ~2 min each (vLLM cold start ~80-110 s, mostly torch.compile warm-up; the
+# loaded-shutdown test adds ~10 s of requests).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 default_venv=/work/vllm-venv

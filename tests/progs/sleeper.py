@@ -1,7 +1,9 @@
 """Marks an event every 10 ms until killed (SIGKILL / SIGTERM tests).
 
 SLEEPER_SIGTERM=handler installs the program's own SIGTERM handler (raises SystemExit,
-as vLLM's engine core does); =reset installs one, then resets SIGTERM to the default.
+as vLLM's engine core does); =reset installs one, then resets SIGTERM to the default;
+=slow installs one that takes 30 s to shut down (a parent SIGKILLs it first, as vLLM's
+API server does to its Worker).
 """
 
 import os
@@ -17,7 +19,15 @@ def on_sigterm(signum, frame):
     raise SystemExit(0)
 
 
+def slow_shutdown(signum, frame):
+    mlatrace.mark("shutting_down")
+    time.sleep(30)
+    raise SystemExit(0)
+
+
 mode = os.environ.get("SLEEPER_SIGTERM", "")
+if mode == "slow":
+    signal.signal(signal.SIGTERM, slow_shutdown)
 if mode in ("handler", "reset"):
     signal.signal(signal.SIGTERM, on_sigterm)
     assert signal.getsignal(signal.SIGTERM) is on_sigterm  # the program sees its own handler
