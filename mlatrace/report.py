@@ -326,7 +326,7 @@ def render_summary(console: Any, data: dict[str, Any]) -> None:
     errors = data["summary"]["findings"]["error"]
     style = "bold red" if errors else ("bold yellow" if data["summary"]["findings"]["warning"]
                                        else "bold green")
-    console.print(f"[{style}]{summary_line(data)}[/]", highlight=False, soft_wrap=True)
+    console.print(f"[{style}]{summary_line(data)}[/]", highlight=False)  # wraps at spaces
     print_warnings(console, data["problems"])
 
 

@@ -153,7 +153,7 @@ def test_check_lines_are_never_wrapped() -> None:
     result = cli("check", SAMPLES / "gpu_serve_legacy", columns=80)
     assert result.exit_code == 1
     lines = result.output.splitlines()
-    assert [line.split()[0] for line in lines] == ["MLT001", "at", "MLT004", "at", "FAILED:"]
+    assert [line.split()[0] for line in lines] == ["MLT001", "at", "MLT004", "at", "coverage:", "FAILED:"]
     assert len(lines[0]) > 80  # one line per finding, however long
 
 
