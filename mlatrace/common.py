@@ -6,6 +6,7 @@ process, and the analysis imports it on a CI box with no GPU stack.
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
@@ -29,8 +30,10 @@ def hashable(value: Any) -> Any:
     return value
 
 
+@cache
 def installed_version(library: str) -> str | None:
-    """The installed version of a library (through DISTRIBUTIONS), or None."""
+    """The installed version of a library (through DISTRIBUTIONS), or None; looked up
+    once per process (the packs' version checks and the trace header share it)."""
     from importlib import metadata
 
     for name in DISTRIBUTIONS.get(library, (library,)):

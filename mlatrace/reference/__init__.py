@@ -8,9 +8,13 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["mla_gluon", "paged_attention_v1", "policies"]
+__all__ = ["MlaConfig", "Stage1Config", "Stage2Config", "mla_gluon", "paged_attention_v1",
+           "policies"]
 
 _EXPORTS = {
+    "MlaConfig": ("mlatrace.reference.kernel_config", "MlaConfig"),
+    "Stage1Config": ("mlatrace.reference.kernel_config", "Stage1Config"),
+    "Stage2Config": ("mlatrace.reference.kernel_config", "Stage2Config"),
     "mla_gluon": ("mlatrace.reference.mla", "mla_gluon"),
     "paged_attention_v1": ("mlatrace.reference.paged_attention", "paged_attention_v1"),
     "policies": ("mlatrace.reference.policies", None),
