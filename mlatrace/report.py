@@ -57,6 +57,7 @@ is unreadable or holds nothing usable (bad --config too).
         "probe_errors": [{"file", "seq", "probe", "target", "reason", "error"}],
         "processes": [{"file", "pid", "rank",
                        "recorded": bool,     # process.end carried coverage (newer traces)
+                       "ended": bool,        # the process wrote its process.end
                        "packs": [str], "packs_attached": [str]|null,
                        "packs_skipped": {pack: why},
                        "targets": {"patched": int, "not_imported": int, "inherited": int,
@@ -391,8 +392,10 @@ def render_coverage(console: Any, data: dict[str, Any], verbose: bool) -> None:
         rank = "" if p["rank"] is None else f" rank {p['rank']}"
         where = f"  {p['file']}{rank}:"
         if not p["recorded"]:
-            console.print(f"{where} packs {_fmt(p['packs'])} (per-target coverage not "
-                          "recorded)", highlight=False)
+            why = ("older trace: no coverage in process.end" if p["ended"]
+                   else "no process.end: the process was killed before writing it")
+            console.print(f"{where} packs installed {', '.join(p['packs']) or 'none'} "
+                          f"(per-target coverage not recorded: {why})", highlight=False)
             continue
         t = p["targets"]
         skipped = p["packs_skipped"]

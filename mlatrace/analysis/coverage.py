@@ -77,6 +77,7 @@ class ProcessCoverage:
     pid: int | None
     rank: int | None
     recorded: bool                        # process.end carried a coverage object
+    ended: bool                           # the process wrote its process.end
     packs: list[str]                      # installed (header `probes`)
     packs_attached: list[str] | None      # None: not recorded (older trace, no process.end)
     packs_skipped: dict[str, str]         # pack -> why nothing of it attached
@@ -87,7 +88,7 @@ class ProcessCoverage:
 
     def to_dict(self) -> dict[str, Any]:
         return {"file": self.file, "pid": self.pid, "rank": self.rank,
-                "recorded": self.recorded, "packs": self.packs,
+                "recorded": self.recorded, "ended": self.ended, "packs": self.packs,
                 "packs_attached": self.packs_attached, "packs_skipped": self.packs_skipped,
                 "targets": self.targets, "hits": self.hits, "records": self.records,
                 "probe_errors": len(self.probe_errors)}
@@ -175,6 +176,7 @@ def process_coverage(proc: ProcessModel) -> ProcessCoverage:
         for path, why in (raw.get("failed_packs") or {}).items():
             skipped[str(path)] = f"load error: {why}"
     return ProcessCoverage(file=proc.file, pid=proc.pid, rank=proc.rank, recorded=recorded,
+                           ended=bool(end),
                            packs=list(proc.packs), packs_attached=attached,
                            packs_skipped=skipped, targets=targets, hits=hits,
                            records=dict(sorted(proc.kinds.items(), key=lambda kv: str(kv[0]))),
