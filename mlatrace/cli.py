@@ -31,7 +31,7 @@ def main() -> None:
                    "first N in a row (default: --sample's N; 0 keeps all).")
 @click.option("--sample", type=click.IntRange(min=0), default=None,
               help="Eager probed calls and launches repeating their last record: keep the "
-                   "first N of each run, then count (default 8; 0 keeps every record).")
+                   "first N of each run, then count (default 1; 0 keeps every record).")
 @click.option("--graph-nodes/--no-graph-nodes", default=True,
               help="Dump each captured graph's kernel nodes (capture-time cost only).")
 @click.option("--otlp", default=None, help="Also export spans live to this OTLP/HTTP endpoint.")

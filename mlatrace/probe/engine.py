@@ -81,11 +81,9 @@ STATE = _State()
 
 
 class _Inside(threading.local):
-    """Per thread: is a call of this probe under way, and the probe's sampling run
-    (class defaults: no AttributeError)."""
+    """Per thread: is a call of this probe under way? (class default: no AttributeError)"""
 
     inside = False
-    run: sampling.RunState | None = None
 
 
 class ProbeRuntime:
@@ -262,10 +260,12 @@ def _recording(runtime: ProbeRuntime, info: TargetInfo, add: Callable[[str, dict
     # The probe's own capturing() field says whether this call is captured; else ask.
     trusted = by_name.get("capturing") == ("call0", "capturing")
     has_layer = "layer" in by_name
+    ignored = sampling.ignored_fields(kind, by_name)
     capturing = graphs.capturing
-    local = runtime.local
+    local = sampling.ThreadRuns()       # one run per target and thread
     keep = sampler.keep
     no_layer = sampling.NO_LAYER
+    target = info.target
 
     def note(fields: dict) -> None:
         if fields.get("capturing") if trusted else capturing():
@@ -275,9 +275,15 @@ def _recording(runtime: ProbeRuntime, info: TargetInfo, add: Callable[[str, dict
         if state is None:
             state = local.run = sampling.RunState()
         layer = fields.pop("layer", no_layer) if has_layer else no_layer
-        n = keep(state, fields, layer)
+        if ignored:
+            key = fields.copy()
+            for name in ignored:
+                key.pop(name, None)
+        else:
+            key = fields
+        n = keep(state, key, layer, target)
         if n:
-            out = fields.copy()
+            out = fields if key is not fields else fields.copy()
             if layer is not no_layer:
                 out["layer"] = layer
             out["repeat"] = n

@@ -6,11 +6,11 @@ record it kept (all fields but `layer`) and how many identical ones followed it:
 first N of a run are recorded (each with `repeat`, its place in the run), the rest are
 only counted, and the run's end is written as one `sample.run` record with the run's
 exact length and the layers it covered. A run ends when a record differs (any change of
-shape, hint, split, grid, pointer, ... starts a new run, recorded), when a capture
+shape, hint, split, grid, ... starts a new run, recorded), when a capture
 begins on any thread (`graphs.EPOCH`), or when the process ends. Records made while
 capturing are never sampled. `process.end` counts every kind exactly (record.counts).
 
-N is MLATRACE_SAMPLE (default 8, `mlatrace run --sample N`); 0 keeps every record.
+N is MLATRACE_SAMPLE (default 1, `mlatrace run --sample N`); 0 keeps every record.
 """
 
 from __future__ import annotations
@@ -23,8 +23,26 @@ from mlatrace.probe import graphs
 
 NO_LAYER = object()
 MAX_LAYERS = 64
+# Fields a run does not compare: the layer (recorded in sample.run) and, except for
+# attn.metadata (MLT003 compares its pointers with those a graph captured), the pointers
+# of eager records, which no rule reads (a fresh output buffer per layer is usual).
+VOLATILE_POINTERS = "ptrs"
+POINTERS_COMPARED = frozenset(("attn.metadata",))
 _samplers: list[Sampler] = []
 _lock = threading.Lock()
+
+
+class ThreadRuns(threading.local):
+    """Per thread: the current run of one probe target (class default: no AttributeError)."""
+
+    run: RunState | None = None
+
+
+def ignored_fields(kind: str, fields: dict) -> tuple[str, ...]:
+    """Top-level fields other than `layer` that a run of `kind` does not compare."""
+    if VOLATILE_POINTERS in fields and kind not in POINTERS_COMPARED:
+        return (VOLATILE_POINTERS,)
+    return ()
 
 
 class RunState:

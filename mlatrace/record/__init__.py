@@ -42,7 +42,7 @@ YIELD_EVERY_RECORDS = 64
 CHUNK_RECORDS = 1024
 BACKPRESSURE_S = 0.25
 DEFAULT_LAUNCH_SAMPLE = 8
-DEFAULT_SAMPLE = 8
+DEFAULT_SAMPLE = 1
 CLOSE_TIMEOUT_S = 2.0
 
 _VERSION_PACKAGES = {
@@ -185,23 +185,11 @@ def _msgspec_encode() -> Callable[[Any], bytes] | None:
         return None
 
 
-def _stdlib_encode() -> Callable[[Any], bytes]:
-    """The json path as an add-time encoder (C encoder made once; _ENCODER's lines)."""
-    fast = _FAST_ENCODE
-
-    def encode(obj: Any) -> bytes:
-        if fast is not None:
-            try:
-                return fast(obj).encode()
-            except Exception:
-                pass
-        return _ENCODER.encode(obj).encode()
-
-    return encode
-
-
-_ENCODE_NOW = (_msgspec_encode() if os.environ.get("MLATRACE_JSON") != "stdlib" else None) \
-    or _stdlib_encode()
+# msgspec encodes at add time (see Recorder.add); without it records are queued as dicts
+# and the flush thread encodes them with stdlib json, while the program is in GIL-free
+# calls (a CUDA launch, say): the C encoder costs a few us per record, too much for the
+# hot path of a traced GPU program.
+_ENCODE_NOW = _msgspec_encode() if os.environ.get("MLATRACE_JSON") != "stdlib" else None
 _ESCAPE = json.encoder.encode_basestring_ascii
 _clock = time.perf_counter_ns
 _thread_id = threading.get_ident
@@ -289,10 +277,10 @@ class Recorder:
         """Queue one record. Never raises, never does I/O; waits only when the queue is full.
 
         The record is `fields` itself (the caller hands it over) with k, t, seq and tid
-        added, encoded here when a fast encoder is at hand: a queued bytes line is no
-        work for the garbage collector, while queued dicts are promoted and traversed by
-        every full collection (1-2 us per record in a process holding torch), and the
-        flush thread then only joins and writes.
+        added, encoded here when msgspec is at hand: a queued bytes line is no work for
+        the garbage collector, while queued dicts are promoted and traversed by every
+        full collection (1-2 us per record in a process holding torch), and the flush
+        thread then only joins and writes.
         """
         if not self.enabled:
             return
@@ -547,8 +535,13 @@ class Recorder:
             self._write_bytes(b"\n".join(items) + b"\n")
             return
         parts = []
-        for item in items:
-            parts.append(item if type(item) is bytes else _line_of(item).encode())
+        for i, item in enumerate(items):
+            if type(item) is bytes:
+                parts.append(item)
+                continue
+            if i and not i % YIELD_EVERY_RECORDS:
+                time.sleep(0)  # hand the GIL back: the traced program never waits on encoding
+            parts.append(_line_of(item).encode())
         self._write_bytes(b"\n".join(parts) + b"\n")
 
     def _write_text(self, lines: list[str]) -> None:
@@ -704,9 +697,11 @@ def start(
 def stop(reason: str = "exit") -> None:
     """Close the running recorder (flush, `process.end`)."""
     global _recorder
-    recorder, _recorder = _recorder, None
+    recorder = _recorder
     if recorder is not None:
-        recorder.close(reason)
+        recorder.close(reason)      # its close hooks may still record (sampling runs)
+        if _recorder is recorder:
+            _recorder = None
 
 
 def start_from_env() -> Recorder | None:
