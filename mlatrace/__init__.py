@@ -10,11 +10,25 @@ __version__ = "0.1.0"
 SCHEMA = "mlatrace/1"
 
 
+_record = None   # mlatrace.record, imported on the first mark (it is not light to import)
+
+
 def mark(name: str, **attrs: object) -> None:
     """Record a user annotation (a `mark` record) in the current trace; no-op when untraced."""
-    from mlatrace import record
+    record = _record
+    if record is None:
+        record = _load_record()
+    recorder = record._recorder
+    if recorder is not None:
+        recorder.add("mark", {"name": name, "attrs": attrs})
 
-    record.emit("mark", name=name, attrs=attrs)
+
+def _load_record():  # noqa: ANN202 - the module
+    global _record
+    from mlatrace import record as module
+
+    _record = module
+    return module
 
 
 __all__ = ["SCHEMA", "__version__", "mark"]

@@ -32,7 +32,10 @@ def main() -> None:
                    "still counts every replay).")
 @click.option("--launch-sample", type=click.IntRange(min=0), default=None, show_default="8",
               help="Eager kernel launches repeating their last grid and constexprs: keep the "
-                   "first N in a row, then 1 in N (0 keeps all).")
+                   "first N in a row (default: --sample's N; 0 keeps all).")
+@click.option("--sample", type=click.IntRange(min=0), default=None,
+              help="Eager probed calls and launches repeating their last record: keep the "
+                   "first N of each run, then count (default 1; 0 keeps every record).")
 @click.option("--graph-nodes/--no-graph-nodes", default=True,
               help="Dump each captured graph's kernel nodes (capture-time cost only).")
 @click.option("--otlp", default=None, help="Also export spans live to this OTLP/HTTP endpoint.")
@@ -40,14 +43,15 @@ def main() -> None:
               help="Do not install this probe pack (by name, see `probes list`); repeatable.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(out: str | None, ranks: str | None, probes: tuple[str, ...], replay_sample: int | None,
-        launch_sample: int | None, graph_nodes: bool, otlp: str | None,
+        launch_sample: int | None, sample: int | None, graph_nodes: bool, otlp: str | None,
         no_packs: tuple[str, ...], cmd: tuple[str, ...]) -> None:
     """Run CMD with probes in every Python process it starts: mlatrace run -- CMD..."""
     from mlatrace.inject import launcher
 
     sys.exit(launcher.run(list(cmd), out=out, ranks=ranks, probes=list(probes),
                           replay_sample=replay_sample, launch_sample=launch_sample,
-                          graph_nodes=graph_nodes, otlp=otlp, no_packs=list(no_packs)))
+                          graph_nodes=graph_nodes, otlp=otlp, no_packs=list(no_packs),
+                          sample=sample))
 
 
 @main.command()
@@ -185,13 +189,14 @@ def bench() -> None:
 
 
 @bench.command("record")
-@click.option("--events", type=int, default=200_000, show_default=True,
-              help="Records to emit for the per-event cost.")
-def bench_record(events: int) -> None:
-    """Recorder cost per event and traced/untraced ratio of a probed tight loop."""
+@click.option("--events", type=int, default=500_000)
+@click.option("--repeats", type=click.IntRange(min=1), default=3)
+@click.option("--json-out", type=click.Path(dir_okay=False), default=None)
+def bench_record(events: int, repeats: int, json_out: str | None) -> None:
+    """All-in cost per recorded event (mark and a probed call) and the recorder's drops."""
     from mlatrace.bench import record_bench
 
-    sys.exit(record_bench.main(events=events))
+    sys.exit(record_bench.main(events=events, repeats=repeats, json_out=json_out))
 
 
 @bench.command("probes")
@@ -226,13 +231,21 @@ def bench_splits(out: str, quick: bool) -> None:
 
 
 @bench.command("overhead")
-@click.option("--steps", type=int, default=200, show_default=True,
-              help="Decode steps timed per configuration.")
-def bench_overhead(steps: int) -> None:
-    """Decode step time under graph replay, traced vs untraced (GPU)."""
+@click.option("--steps", type=int, default=300)
+@click.option("--graph", "graph_modes", default="full",
+              help="Graph modes of the reference engine, comma-separated: full, breakable, none.")
+@click.option("--rounds", type=click.IntRange(min=1), default=3)
+@click.option("--sample", type=click.IntRange(min=0), default=None,
+              help="MLATRACE_SAMPLE of the traced runs (default: mlatrace's, 8).")
+@click.option("--json-out", type=click.Path(dir_okay=False), default="bench-overhead.json",
+              help="Where the JSON summary goes.")
+def bench_overhead(steps: int, graph_modes: str, rounds: int, sample: int | None,
+                   json_out: str) -> None:
+    """Decode step time, traced vs untraced, per graph mode (GPU time and wall)."""
     from mlatrace.bench import overhead_bench
 
-    sys.exit(overhead_bench.main(steps=steps))
+    sys.exit(overhead_bench.main(steps=steps, graphs=graph_modes, rounds=rounds,
+                                 sample=sample, json_out=json_out))
 
 
 @main.command()

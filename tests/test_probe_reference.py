@@ -87,4 +87,10 @@ def test_breakable_capture_runs_attention_eagerly_at_every_replay(traced):
     assert during and not any(r["capturing"] for r in during), "eager breaks do not capture"
     replayed = [r for r in by_kind(records, "attn.call")
                 if r["seq"] > end["seq"] and r["op"] == "forward_mqa"]
-    assert len(replayed) == 4 and {r["hints"]["min_kv_seq_len"] for r in replayed} == {599, 600}
+    # Eager calls are sampled: the first of each run of identical calls (all fields but
+    # the layer) is recorded, the rest counted in the run's sample.run.
+    runs = [r for r in by_kind(records, "sample.run") if r["seq"] > end["seq"]
+            and r["name"].endswith("ReferenceMLAImpl.forward_mqa")]
+    assert len(replayed) + sum(r["sampled"] for r in runs) == 4
+    assert {r["hints"]["min_kv_seq_len"] for r in replayed} == {599, 600}
+    assert all(set(r["layers"]) == {0, 1} for r in runs)

@@ -240,7 +240,8 @@ def test_traced_subprocess_under_interpret_records_launches(tmp_path):
 @interpreted
 def test_interp_repeated_eager_launches_are_sampled_with_exact_counts(kernels, tmp_path,
                                                                         monkeypatch):
-    """A decode loop launches the same grid every step: first 8 in a row, then 1 in 8."""
+    """A decode loop launches the same grid every step: the first 8 in a row, then one
+    sample.run with the run's exact length when the shape changes."""
     monkeypatch.setenv("MLATRACE_LAUNCH_SAMPLE", "8")
     out = tmp_path / "sampled"
     record.start(str(out))
@@ -259,6 +260,11 @@ def test_interp_repeated_eager_launches_are_sampled_with_exact_counts(kernels, t
             for line in path.read_text().splitlines()]
     launches = [r for r in rows if r["k"] == "kernel.launch"]
     assert [(r["const"]["NUM_KV_SPLITS"], r["repeat"]) for r in launches] == [
-        *[(1, n) for n in range(1, 9)], (1, 16), (2, 1)]
+        *[(1, n) for n in range(1, 9)], (2, 1)]
+    (run,) = [r for r in rows if r["k"] == "sample.run"]
+    assert (run["of"], run["name"], run["repeat"], run["sampled"]) == (
+        "kernel.launch", "_split_kv_stage1_kernel", 20, 12)
+    assert run["seq"] < launches[-1]["seq"]          # written when the run ended
     (end,) = [r for r in rows if r["k"] == "process.end"]
-    assert end["launches_sampled_out"] == 20 - 9
+    assert end["sampled"] == {"kernel.launch": 12}
+    assert end["counts"]["kernel.launch"] == 21

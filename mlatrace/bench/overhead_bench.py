@@ -1,15 +1,20 @@
-"""`mlatrace bench overhead`: decode step time under graph replay, traced vs untraced.
+"""`mlatrace bench overhead`: decode step time, traced vs untraced, per graph mode.
 
-Runs the reference serve program (`--bench`) several times, alternating an untraced run
-with one under `mlatrace run`, so both see the same machine state. Each run captures its
-graph, then times `steps` replayed decode steps; on CUDA each step is timed with CUDA
-events read after the loop, and `torch.cuda.set_sync_debug_mode("error")` is on while
-the steps run (`--sync-debug`), so a probe that synchronised would fail the run.
-Reports the median over runs of each run's median step time, and the traced/untraced
-ratio (goal <= 1.01). Runs on CPU too (host graph), clearly marked; there the numbers
-are only indicative.
+    mlatrace bench overhead --graph full,breakable,none
 
-Exit codes: 0 ok (goal met, or CPU), 1 the CUDA ratio missed the goal, 2 a run failed.
+Runs the reference serve program (`--bench`) for each graph mode of the reference
+engine (`full`: one replayed graph per step, device policy; `breakable`: graph segments
+with one eager MLA call per layer, bucketed policy; `none`: eager, device policy),
+alternating an untraced run with one under `mlatrace run` for `rounds` rounds, so both
+see the same machine state. Each run captures, then times `steps` decode steps; on CUDA
+each step is timed with CUDA events read after the loop (GPU time) and by the host clock
+over the whole loop (wall), with `torch.cuda.set_sync_debug_mode("error")` on while the
+steps run (`--sync-debug`), so a probe that synchronised would fail the run.
+Reports per mode the median over rounds of each run's median step (GPU) and wall per
+step, both ratios, and the records per step of the traced runs; writes it all as JSON.
+Runs on CPU too (host graph, small shapes), clearly marked: indicative only.
+
+Exit codes: 0 ok (goals met, or CPU), 1 a CUDA ratio missed its goal, 2 a run failed.
 """
 
 from __future__ import annotations
@@ -21,14 +26,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-GOAL_RATIO = 1.01
+GOALS = {"full": 1.01, "breakable": 1.01, "none": 1.02}
+POLICY = {"full": "device", "breakable": "bucketed", "none": "device"}
 ROUNDS = 3
 
-CUDA_SERVE_ARGS = ("--device", "cuda", "--policy", "device", "--graph", "full", "--ctx", "16384",
-                   "--batch", "4", "--heads", "16", "--layers", "8", "--hidden", "1024",
-                   "--warmup", "20", "--sync-debug")
-CPU_SERVE_ARGS = ("--device", "cpu", "--policy", "legacy", "--graph", "full", "--ctx", "512",
-                  "--batch", "2", "--heads", "16", "--layers", "2", "--warmup", "3")
+CUDA_SERVE_ARGS = ("--device", "cuda", "--ctx", "16384", "--batch", "4", "--heads", "16",
+                   "--layers", "16", "--hidden", "1024", "--warmup", "20", "--sync-debug")
+CPU_SERVE_ARGS = ("--device", "cpu", "--ctx", "512", "--batch", "2", "--heads", "16",
+                  "--layers", "2", "--warmup", "3")
 CPU_MAX_STEPS = 40
 
 
@@ -45,11 +50,12 @@ def serve_bench_command(serve_args: tuple[str, ...], steps: int) -> list[str]:
             "--steps", str(steps)]
 
 
-def run_once(command: list[str], trace_dir: Path | None) -> dict:
+def run_once(command: list[str], trace_dir: Path | None, sample: int | None = None) -> dict:
     """One serve run (traced under `mlatrace run` when trace_dir is given); its JSON line."""
     if trace_dir is not None:
-        command = [sys.executable, "-m", "mlatrace", "run", "--out", str(trace_dir), "--",
-                   *command]
+        options = [] if sample is None else ["--sample", str(sample)]
+        command = [sys.executable, "-m", "mlatrace", "run", "--out", str(trace_dir), *options,
+                   "--", *command]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} exited {result.returncode}:\n"
@@ -74,61 +80,87 @@ def count_records(trace_dir: Path) -> dict[str, int]:
     return counts
 
 
-def main(steps: int = 200) -> int:
-    on_cuda = cuda_available()
-    serve_args = CUDA_SERVE_ARGS if on_cuda else CPU_SERVE_ARGS
-    if not on_cuda:
-        steps = min(steps, CPU_MAX_STEPS)
-    command = serve_bench_command(serve_args, steps)
+def mode_command(mode: str, on_cuda: bool, steps: int) -> list[str]:
+    """The serve command of one graph mode (policy per POLICY)."""
+    base = CUDA_SERVE_ARGS if on_cuda else CPU_SERVE_ARGS
+    return serve_bench_command((*base, "--graph", mode, "--policy", POLICY[mode]), steps)
+
+
+def bench_mode(mode: str, on_cuda: bool, steps: int, rounds: int, sample: int | None,
+               tmp: Path) -> dict:
+    """Alternate untraced and traced runs of one mode; medians, ratios, records per step."""
+    command = mode_command(mode, on_cuda, steps)
     untraced: list[dict] = []
     traced: list[dict] = []
     records: dict[str, int] = {}
+    for round_index in range(rounds):
+        untraced.append(run_once(command, None))
+        trace_dir = tmp / f"{mode}-traced-{round_index}"
+        traced.append(run_once(command, trace_dir, sample))
+        for kind, n in count_records(trace_dir).items():
+            records[kind] = records.get(kind, 0) + n
+    warmup = int(command[command.index("--warmup") + 1])
+    row = {"graph": mode, "policy": POLICY[mode], "runs": {"untraced": untraced,
+                                                           "traced": traced}}
+    for label, runs in (("untraced", untraced), ("traced", traced)):
+        row[f"{label}_step_us"] = statistics.median(r["median_step_us"] for r in runs)
+        row[f"{label}_wall_us"] = statistics.median(r["wall_step_us"] for r in runs)
+    row["ratio"] = row["traced_step_us"] / row["untraced_step_us"]
+    row["wall_ratio"] = row["traced_wall_us"] / row["untraced_wall_us"]
+    row["records"] = {k: v // rounds for k, v in sorted(records.items())}
+    row["records_per_step"] = sum(records.values()) / rounds / (warmup + steps)
+    row["goal"] = GOALS[mode]
+    return row
+
+
+def main(steps: int = 300, graphs: str = "full", rounds: int = ROUNDS,
+         sample: int | None = None, json_out: str | None = None) -> int:
+    modes = [m.strip() for m in graphs.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in GOALS]
+    if unknown or not modes:
+        print(f"bench overhead: --graph takes {', '.join(GOALS)} (comma-separated), "
+              f"not {graphs!r}", file=sys.stderr)
+        return 2
+    on_cuda = cuda_available()
+    if not on_cuda:
+        steps = min(steps, CPU_MAX_STEPS)
+    rows = []
     with tempfile.TemporaryDirectory(prefix="mlatrace-bench-overhead-") as tmp:
         try:
-            for round_index in range(ROUNDS):
-                untraced.append(run_once(command, None))
-                trace_dir = Path(tmp) / f"traced-{round_index}"
-                traced.append(run_once(command, trace_dir))
-                for kind, n in count_records(trace_dir).items():
-                    records[kind] = records.get(kind, 0) + n
+            for mode in modes:
+                rows.append(bench_mode(mode, on_cuda, steps, rounds, sample, Path(tmp)))
         except RuntimeError as error:
             print(f"bench overhead: a run failed: {error}", file=sys.stderr)
             return 2
-
-    first = untraced[0]
+    first = rows[0]["runs"]["untraced"][0]
     device_label = (f"CUDA ({first['device_name']})" if on_cuda
                     else "CPU (host graph; indicative only, no CUDA here)")
-    step_label = "GPU time per step (CUDA events)" if on_cuda else "host time per step"
     print(f"mlatrace bench overhead: device {device_label}")
-    print(f"serve: policy {first['policy']}, graph {first['graph']}, batch {first['batch']}, "
-          f"heads {first['heads']}, layers {first['layers']}, ctx {first['ctx']}, "
-          f"{steps} timed steps x {ROUNDS} rounds each, alternating untraced/traced; "
-          f"sync debug mode 'error': {'on' if first['sync_debug'] else 'off'}")
-    rows = {}
-    for label, runs in (("untraced", untraced), ("traced", traced)):
-        rows[label] = (statistics.median(r["median_step_us"] for r in runs),
-                       statistics.median(r["wall_step_us"] for r in runs))
-    print(f"{'':10s} {'median step (us)':>18s} {'wall per step (us)':>20s}   per-round medians")
-    for label, (median_us, wall_us) in rows.items():
-        runs = untraced if label == "untraced" else traced
-        per_round = ", ".join(f"{r['median_step_us']:.1f}" for r in runs)
-        print(f"{label:10s} {median_us:18.1f} {wall_us:20.1f}   {per_round}")
-    ratio = rows["traced"][0] / rows["untraced"][0]
-    wall_ratio = rows["traced"][1] / rows["untraced"][1]
-    met = ratio <= GOAL_RATIO
-    print(f"ratio traced/untraced: {step_label} {ratio:.4f}, wall {wall_ratio:.4f} "
-          f"(goal <= {GOAL_RATIO}: {'met' if met else 'MISSED'})")
-    replays = records.get("graph.replay", 0)
-    print(f"traced runs recorded {sum(records.values())} records "
-          f"({replays} graph.replay, {records.get('attn.metadata', 0)} attn.metadata, "
-          f"{records.get('probe.error', 0)} probe.error)")
-    if not replays:
-        print("warning: the traced runs recorded no graph.replay: were the probes active?")
-    summary = {"bench": "overhead", "device": "cuda" if on_cuda else "cpu", "steps": steps,
-               "rounds": ROUNDS, "untraced_median_step_us": rows["untraced"][0],
-               "traced_median_step_us": rows["traced"][0], "ratio": ratio,
-               "wall_ratio": wall_ratio, "goal": GOAL_RATIO, "records": records}
-    print(json.dumps(summary))
-    if on_cuda and not met:
-        return 1
-    return 0
+    print(f"serve: batch {first['batch']}, heads {first['heads']}, layers {first['layers']}, "
+          f"ctx {first['ctx']}, {steps} timed steps, {rounds} rounds alternating "
+          f"untraced/traced; sync debug mode 'error': {'on' if first['sync_debug'] else 'off'}; "
+          f"sampling: {'default' if sample is None else sample}")
+    time_label = "GPU" if on_cuda else "host"
+    print(f"{'graph mode':22s} {'untraced step':>14s} {'traced step':>12s} "
+          f"{'ratio ' + time_label:>10s} {'ratio wall':>10s} {'records/step':>13s}  goal")
+    missed = []
+    for row in rows:
+        met = row["ratio"] <= row["goal"] and row["wall_ratio"] <= row["goal"]
+        if not met:
+            missed.append(row["graph"])
+        label = f"{row['graph']} ({row['policy']})"
+        print(f"{label:22s} {row['untraced_step_us']:11.1f} us {row['traced_step_us']:9.1f} us "
+              f"{row['ratio']:10.4f} {row['wall_ratio']:10.4f} {row['records_per_step']:13.2f}  "
+              f"<= {row['goal']} {'met' if met else 'MISSED'}")
+    for row in rows:
+        kinds = ", ".join(f"{k} {v}" for k, v in row["records"].items())
+        print(f"  {row['graph']}: records per traced run: {kinds}")
+        if not row["records"].get("process"):
+            print(f"  warning: {row['graph']}: the traced runs wrote no trace")
+    summary = {"bench": "overhead", "device": "cuda" if on_cuda else "cpu",
+               "device_name": first["device_name"], "steps": steps, "rounds": rounds,
+               "sample": sample, "modes": rows}
+    if json_out:
+        Path(json_out).write_text(json.dumps(summary, indent=1) + "\n")
+        print(f"wrote {json_out}")
+    return 1 if on_cuda and missed else 0

@@ -1,16 +1,26 @@
-"""`mlatrace bench record`: what recording costs the traced program.
+"""`mlatrace bench record`: what one recorded event costs the traced program, all in.
 
-Two figures, both medians over repeated runs on this machine:
-1. the recorder's cost per event (`record.emit` on the hot path, in-process);
-2. the traced/untraced time ratio of a tight loop calling a probed function,
-   each in a real subprocess (traced = `mlatrace run --probes <pack>`), so the
-   figure includes injection, the probe engine's wrapper and the flush thread.
+All-in means whole-process cost: a loop of N events runs in a real subprocess, traced
+(`mlatrace run`) and untraced, and again with 0 events; the cost per event is
+
+    ((traced(N) - traced(0)) - (untraced(N) - untraced(0))) / N
+
+so it includes the hot path, the flush thread, the encoding and the writing at exit,
+and excludes interpreter start and the launcher. Two workloads: `mlatrace.mark()` and a
+probed pure-Python call (`mlatrace.reference.policies.num_kv_splits`, shipped
+`reference` pack, a new length each call so every call records one `kernel.split`).
+Two clocks: CPU time of the whole process tree (user + system, every thread; steadier
+on a shared box) and wall time. Runs alternate and the figures are medians.
+
+The probed loop's traced runs also show whether the recorder kept up: their
+`process.end` must report no drops and exact counts per kind.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -20,41 +30,87 @@ from pathlib import Path
 
 from mlatrace import record
 
+GOAL_NS = 1000
 LOOP_MODULE = '''
-import json, sys, time
+import sys
 
-def probed(x, y):
-    return x + y
-
-def main(calls):
-    probed(0, 0)
-    start = time.perf_counter_ns()
-    for i in range(calls):
-        probed(i, 1)
-    elapsed = time.perf_counter_ns() - start
-    print(json.dumps({"ns_per_call": elapsed / calls}))
+def main(workload, calls):
+    if workload == "mark":
+        import mlatrace
+        mark = mlatrace.mark
+        for i in range(calls):
+            mark("step", i=i)
+    else:
+        from mlatrace.reference import policies
+        split = policies.num_kv_splits
+        for i in range(calls):
+            split("legacy", 4, 1, 16, i + 1)
 '''
 
-LOOP_PACK = '''
-[pack]
-name = "bench_loop"
-library = "bench_loop"
-checked = ["mlatrace bench record"]
 
-[[probe]]
-name = "probed"
-targets = ["bench_loop:probed"]
-params = ["x", "y"]
-kind = "attn.call"
-when = "call"
-[probe.fields]
-op = "'bench'"
-hints.x = "args.x"
-'''
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_loop(workdir: Path, workload: str, calls: int, traced: bool
+             ) -> tuple[float, float, Path | None]:
+    """(CPU s of the process tree, wall s, trace dir) of one loop process."""
+    cmd = [sys.executable, "-c", f"import bench_loop_all; bench_loop_all.main({workload!r}, "
+                                 f"{calls})"]
+    out = None
+    if traced:
+        out = workdir / f"trace-{workload}-{calls}-{time.monotonic_ns()}"
+        cmd = [sys.executable, "-m", "mlatrace", "run", "--out", str(out), "--", *cmd]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(workdir), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    env.pop("MLATRACE_OUT", None)
+    cpu0, wall0 = _children_cpu_s(), time.perf_counter()
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+    return _children_cpu_s() - cpu0, time.perf_counter() - wall0, out
+
+
+def process_end(trace_dir: Path) -> dict:
+    """The traced loop process's `process.end` record."""
+    for path in trace_dir.glob("p*.jsonl"):
+        with path.open() as lines:
+            last = None
+            for line in lines:
+                last = line
+            if last:
+                end = json.loads(last)
+                if end.get("k") == "process.end":
+                    return end
+    return {}
+
+
+def all_in(workload: str, calls: int, repeats: int, workdir: Path) -> dict:
+    """Median all-in ns per event (CPU and wall) of one workload, and its traced ends."""
+    samples: dict[tuple[bool, int], list[tuple[float, float]]] = {}
+    ends = []
+    for _ in range(repeats):
+        for traced in (False, True):
+            for n in (0, calls):
+                cpu, wall, out = run_loop(workdir, workload, n, traced)
+                samples.setdefault((traced, n), []).append((cpu, wall))
+                if out is not None and n:
+                    ends.append(process_end(out))
+
+    def cost(index: int) -> float:
+        med = {key: statistics.median(v[index] for v in values)
+               for key, values in samples.items()}
+        added = (med[(True, calls)] - med[(True, 0)]) - (med[(False, calls)] - med[(False, 0)])
+        return added / calls * 1e9
+
+    untraced_ns = (statistics.median(v[0] for v in samples[(False, calls)])
+                   - statistics.median(v[0] for v in samples[(False, 0)])) / calls * 1e9
+    return {"workload": workload, "calls": calls, "repeats": repeats,
+            "cpu_ns_per_event": cost(0), "wall_ns_per_event": cost(1),
+            "untraced_cpu_ns_per_call": untraced_ns, "ends": ends}
 
 
 def emit_cost_ns(events: int, batches: int = 20) -> list[float]:
-    """Per-event cost of record.emit, one figure per batch of events/batches emits."""
+    """Hot-path cost of record.emit alone, in-process, one figure per batch."""
     per_batch = max(1, events // batches)
     costs = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -66,60 +122,42 @@ def emit_cost_ns(events: int, batches: int = 20) -> list[float]:
                     record.emit("kernel.launch", name="k", grid=(i, 1, 1), capturing=False,
                                 gid=None)
                 costs.append((time.perf_counter_ns() - start) / per_batch)
-                time.sleep(0.25)  # let the flush thread drain, as a real program's gaps do
-            dropped = record.current().dropped
+                time.sleep(0.05)
         finally:
             record.stop()
-    if dropped:
-        print(f"note: {dropped} events dropped (queue bound reached)")
     return costs
 
 
-def _loop_ns_per_call(workdir: Path, calls: int, traced: bool) -> float:
-    # Imported (not run as __main__) so that the pack's target `bench_loop:probed` exists.
-    cmd = [sys.executable, "-c", f"import bench_loop; bench_loop.main({calls})"]
-    if traced:
-        out = workdir / f"trace-{time.monotonic_ns()}"
-        cmd = [sys.executable, "-m", "mlatrace", "run", "--out", str(out),
-               "--probes", str(workdir / "bench_loop.toml"), "--", *cmd]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(workdir), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])["ns_per_call"]
-
-
-def loop_ratio(calls: int, repeats: int = 5) -> tuple[float, float, int]:
-    """Median ns per call untraced and traced, alternating runs; and events recorded."""
-    with tempfile.TemporaryDirectory() as tmp:
+def main(events: int = 500_000, repeats: int = 3, json_out: str | None = None) -> int:
+    """Print the all-in cost per event of both workloads and the probed loop's drops."""
+    costs = emit_cost_ns(min(events, 200_000))
+    print(f"record.emit hot path alone (in-process): median {statistics.median(costs):.0f} "
+          f"ns/event over {len(costs)} batches")
+    results = []
+    with tempfile.TemporaryDirectory(prefix="mlatrace-bench-record-") as tmp:
         workdir = Path(tmp)
-        (workdir / "bench_loop.py").write_text(LOOP_MODULE)
-        (workdir / "bench_loop.toml").write_text(LOOP_PACK)
-        plain, traced = [], []
-        for _ in range(repeats):
-            plain.append(_loop_ns_per_call(workdir, calls, traced=False))
-            traced.append(_loop_ns_per_call(workdir, calls, traced=True))
-        from mlatrace.trace import open_trace
-
-        events = 0
-        for trace_dir in workdir.glob("trace-*"):
-            for proc in open_trace(trace_dir).processes:
-                events += sum(1 for r in proc.records() if r["k"] == "attn.call")
-        return statistics.median(plain), statistics.median(traced), events // repeats
-
-
-def main(events: int = 200_000) -> int:
-    """Print the recorder's per-event cost and the probed-loop ratio."""
-    costs = emit_cost_ns(events)
-    print(f"record.emit: median {statistics.median(costs):.0f} ns/event "
-          f"(min {min(costs):.0f}, max {max(costs):.0f}; {len(costs)} batches of "
-          f"{events // len(costs)} events; goal <= 1000 ns)")
-    calls = max(10_000, events // 2)
-    plain, traced, recorded = loop_ratio(calls)
-    print(f"probed tight loop ({calls} calls, 5 alternating runs, medians): "
-          f"untraced {plain:.0f} ns/call, traced {traced:.0f} ns/call, "
-          f"added {traced - plain:.0f} ns/call, ratio {traced / plain:.2f}x "
-          f"({recorded} attn.call records per traced run)")
-    return 0
+        (workdir / "bench_loop_all.py").write_text(LOOP_MODULE)
+        for workload in ("mark", "probed"):
+            results.append(all_in(workload, events, repeats, workdir))
+    print(f"all-in cost per recorded event ({events} events vs 0, traced minus untraced, "
+          f"medians of {repeats} alternating runs; goal <= {GOAL_NS} ns):")
+    label = {"mark": "mlatrace.mark()", "probed": "probed num_kv_splits call"}
+    ok = True
+    for result in results:
+        ends = result["ends"]
+        dropped = [end.get("dropped") for end in ends]
+        kind = "mark" if result["workload"] == "mark" else "kernel.split"
+        counts = [end.get("counts", {}).get(kind) for end in ends]
+        exact = all(c == events for c in counts)
+        ok = ok and not any(dropped) and exact
+        print(f"  {label[result['workload']]:27s} CPU {result['cpu_ns_per_event']:6.0f} ns, "
+              f"wall {result['wall_ns_per_event']:6.0f} ns  (untraced call "
+              f"{result['untraced_cpu_ns_per_call']:.0f} ns); traced runs: dropped {dropped}, "
+              f"{kind} counted {counts}{'' if exact else ' (NOT exact)'}")
+    if json_out:
+        Path(json_out).write_text(json.dumps({"bench": "record", "events": events,
+                                              "results": results}, indent=1) + "\n")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -38,7 +38,8 @@ def default_out_dir() -> Path:
 
 def child_env(out_dir: Path, run_id: str, *, ranks: str | None, probes: list[str],
               replay_sample: int | None, graph_nodes: bool, otlp: str | None,
-              launch_sample: int | None = None, no_packs: list[str] | None = None,
+              launch_sample: int | None = None, sample: int | None = None,
+              no_packs: list[str] | None = None,
               base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment CMD runs in: bootstrap first on PYTHONPATH plus MLATRACE_* settings."""
     env = dict(os.environ if base is None else base)
@@ -58,6 +59,7 @@ def child_env(out_dir: Path, run_id: str, *, ranks: str | None, probes: list[str
                         ("MLATRACE_REPLAY_SAMPLE", str(replay_sample) if replay_sample else ""),
                         ("MLATRACE_LAUNCH_SAMPLE",
                          "" if launch_sample is None else str(launch_sample)),
+                        ("MLATRACE_SAMPLE", "" if sample is None else str(sample)),
                         ("MLATRACE_OTLP", otlp or "")):
         if value:
             env[name] = value
@@ -109,7 +111,8 @@ def _wait_for_stragglers(pgid: int, timeout_s: float = STRAGGLER_WAIT_S) -> None
 def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
         probes: list[str] | None = None, replay_sample: int | None = None,
         launch_sample: int | None = None, graph_nodes: bool = True,
-        otlp: str | None = None, no_packs: list[str] | None = None) -> int:
+        otlp: str | None = None, sample: int | None = None,
+        no_packs: list[str] | None = None) -> int:
     """Run `cmd` traced; return its exit code (2 for a usage error, 127 if not found)."""
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
@@ -148,13 +151,14 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
         "mlatrace": mlatrace.__version__,
         "env": allowed_env(os.environ),
         "options": {"ranks": ranks, "probes": list(probes or []), "replay_sample": replay_sample,
-                    "launch_sample": launch_sample, "graph_nodes": graph_nodes, "otlp": otlp},
+                    "launch_sample": launch_sample, "sample": sample,
+                    "graph_nodes": graph_nodes, "otlp": otlp},
     }
     run_json = out_dir / "run.json"
     _write_run_json(run_json, info)
     env = child_env(out_dir, run_id, ranks=ranks, probes=list(probes or []),
                     replay_sample=replay_sample, graph_nodes=graph_nodes, otlp=otlp,
-                    launch_sample=launch_sample, no_packs=no_packs)
+                    launch_sample=launch_sample, sample=sample, no_packs=no_packs)
     try:
         child = subprocess.Popen(cmd, env=env, start_new_session=True)
     except OSError as exc:

@@ -42,6 +42,7 @@ from typing import Any
 import wrapt
 
 from mlatrace import record
+from mlatrace.probe import graphs, sampling
 from mlatrace.probe.packs import Pack, ProbeSpec, resolve_handler
 from mlatrace.probe.paths import CallView
 
@@ -107,6 +108,7 @@ class ProbeRuntime:
         self.errors: list[dict[str, str]] = []
         self.patched: list[str] = []
         self.skipped: dict[str, str] = {}
+        self.samplers: list[sampling.Sampler] = []
         # An override that calls super() (AMXMLAMetadataBuilder.build ->
         # MLACommonMetadataBuilder.build) is one call: only the outermost is recorded.
         self.local = _Inside()
@@ -247,9 +249,61 @@ def _extractors(spec: ProbeSpec, info: TargetInfo, offset: int
             return by_view(instance, args[offset:], kwargs, result)
 
         return (by_view_shifted if offset else by_view), by_view
-    direct = bind(info.positions, info.defaults, offset)
-    for_view = bind(info.positions, info.defaults, 0) if offset else direct
+    direct = bind(info.positions, info.defaults, offset, last="layer")
+    for_view = bind(info.positions, info.defaults, 0, last="layer") if offset else direct
     return direct, for_view
+
+
+def _recording(runtime: ProbeRuntime, info: TargetInfo, add: Callable[[str, dict], None]
+               ) -> Callable[[dict], None]:
+    """How a probe hands one call's fields on: to the recorder, through the eager
+    sampling (probe/sampling.py) unless MLATRACE_SAMPLE is 0 or the probe's fields
+    are not a compiled program."""
+    spec = runtime.spec
+    kind = spec.kind
+    limit = sampling.limit()
+    entries = getattr(spec.extract, "entries", None)
+    if not limit or entries is None:
+        def note_all(fields: dict) -> None:
+            add(kind, fields)
+
+        return note_all
+    sampler = sampling.Sampler(spec.qualname, kind, limit)
+    runtime.samplers.append(sampler)
+    by_name = dict(entries)
+    # The probe's own capturing() field says whether this call is captured; else ask.
+    trusted = by_name.get("capturing") == ("call0", "capturing")
+    has_layer = "layer" in by_name
+    ignored = sampling.ignored_fields(kind, by_name)
+    capturing = graphs.capturing
+    local = sampling.ThreadRuns()       # one run per target and thread
+    keep = sampler.keep
+    no_layer = sampling.NO_LAYER
+    target = info.target
+
+    def note(fields: dict) -> None:
+        if fields.get("capturing") if trusted else capturing():
+            add(kind, fields)     # what a graph freezes: always recorded
+            return
+        state = local.run
+        if state is None:
+            state = local.run = sampling.RunState()
+        layer = fields.pop("layer", no_layer) if has_layer else no_layer
+        if ignored:
+            key = fields.copy()
+            for name in ignored:
+                key.pop(name, None)
+        else:
+            key = fields
+        n = keep(state, key, layer, target)
+        if n:
+            out = fields if key is not fields else fields.copy()
+            if layer is not no_layer:
+                out["layer"] = layer
+            out["repeat"] = n
+            add(kind, out)
+
+    return note
 
 
 def _is_method(info: TargetInfo) -> bool:
@@ -294,7 +348,7 @@ def _make_function(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
     keep the wrapt wrapper (_make_wrapper).
     """
     spec = runtime.spec
-    kind, when, target = spec.kind, spec.when, info.target
+    when, target = spec.when, info.target
     handler = runtime.handler
     original = info.raw
     method = _is_method(info)
@@ -304,6 +358,7 @@ def _make_function(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
     add = _emitter(spec)
     state = STATE
     local = runtime.local
+    note = _recording(runtime, info, add) if handler is None else None
 
     if handler is not None:
         before = getattr(handler, "before", None)
@@ -328,7 +383,7 @@ def _make_function(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
                 return original(*args, **kwargs)
             runtime.hits += 1
             try:
-                add(kind, extract(args[0] if args else None, args, kwargs, None))
+                note(extract(args[0] if args else None, args, kwargs, None))
             except Exception as exc:
                 runtime.fail(target, exc)
             local.inside = True
@@ -345,7 +400,7 @@ def _make_function(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
                 return original(*args, **kwargs)
             runtime.hits += 1
             try:
-                add(kind, extract(None, args, kwargs, None))
+                note(extract(None, args, kwargs, None))
             except Exception as exc:
                 runtime.fail(target, exc)
             local.inside = True
@@ -356,7 +411,7 @@ def _make_function(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
 
         return _like(call_probe, original)
 
-    around = _recorder_around(runtime, info, extract, add)
+    around = _recorder_around(runtime, info, extract, note)
 
     def return_probe(*args: Any, **kwargs: Any) -> Any:
         if runtime.disabled or not state.active or local.inside:
@@ -379,17 +434,33 @@ def _like(replacement: Callable, original: Callable) -> Callable:
 
 
 def _recorder_around(runtime: ProbeRuntime, info: TargetInfo, extract: Callable[..., dict],
-                     add: Callable[[str, dict], None]) -> Callable:
+                     note: Callable[[dict], None]) -> Callable:
     """Run the call and record its fields once it returned (when = return | both)."""
-    kind, target = runtime.spec.kind, info.target
+    target = info.target
     both = runtime.spec.when == "both"
+
+    entries = dict(getattr(runtime.spec.extract, "entries", None) or ())
+    names = list(entries) if entries else (
+        runtime.spec.extract.names() if hasattr(runtime.spec.extract, "names") else [])
+    # when = both: the capture state is taken at call time (the call may change it).
+    early_capturing = both and "capturing" in names
+    early_gid = both and "gid" in names
+    capturing, current_gid = graphs.capturing, graphs.current_gid
+    cap_fn = entries.get("capturing") == ("call0", "capturing") if entries else False
+    gid_fn = entries.get("gid") == ("call0", "gid") if entries else False
 
     def around(call: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
         early = None
         if both:
-            # Fields that do not read the result are taken at call time (capture state).
             try:
-                early = extract(instance, args, kwargs, None)
+                if (early_capturing and not cap_fn) or (early_gid and not gid_fn):
+                    early = extract(instance, args, kwargs, None)
+                else:
+                    early = {}
+                    if early_capturing:
+                        early["capturing"] = capturing()
+                    if early_gid:
+                        early["gid"] = current_gid()
             except Exception as exc:
                 runtime.fail(target, exc)
                 return call(*args, **kwargs)
@@ -397,11 +468,12 @@ def _recorder_around(runtime: ProbeRuntime, info: TargetInfo, extract: Callable[
         if not runtime.disabled:
             try:
                 fields = extract(instance, args, kwargs, result)
-                if early is not None:
-                    for name, value in early.items():
-                        if name in ("capturing", "gid"):
-                            fields[name] = value
-                add(kind, fields)
+                if early:
+                    if "capturing" in early:
+                        fields["capturing"] = early["capturing"]
+                    if "gid" in early:
+                        fields["gid"] = early["gid"]
+                note(fields)
             except Exception as exc:
                 runtime.fail(target, exc)
         return result
@@ -412,7 +484,6 @@ def _recorder_around(runtime: ProbeRuntime, info: TargetInfo, extract: Callable[
 def _make_wrapper(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
     """The wrapt wrapper (classmethods, staticmethods, other callables): same behaviour."""
     spec = runtime.spec
-    kind = spec.kind
     when = spec.when
     target = info.target
     handler = runtime.handler
@@ -421,6 +492,7 @@ def _make_wrapper(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
     bound = (spec, extract)
     add = _emitter(spec)
     state = STATE
+    note = _recording(runtime, info, add) if handler is None else None
 
     if handler is not None:
         before = getattr(handler, "before", None)
@@ -443,7 +515,7 @@ def _make_wrapper(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
                 return wrapped(*args, **kwargs)
             runtime.hits += 1
             try:
-                add(kind, extract(instance, args, kwargs, None))
+                note(extract(instance, args, kwargs, None))
             except Exception as exc:
                 runtime.fail(target, exc)
             local.inside = True
@@ -454,7 +526,7 @@ def _make_wrapper(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
 
         return call_wrapper
 
-    around = _recorder_around(runtime, info, extract, add)
+    around = _recorder_around(runtime, info, extract, note)
 
     def return_wrapper(wrapped, instance, args, kwargs):
         if runtime.disabled or not state.active or local.inside:
@@ -489,6 +561,7 @@ class Engine:
             STATE.generation += 1
             self.generation = STATE.generation
             STATE.active = True
+            record.add_close_hook(sampling.close_all)
             self.packs = list(packs)
             by_module: dict[str, list[tuple[ProbeRuntime, str]]] = {}
             for pack in packs:
@@ -626,6 +699,10 @@ class Engine:
         with self.lock:
             STATE.active = False
             STATE.generation += 1
+            try:
+                sampling.close_all()
+            except Exception:
+                pass
             for patch in reversed(self.patches):
                 try:
                     current = (patch.owner.__dict__.get(patch.attr)
@@ -639,6 +716,7 @@ class Engine:
                 except Exception:
                     pass
             for runtime in self.runtimes:
+                sampling.forget(runtime.samplers)
                 close = getattr(runtime.handler, "close", None)
                 if close is not None:
                     try:

@@ -29,6 +29,15 @@ class _ThreadState(threading.local):
 _local = _ThreadState()
 
 
+class _Epoch:
+    """Counts capture begins on any thread: eager sampling runs end at each (sampling)."""
+
+    value = 0
+
+
+EPOCH = _Epoch()
+
+
 def next_gid() -> int:
     """A process-unique, small graph id (1, 2, 3, ...)."""
     return next(_gid_counter)
@@ -43,6 +52,7 @@ def _stack() -> list[int]:
 
 def push_capture(gid: int, src: str | None = None) -> None:
     """Enter a capture on this thread (src: who captures, e.g. torch, vllm)."""
+    EPOCH.value += 1
     _stack().append(gid)
     if src is not None:
         _sources()[gid] = src

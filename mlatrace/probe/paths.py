@@ -19,18 +19,20 @@ device they yield None. ``ptr`` is ``data_ptr()`` (an int, no read), ``shape`` i
 the tensor's shape as a list. Values that are not plain JSON (tensors, arbitrary
 objects) become None, enums become their name.
 
-How it runs: an expression is parsed into a small tree, and the tree is turned into
-a chain of closures (never into source text). A probe's fields compile into a
-``FieldsProgram``; ``bind()`` specializes it to one target once it is patched (the
-position of every ``args.<name>`` is known from the target's signature, attribute
-chains become one ``operator.attrgetter``, literals sit in a dict template that is
-copied per call, and results whose type is known to be JSON-safe skip ``plain()``),
-so that a probed call costs a few closure calls and no per-call lookups by name.
+How it runs: an expression is parsed into a small tree. Unbound (a CallView), the
+tree is turned into a chain of closures. A probe's fields compile into a
+``FieldsProgram``; ``bind()`` specializes it to one target once it is patched: it
+writes one straight-line Python function for that target (every ``args.<name>`` read
+once by its index, each path one attribute/item expression under one try, the record
+one dict display), made only of the parser's validated identifiers, ints and quoted
+strings, with constants and helpers in its namespace (never text from elsewhere).
+Expressions it does not cover (alternatives, nested functions) call their closure.
 """
 
 from __future__ import annotations
 
 import enum
+import keyword
 import operator
 import re
 from collections.abc import Callable
@@ -612,9 +614,23 @@ class FieldsProgram:
         return self._by_view(view.instance, view, None, view.result)
 
     def bind(self, positions: dict[str, int], defaults: dict[str, Any],
-             offset: int = 0) -> Callable[[Any, tuple, dict, Any], dict[str, Any]]:
-        """The extraction for a target whose parameters sit at positions (+offset in args)."""
-        return _assemble(self.entries, _Binding(positions, defaults, offset))
+             offset: int = 0, last: str | None = None
+             ) -> Callable[[Any, tuple, dict, Any], dict[str, Any]]:
+        """The extraction for a target whose parameters sit at positions (+offset in args).
+
+        Straight-line code generated for this target (``_generate``); the closure chain
+        of ``_assemble`` where generation does not apply. ``last`` names a top-level
+        field put last in the output (the engine's sampling pops and re-adds it).
+        """
+        binding = _Binding(positions, defaults, offset)
+        entries = self.entries
+        if last is not None and any(name == last for name, _ in entries):
+            entries = tuple(e for e in entries if e[0] != last) + tuple(
+                e for e in entries if e[0] == last)
+        try:
+            return _generate(entries, binding)
+        except _NotGenerated:
+            return _assemble(entries, binding)
 
     def names(self) -> list[str]:
         """The top-level field names, in order."""
@@ -706,3 +722,139 @@ def compile_fields(fields: dict[str, Any], where: Callable[[str, str], str]
     """
     entries, uses_result = _parse_fields(fields, where)
     return FieldsProgram(entries, uses_result), uses_result
+
+
+# ------------------------------------------------------------- straight-line code
+
+class _NotGenerated(Exception):
+    """An entry shape the generator does not cover: the closure chain takes it."""
+
+
+class _Generator:
+    """Writes one bound extraction as a Python function: each argument read once by index,
+    each path one attribute/item expression, each field one line, the record one dict
+    display. The source holds only validated identifiers, ints and repr() of strings
+    (the parser's tokens); constants, defaults and helpers live in its namespace. Paths
+    the generator does not cover (alternatives, nested functions, steps on attributes
+    that None itself has) call their closure from _build, so results are identical."""
+
+    def __init__(self, binding: _Binding) -> None:
+        self.binding = binding
+        self.ns: dict[str, Any] = {"_CAUGHT": _CAUGHT, "_S": _SCALAR_TYPES, "_plain": plain,
+                                   "_ptr": _ptr, "_dtype": _dtype, "_len": _len,
+                                   "_shape": _shape_plain}
+        self.lines: list[str] = []
+        self.roots: dict[str, str] = {}
+        self.paths: dict[str, str] = {}
+        self.uses_nargs = False
+        self.count = 0
+
+    def name(self, prefix: str, value: Any = None, bind: bool = False) -> str:
+        self.count += 1
+        name = f"{prefix}{self.count}"
+        if bind:
+            self.ns[name] = value
+        return name
+
+    def root(self, kind: str, arg: str | None) -> str:
+        if kind == "self":
+            return "instance"
+        if kind == "result":
+            return "result"
+        if arg in self.roots:
+            return self.roots[arg]
+        index, default = self.binding.arg(arg)
+        var = self.name("a")
+        dflt = self.name("_d", default, bind=True)
+        if index is None:
+            self.lines.append(f"{var} = kwargs.get({arg!r}, {dflt})")
+        else:
+            self.uses_nargs = True
+            self.lines.append(f"{var} = kwargs[{arg!r}] if kwargs and {arg!r} in kwargs "
+                              f"else (args[{index}] if nargs > {index} else {dflt})")
+        self.roots[arg] = var
+        return var
+
+    def path(self, node: Node) -> str:
+        """A local holding the raw value of a path node (chain applied, None on a miss)."""
+        _, kind, arg, steps = node
+        base = self.root(kind, arg)
+        if not steps:
+            return base
+        if any(step == "attr" and hasattr(None, key) for step, key in steps[1:]):
+            raise _NotGenerated
+        text = base
+        for step, key in steps:
+            if step == "attr":
+                if not _IDENT.match(key) or keyword.iskeyword(key):
+                    raise _NotGenerated
+                text += "." + key
+            elif type(key) is int or type(key) is str:
+                text += f"[{key!r}]"
+            else:
+                raise _NotGenerated
+        if text in self.paths:
+            return self.paths[text]
+        var = self.paths[text] = self.name("v")
+        self.lines += [f"{var} = None",
+                       f"if {base} is not None:",
+                       "    try:",
+                       f"        {var} = {text}",
+                       "    except _CAUGHT:",
+                       "        pass"]
+        return var
+
+    def leaf(self, node: Node) -> str:
+        """An expression (or local) for one computed field, finished as plain() would."""
+        tag = node[0]
+        if tag == "path":
+            var = self.path(node)
+            return f"({var} if type({var}) in _S else _plain({var}))"
+        if tag == "call1" and node[2][0] == "path":
+            var = self.path(node[2])
+            func = node[1]
+            if func in ("ptr", "dtype", "len"):
+                return f"_{func}({var})"
+            if func == "shape":
+                return f"_shape({var})"
+            if func == "isnone":
+                return f"({var} is None)"
+            if func == "notnone":
+                return f"({var} is not None)"
+            apply = self.name("_f", _FUNC_IMPL[func], bind=True)
+            return f"_plain({apply}({var}))"
+        if tag == "call0":
+            fn = self.name("_g", getattr(graphs, _NULLARY[node[1]]), bind=True)
+            return f"_plain({fn}())" if node[1] == "layer" else f"{fn}()"
+        if tag == "const":
+            return self.name("_k", plain(node[1]), bind=True)
+        compiled = self.name("_c", _build(node, self.binding, _PLAIN), bind=True)
+        return f"{compiled}(instance, args, kwargs, result)"
+
+    def table(self, entries: tuple) -> str:
+        items = []
+        for name, item in entries:
+            if not isinstance(item, tuple) or not item or isinstance(item[0], tuple):
+                value = self.table(item)
+            else:
+                value = self.leaf(item)
+            items.append(f"{name!r}: {value}")
+        return "{" + ", ".join(items) + "}"
+
+    def function(self, entries: tuple) -> Callable[..., dict[str, Any]]:
+        body = self.table(entries)
+        head = ["nargs = len(args)"] if self.uses_nargs else []
+        source = "def extract(instance, args, kwargs, result):\n" + "".join(
+            f"    {line}\n" for line in head + self.lines) + f"    return {body}\n"
+        exec(compile(source, "<mlatrace probe fields>", "exec"), self.ns)  # noqa: S102
+        extract = self.ns["extract"]
+        extract.source = source  # type: ignore[attr-defined]
+        return extract
+
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z_0-9]*\Z")
+
+
+def _generate(entries: tuple, binding: _Binding) -> Callable[..., dict[str, Any]]:
+    """Straight-line extraction of a bound program (raises _NotGenerated to fall back)."""
+    return _Generator(binding).function(entries)

@@ -33,7 +33,7 @@ import threading
 from typing import Any
 
 from mlatrace import record
-from mlatrace.probe import graphs
+from mlatrace.probe import graphs, sampling
 from mlatrace.probe.handlers import Handler
 
 DEFAULT_KERNEL_FILTER = r"(?i)(attn|attention|mla|decode|split|reduce|paged|flash|kv|softmax)"
@@ -45,7 +45,7 @@ _local = threading.local()
 
 
 class _LastLaunch(threading.local):
-    """Per thread: kernel meta id -> [(grid, constexprs) of its last eager launch, repeats]."""
+    """Per thread: kernel meta id -> the sampling run of its eager launches."""
 
     by_kernel: dict | None = None
 
@@ -53,19 +53,15 @@ class _LastLaunch(threading.local):
 _last_launch = _LastLaunch()
 
 
-def eager_repeat(meta: KernelMeta, grid3: list | None, const: dict[str, Any]) -> int:
-    """How many eager launches in a row, on this thread, this kernel made with this grid
-    and these constexprs (1 for a new shape): a decode loop launches the same every step."""
+def _run_of(meta: KernelMeta) -> sampling.RunState:
+    """This thread's sampling run of `meta`'s eager launches."""
     by_kernel = _last_launch.by_kernel
     if by_kernel is None:
         by_kernel = _last_launch.by_kernel = {}
-    shape = (None if grid3 is None else tuple(grid3), tuple(const.values()))
-    entry = by_kernel.get(id(meta))
-    if entry is not None and entry[0] == shape:
-        entry[1] += 1
-        return entry[1]
-    by_kernel[id(meta)] = [shape, 1]
-    return 1
+    state = by_kernel.get(id(meta))
+    if state is None:
+        state = by_kernel[id(meta)] = sampling.RunState()
+    return state
 
 
 def kernel_filter(options: dict[str, Any]) -> re.Pattern[str]:
@@ -201,6 +197,10 @@ class TritonRun(Handler):
         # The thread-local "inside run" flag only matters to the launch hook.
         flag = self.hook is not None and self.hook.installed
         sample = record.settings().get("launch_sample") or 0
+        sampler = sampling.Sampler(runtime.spec.qualname, "kernel.launch", sample) \
+            if sample else None
+        if sampler is not None:
+            runtime.samplers.append(sampler)
 
         def run(self: Any, *args: Any, grid: Any, warmup: Any, **kwargs: Any) -> Any:
             if warmup or runtime.disabled or not STATE.active:
@@ -226,15 +226,19 @@ class TritonRun(Handler):
                              num_warps=_num_warps(kwargs, kernel), const=const,
                              capturing=True, gid=current_gid())
                         return kernel
-                    # Eager: the first `sample` identical launches in a row, then 1 in
-                    # `sample`; `repeat` is the exact run length at each kept record.
-                    repeat = eager_repeat(meta, grid3, const)
-                    if sample and repeat > sample and repeat % sample:
-                        record.count_sampled_launch()
+                    # Eager: the first `sample` identical launches in a row (grid and
+                    # constexprs), then a sample.run with the run's exact length.
+                    if sampler is None:
+                        emit("kernel.launch", name=meta.name, grid=grid3,
+                             num_warps=_num_warps(kwargs, kernel), const=const,
+                             capturing=False, gid=current_gid())
                         return kernel
-                    emit("kernel.launch", name=meta.name, grid=grid3,
-                         num_warps=_num_warps(kwargs, kernel), const=const,
-                         capturing=False, gid=current_gid(), repeat=repeat)
+                    key = (None if grid3 is None else tuple(grid3), tuple(const.values()))
+                    repeat = sampler.keep(_run_of(meta), key, name=meta.name)
+                    if repeat:
+                        emit("kernel.launch", name=meta.name, grid=grid3,
+                             num_warps=_num_warps(kwargs, kernel), const=const,
+                             capturing=False, gid=current_gid(), repeat=repeat)
                 except Exception as exc:
                     runtime.fail(target, exc)
             return kernel

@@ -1,18 +1,26 @@
 """Per-process trace writer: one `p<pid>.jsonl` per traced process.
 
-The hot path (`emit`) appends a tuple to a deque and returns: no encoding, no
-lock, no I/O. A daemon thread drains the deque every 200 ms (or sooner when
-512 records are pending), encodes with stdlib json and appends to the file, so
-a SIGKILLed process leaves a valid file up to its last flush. When the deque
-cannot drain (more than `max_pending` records waiting) new records are dropped
-and counted, never blocking the traced program; `seq` keeps counting, so drops
-show as gaps. Only the standard library is imported here: this module runs in
-every process of a serving engine.
+The hot path (`Recorder.add`) appends a tuple to a deque and returns: no encoding,
+no lock, no I/O. A daemon thread drains the deque every 200 ms (or sooner when 512
+records are pending) and appends their JSON lines to the file, so a SIGKILLed process
+leaves a valid file up to its last flush. It encodes in chunks of `CHUNK_RECORDS`
+records, with msgspec (one `encode_lines` call per chunk) where it can be imported and
+with stdlib json where not, and hands the GIL back between chunks, so it never holds it
+long. When the program records faster than the thread writes (more than `max_pending`
+records waiting) the producer waits for the writer, at most `BACKPRESSURE_S` at a time,
+instead of dropping: the queue stays bounded and nothing is lost. Only a writer that
+makes no progress in that time (a stuck disk) makes records drop; they are counted and
+`seq` keeps counting, so drops show as gaps. Only the standard library (and msgspec,
+when present) is imported here: this module runs in every process of a serving engine.
+
+`process.end` counts every record kind exactly: `counts` is what the program emitted
+per kind (written, sampled out, or dropped), `sampled` what sampling left out.
 """
 
 from __future__ import annotations
 
 import atexit
+import collections
 import itertools
 import json
 import os
@@ -31,7 +39,10 @@ FLUSH_INTERVAL_S = 0.2
 FLUSH_EVERY_RECORDS = 512
 MAX_PENDING = 200_000
 YIELD_EVERY_RECORDS = 64
+CHUNK_RECORDS = 1024
+BACKPRESSURE_S = 0.25
 DEFAULT_LAUNCH_SAMPLE = 8
+DEFAULT_SAMPLE = 1
 CLOSE_TIMEOUT_S = 2.0
 
 _VERSIONED = ("torch", "triton", "vllm", "aiter", "sglang")
@@ -46,14 +57,18 @@ def settings(environ: dict[str, str] | os._Environ | None = None) -> dict[str, A
     ranks = env.get("MLATRACE_RANKS") or ""
     sample = env.get("MLATRACE_REPLAY_SAMPLE") or ""
     launch = env.get("MLATRACE_LAUNCH_SAMPLE") or ""
+    calls = env.get("MLATRACE_SAMPLE") or ""
+    call_sample = int(calls) if calls.isdigit() else DEFAULT_SAMPLE
     return {
         "out": env.get("MLATRACE_OUT") or None,
         "run_id": env.get("MLATRACE_RUN_ID") or None,
         "ranks": {int(r) for r in ranks.split(",") if r.strip()} or None,
         "replay_sample": int(sample) if sample.isdigit() and int(sample) > 0 else None,
-        # eager launches repeating the last (grid, constexprs) of their kernel: keep the
-        # first N in a row, then 1 in N (0: keep all)
-        "launch_sample": int(launch) if launch.isdigit() else DEFAULT_LAUNCH_SAMPLE,
+        # eager probed calls repeating their last record (all fields but `layer`): keep
+        # the first N of each run, count the rest, close the run with a sample.run
+        # record (0: keep all). Launches follow it unless MLATRACE_LAUNCH_SAMPLE is set.
+        "sample": call_sample,
+        "launch_sample": int(launch) if launch.isdigit() else call_sample,
         "graph_nodes": env.get("MLATRACE_GRAPH_NODES", "1") != "0",
         "probes": [p for p in (env.get("MLATRACE_PROBES") or "").split(os.pathsep) if p],
         "otlp": env.get("MLATRACE_OTLP") or None,
@@ -143,7 +158,26 @@ def _fast_encoder() -> Callable[[Any], str] | None:
 
 
 _FAST_ENCODE = _fast_encoder()
-_RESERVED = frozenset(("k", "t", "seq", "tid"))
+
+
+def _msgspec_encode() -> Callable[[Any], bytes] | None:
+    """msgspec's JSON encoder (a fraction of a microsecond per record), when it imports.
+
+    Types msgspec does not know go through the same default as the json path.
+    """
+    try:
+        import msgspec
+
+        return msgspec.json.Encoder(enc_hook=_json_default).encode
+    except Exception:
+        return None
+
+
+# msgspec encodes at add time (see Recorder.add); without it records are queued as dicts
+# and the flush thread encodes them with stdlib json, while the program is in GIL-free
+# calls (a CUDA launch, say): the C encoder costs a few us per record, too much for the
+# hot path of a traced GPU program.
+_ENCODE_NOW = _msgspec_encode() if os.environ.get("MLATRACE_JSON") != "stdlib" else None
 _ESCAPE = json.encoder.encode_basestring_ascii
 _clock = time.perf_counter_ns
 _thread_id = threading.get_ident
@@ -157,24 +191,6 @@ def _encode(record: dict) -> str:
         except Exception:
             pass
     return _ENCODER.encode(record)
-
-
-def _encode_item(item: tuple) -> str | None:
-    """A queued (seq, t, tid, kind, fields) as the line _encode(_as_dict(item)) gives.
-
-    The four leading keys are formatted here and only the fields go through the
-    encoder; None where that shortcut does not apply (the caller takes the dict path).
-    """
-    seq, t, tid, kind, fields = item
-    if _FAST_ENCODE is None or type(kind) is not str or type(fields) is not dict \
-            or not _RESERVED.isdisjoint(fields):
-        return None
-    try:
-        body = _FAST_ENCODE(fields)
-    except Exception:
-        return None
-    head = f'{{"k":{_ESCAPE(kind)},"t":{t},"seq":{seq},"tid":{tid}'
-    return head + "}" if body == "{}" else head + "," + body[1:]
 
 
 def _line_of(record: dict) -> str:
@@ -214,12 +230,20 @@ class Recorder:
         self.probes: list[str] = []
         self.dropped = 0
         self.sampled_out = 0
-        self.launches_sampled_out = 0
         self.probe_errors = 0
         self.sink_errors = 0
+        self.task_errors = 0
+        self.waits = 0
+        self.kinds: collections.Counter = collections.Counter()   # emitted (kept or dropped)
+        self.sampled_kinds: collections.Counter = collections.Counter()
+        self._flush_tasks: list[Callable[[], None]] = []
+        self._close_hooks: list[Callable[[], None]] = []
+        self._stalled = False
+        self._encode_now = _ENCODE_NOW     # None while sinks need the records as dicts
+        self._drained = threading.Event()
+        self._writer_ident: int | None = None
         self.replays: dict[int, int] = {}
         self._seq = itertools.count(1)
-        self._last_seq = 0
         self._pending: deque = deque()
         self._sinks: list[Sink] = []
         self._wake = threading.Event()
@@ -238,17 +262,58 @@ class Recorder:
 
     # ---------------------------------------------------------------- hot path
     def add(self, kind: str, fields: dict) -> None:
-        """Queue one record. Never blocks, never raises, never does I/O."""
+        """Queue one record. Never raises, never does I/O; waits only when the queue is full.
+
+        The record is `fields` itself (the caller hands it over) with k, t, seq and tid
+        added, encoded here when msgspec is at hand: a queued bytes line is no work for
+        the garbage collector, while queued dicts are promoted and traversed by every
+        full collection (1-2 us per record in a process holding torch), and the flush
+        thread then only joins and writes.
+        """
         if not self.enabled:
             return
         pending = self._pending
-        if len(pending) >= self.max_pending:
-            next(self._seq)  # the gap in seq is how readers see the drop
-            self.dropped += 1
+        if len(pending) >= self.max_pending and not self._make_room(kind):
             return
-        pending.append((next(self._seq), _clock() - self.t0, _thread_id(), kind, fields))
+        fields["k"] = kind
+        fields["t"] = _clock() - self.t0
+        fields["seq"] = next(self._seq)
+        fields["tid"] = _thread_id()
+        self.kinds[kind] += 1
+        encode = self._encode_now
+        if encode is not None:
+            try:
+                fields = encode(fields)
+            except Exception:
+                pass    # the flush thread writes what the json path makes of it
+        pending.append(fields)
         if len(pending) == FLUSH_EVERY_RECORDS:
             self._wake.set()
+
+    def _make_room(self, kind: str) -> bool:
+        """The queue is full: wait for the writer (bounded), else drop and count.
+
+        The producer gives the writer the GIL and waits until it has drained the queue
+        to half, at most BACKPRESSURE_S; a writer that made no room in that time is
+        stalled (its disk, say), and records then drop without waiting until it drains.
+        """
+        if not self._stalled and threading.get_ident() != self._writer_ident \
+                and self._thread.is_alive():
+            self._drained.clear()
+            self._wake.set()
+            self._drained.wait(BACKPRESSURE_S)
+            self.waits += 1
+            if len(self._pending) < self.max_pending:
+                return True
+            self._stalled = True
+        next(self._seq)  # the gap in seq is how readers see the drop
+        self.dropped += 1
+        self.kinds[kind] += 1
+        return False
+
+    def count_sampled(self, kind: str, n: int = 1) -> None:
+        """Records of `kind` that sampling left out (exact counts for process.end)."""
+        self.sampled_kinds[kind] += n
 
     def add_replay(self, gid: int, fields: dict) -> None:
         """Queue a graph.replay, counting replays per gid exactly and sampling the records."""
@@ -257,6 +322,7 @@ class Recorder:
         sample = self.replay_sample
         if sample and n > sample and n % sample:
             self.sampled_out += 1
+            self.sampled_kinds["graph.replay"] += 1
             return
         fields["gid"] = gid
         fields["n"] = n
@@ -274,6 +340,7 @@ class Recorder:
 
     def add_sink(self, sink: Sink) -> None:
         """Also hand every flushed batch of records to `sink` (on the flush thread)."""
+        self._encode_now = None
         self._sinks.append(sink)
 
     def remove_sink(self, sink: Sink) -> None:
@@ -293,45 +360,73 @@ class Recorder:
         finally:
             self._write_lock.release()
 
+    def add_flush_task(self, task: Callable[[], None]) -> None:
+        """Run `task()` on the flush thread before each flush (it may add records)."""
+        self._flush_tasks.append(task)
+
+    def add_close_hook(self, hook: Callable[[], None]) -> None:
+        """Run `hook()` once in close(), before the last flush (it may add records)."""
+        self._close_hooks.append(hook)
+
+    def _run_tasks(self) -> None:
+        for task in self._flush_tasks:
+            try:
+                task()
+            except Exception:
+                self.task_errors += 1
+
     def _flush_locked(self) -> None:
         if self._fd is None:
             return
         if not self._header_written:
             self._write_lines([self.header()])
             self._header_written = True
-        batch = []
         pending = self._pending
-        for _ in range(len(pending)):
-            batch.append(pending.popleft())
-        if batch:
-            self._last_seq = batch[-1][0]
+        first = True
+        while pending:
+            if not first:
+                # Between chunks the program gets the GIL back; with a producer waiting
+                # in _make_room, the drain goes on at once.
+                time.sleep(0)
+            first = False
+            batch = [pending.popleft() for _ in range(min(len(pending), CHUNK_RECORDS))]
+            if len(pending) <= self.max_pending // 2:
+                self._stalled = False
+                self._drained.set()
             if not self._sinks:
-                self._write_items(batch)    # no dicts needed: encode the queued tuples
-                return
-            records = [self._as_dict(item) for item in batch]
+                self._write_items(batch)
+                continue
+            records = [json.loads(item) if type(item) is bytes else item for item in batch]
             self._write_lines(records)
             for sink in self._sinks:
                 try:
                     sink(records)
                 except Exception:
                     self.sink_errors += 1
+        self._stalled = False
+        self._drained.set()
 
     def _end_record(self, reason: str, final: bool = False) -> dict:
         """A `process.end` for everything written so far (call with the write lock held).
 
         It carries each `set_end_info` part; a `once` part is dropped after the final end.
         """
+        counts = self.kinds + self.sampled_kinds
+        end_seq = next(self._seq)
         end = {
             "k": "process.end",
             "t": time.perf_counter_ns() - self.t0,
-            "seq": next(self._seq),
+            "seq": end_seq,
             "tid": threading.get_ident(),
-            "events": self._last_seq,
+            "events": end_seq - 1,
             "dropped": self.dropped,
             "sampled_out": self.sampled_out,
-            "launches_sampled_out": self.launches_sampled_out,
+            "launches_sampled_out": self.sampled_kinds.get("kernel.launch", 0),
             "probe_errors": self.probe_errors,
             "sink_errors": self.sink_errors,
+            "counts": dict(sorted(counts.items())),
+            "sampled": dict(sorted(self.sampled_kinds.items())),
+            "waits": self.waits,
             "replays": {str(gid): n for gid, n in self.replays.items()},
             "reason": reason,
         }
@@ -371,11 +466,17 @@ class Recorder:
         """
         if self._closed:
             return
+        for hook in _close_hooks + self._close_hooks:
+            try:
+                hook()
+            except Exception:
+                self.task_errors += 1
         self._closed = True
         self._wake.set()
         if not self._write_lock.acquire(timeout=timeout_s):
             return
         try:
+            self._run_tasks()
             self._flush_locked()
             if self._fd is None:
                 return
@@ -438,13 +539,9 @@ class Recorder:
             "probes": list(self.probes),
             "ranks_kept": sorted(self.ranks) if self.ranks else None,
             "replay_sample": self.replay_sample,
+            "sample": settings().get("sample"),
             "mlatrace": __version__,
         }
-
-    @staticmethod
-    def _as_dict(item: tuple) -> dict:
-        seq, t, tid, kind, fields = item
-        return {"k": kind, "t": t, "seq": seq, "tid": tid, **fields}
 
     def _write_lines(self, records: list[dict]) -> None:
         lines = []
@@ -454,19 +551,25 @@ class Recorder:
             lines.append(_line_of(record))
         self._write_text(lines)
 
-    def _write_items(self, items: list[tuple]) -> None:
-        """Write queued (seq, t, tid, kind, fields) tuples: the lines _write_lines would."""
-        lines = []
-        as_dict = self._as_dict
+    def _write_items(self, items: list) -> None:
+        """Write queued records: JSON bytes as they are, dicts through the json path."""
+        if all(type(item) is bytes for item in items):
+            self._write_bytes(b"\n".join(items) + b"\n")
+            return
+        parts = []
         for i, item in enumerate(items):
+            if type(item) is bytes:
+                parts.append(item)
+                continue
             if i and not i % YIELD_EVERY_RECORDS:
                 time.sleep(0)  # hand the GIL back: the traced program never waits on encoding
-            line = _encode_item(item)
-            lines.append(line if line is not None else _line_of(as_dict(item)))
-        self._write_text(lines)
+            parts.append(_line_of(item).encode())
+        self._write_bytes(b"\n".join(parts) + b"\n")
 
     def _write_text(self, lines: list[str]) -> None:
-        data = ("\n".join(lines) + "\n").encode()
+        self._write_bytes(("\n".join(lines) + "\n").encode())
+
+    def _write_bytes(self, data: bytes) -> None:
         fd = self._fd
         while data and fd is not None:
             written = os.write(fd, data)
@@ -477,15 +580,18 @@ class Recorder:
         self._started.set()
 
     def _flush_loop(self) -> None:
+        self._writer_ident = threading.get_ident()
         self._started.wait(5.0)
         while not self._closed:
             self._wake.wait(self.flush_interval)
             self._wake.clear()
+            self._run_tasks()
             try:
                 self.flush()
             except Exception:
                 # The disk is full or gone: stop writing, never disturb the program.
                 self.enabled = False
+                self._drained.set()
                 return
 
 
@@ -495,6 +601,19 @@ _hooks_registered = False
 # module-level so that a forked child's recorder writes it too
 _end_info: dict[str, Callable[[], Any]] = {}
 _end_info_once: set[str] = set()   # names given once=True: dropped after one process.end
+
+_close_hooks: list[Callable[[], None]] = []
+
+
+def add_close_hook(hook: Callable[[], None]) -> None:
+    """Run `hook()` when any recorder closes, before its last flush (records may be added)."""
+    if hook not in _close_hooks:
+        _close_hooks.append(hook)
+
+
+def remove_close_hook(hook: Callable[[], None]) -> None:
+    if hook in _close_hooks:
+        _close_hooks.remove(hook)
 
 
 def emit(kind: str, **fields: Any) -> None:
@@ -575,7 +694,14 @@ def count_sampled_launch() -> None:
     """An eager kernel launch left out by the launch sampling (counted in process.end)."""
     recorder = _recorder
     if recorder is not None:
-        recorder.launches_sampled_out += 1
+        recorder.sampled_kinds["kernel.launch"] += 1
+
+
+def count_sampled(kind: str, n: int = 1) -> None:
+    """Records of `kind` that eager sampling left out (counted in process.end)."""
+    recorder = _recorder
+    if recorder is not None:
+        recorder.sampled_kinds[kind] += n
 
 
 def note_probe_error() -> None:
@@ -619,9 +745,11 @@ def start(
 def stop(reason: str = "exit") -> None:
     """Close the running recorder (flush, `process.end`)."""
     global _recorder
-    recorder, _recorder = _recorder, None
+    recorder = _recorder
     if recorder is not None:
-        recorder.close(reason)
+        recorder.close(reason)      # its close hooks may still record (sampling runs)
+        if _recorder is recorder:
+            _recorder = None
 
 
 def start_from_env() -> Recorder | None:
