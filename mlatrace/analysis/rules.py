@@ -170,9 +170,12 @@ def frozen_one_split(model: TraceModel, config: Config) -> list[Finding]:
         rg = model.replay_graph(graph)
         one_decisions = [d for d in _split_decisions(graph) if d.value == 1]
         if one_decisions and rg is not None:
-            open_ = [d for d in one_decisions if judge(d, rg, config).status != "holds"]
+            verdicts = [(d, judge(d, rg, config).status) for d in one_decisions]
+            open_ = [d for d, status in verdicts if status not in ("holds", "mismatch")]
             if not open_:
-                continue  # the split decision says 1 is right at the replayed lengths
+                # 1 is right at the replayed lengths, or the host re-decided it eagerly with
+                # another value before the replays: MLT007 says the graph runs a stale value
+                continue
             decided = open_[0]
             one_split_refs = _ev(decided.ref, f"{decided.name}=1 while capturing "
                                                f"({_inputs_text(decided.inputs)})") + one_split_refs
@@ -352,38 +355,54 @@ _FIX_CAP = ("size the split workspace for the largest split count any replay can
 
 # -- MLT003 static-buffer-drift ------------------------------------------------------
 def static_buffer_drift(model: TraceModel, config: Config) -> list[Finding]:
-    """A pointer baked in at capture differs from the one the metadata filled before a replay."""
+    """A pointer baked in at capture differs from the one the metadata filled before a replay.
+
+    Covers every buffer the probes name: KV indptr / block tables, and the scheduler
+    metadata a backend plans per step (FA3's scheduler_metadata, FlashMLA's
+    tile_scheduler_metadata and num_splits). One finding per graph, naming every buffer
+    that moved.
+    """
     findings = []
     done = set()
     for graph in model.graphs.values():
         if not graph.capture_ptrs:
             continue
         rg = model.replay_graph(graph)
-        if rg is None:
+        if rg is None or (graph.pid, rg.gid) in done:
             continue
+        moved = []
         for name, (ptr, ref) in graph.capture_ptrs.items():
             seen = rg.replays.ptrs.get(name)
-            if not seen or (graph.pid, rg.gid, name) in done:
+            if not seen:
                 continue
             other = [(p, c, r) for p, (c, r) in seen.items() if p != ptr]
-            if not other:
-                continue
-            done.add((graph.pid, rg.gid, name))
-            drifted = sum(c for _, c, _ in other)
-            first_ptr, _, first_ref = min(other, key=lambda o: o[2].seq)
-            key = _key_text(model, graph)
-            message = (f"buffer '{name}' was {_hex(ptr)} when graph {key} was captured, but "
-                       f"{drifted} of {rg.replays.with_metadata} replays followed metadata with "
-                       f"another pointer (first {_hex(first_ptr)}): the graph reads stale memory")
-            fix = ("fill the captured static buffer in place (copy_ into it) instead of building "
-                   "a new tensor per step, or re-capture when the buffer moves")
-            evidence = _ev(ref, f"'{name}'={_hex(ptr)} at capture")
-            evidence += _ev(first_ref, f"'{name}'={_hex(first_ptr)} before a replay")
-            findings.append(make_finding(
-                "MLT003", message, fix, evidence, pid=graph.pid, rank=model.rank_of(graph.pid),
-                gid=rg.gid, details={"key": model.effective_key(graph), "buffer": name,
-                                     "captured_ptr": ptr, "replay_ptrs": sorted(p for p, _, _ in other),
-                                     "drifted_replays": drifted}))
+            if other:
+                moved.append((name, ptr, ref, other))
+        if not moved:
+            continue
+        done.add((graph.pid, rg.gid))
+        name, ptr, ref, other = moved[0]
+        drifted = sum(c for _, c, _ in other)
+        first_ptr, _, first_ref = min(other, key=lambda o: o[2].seq)
+        key = _key_text(model, graph)
+        also = (f" (also moved: {', '.join(m[0] for m in moved[1:])})" if len(moved) > 1 else "")
+        message = (f"buffer '{name}' was {_hex(ptr)} when graph {key} was captured, but "
+                   f"{drifted} of {rg.replays.with_metadata} replays followed metadata with "
+                   f"another pointer (first {_hex(first_ptr)}): the graph reads stale memory"
+                   + also)
+        fix = ("fill the captured static buffer in place (copy_ into it) instead of building "
+               "a new tensor per step, or re-capture when the buffer moves")
+        evidence = []
+        for m_name, m_ptr, m_ref, m_other in moved[:2]:
+            m_first = min(m_other, key=lambda o: o[2].seq)
+            evidence += _ev(m_ref, f"'{m_name}'={_hex(m_ptr)} at capture")
+            evidence += _ev(m_first[2], f"'{m_name}'={_hex(m_first[0])} before a replay")
+        findings.append(make_finding(
+            "MLT003", message, fix, evidence, pid=graph.pid, rank=model.rank_of(graph.pid),
+            gid=rg.gid, details={"key": model.effective_key(graph), "buffer": name,
+                                 "buffers": [m[0] for m in moved],
+                                 "captured_ptr": ptr, "replay_ptrs": sorted(p for p, _, _ in other),
+                                 "drifted_replays": drifted}))
     return findings
 
 

@@ -1,6 +1,7 @@
 """`mlatrace probes list` and `mlatrace probes doctor`.
 
-doctor imports each target's module (this command is not a traced program) and
+doctor imports each target's module (this command is not a traced program; with
+``--source DIR`` it parses DIR's files instead, see probe/source.py) and
 says, per target: ok, inherited (the class does not override it; its base's
 probe sees the calls), not installed (the library is absent), not importable
 (the module fails to import here, e.g. a GPU-only backend on a CPU box), absent
@@ -130,14 +131,50 @@ def check(packs: list[Pack]) -> list[TargetStatus]:
     return results
 
 
-def doctor(extra: list[str] | None = None) -> int:
-    """Print which targets exist and match; exit 1 on drift, 2 when a pack does not load."""
+def check_static(packs: list[Pack], found: dict[str, dict]) -> list[TargetStatus]:
+    """Check targets against static signatures (probe.source: a source tree or a snapshot).
+
+    Only targets whose top-level package the signatures cover are checked; the others are
+    "not in source". A probe none of whose covered targets exists is drift, as in `check`.
+    """
+    from mlatrace.probe.source import compare
+
+    results: list[TargetStatus] = []
+    for pack in packs:
+        for spec in pack.probes:
+            probe_results = []
+            for target in spec.targets:
+                entry = found.get(target, {"status": "not in source", "detail": ""})
+                status, detail = compare(spec.params, spec.arg_names, entry)
+                probe_results.append(TargetStatus(pack.name, spec.name, target, status, detail))
+            covered = [r for r in probe_results if r.status != "not in source"]
+            if covered and not any(r.status in ("ok", "inherited") for r in covered):
+                for result in covered:
+                    if result.status == "absent":
+                        result.status = "drift"
+                        result.detail += " (no target of this probe exists here)"
+            results.extend(probe_results)
+    return results
+
+
+def doctor(extra: list[str] | None = None, source: str | None = None) -> int:
+    """Print which targets exist and match; exit 1 on drift, 2 when a pack does not load.
+
+    With `source` (a directory holding packages, e.g. unpacked wheels), targets are read
+    statically from that tree instead of imported (probe.source).
+    """
     try:
         packs = _load(extra or [])
     except PackError as exc:
         print(f"probes doctor: {exc}", file=sys.stderr)
         return 2
-    results = check(packs)
+    if source is not None:
+        from mlatrace.probe.source import signatures
+
+        targets = [t for pack in packs for spec in pack.probes for t in spec.targets]
+        results = check_static(packs, signatures(source, targets))
+    else:
+        results = check(packs)
     counts: dict[str, int] = {}
     for result in results:
         counts[result.status] = counts.get(result.status, 0) + 1
@@ -148,6 +185,8 @@ def doctor(extra: list[str] | None = None) -> int:
     for pack in packs:
         version = library_version(pack.library)
         installed = f"{pack.library} {version}" if version else f"{pack.library} not installed"
+        if source is not None:
+            installed = f"static read of {source}"
         print(f"\n{pack.name}: {installed}; checked against: {'; '.join(pack.versions)}")
         for result in (r for r in results if r.pack == pack.name):
             mark = "DRIFT" if result.status == "drift" else result.status
