@@ -176,11 +176,14 @@ def probes_list(extra: tuple[str, ...]) -> None:
 @probes.command("doctor")
 @click.option("--probes", "extra", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help=PROBES_HELP)
-def probes_doctor(extra: tuple[str, ...]) -> None:
+@click.option("--source", type=click.Path(exists=True, file_okay=False),
+              help="Check targets statically in this source tree (e.g. unpacked wheels) "
+                   "instead of importing them.")
+def probes_doctor(extra: tuple[str, ...], source: str | None) -> None:
     """Which targets exist in installed packages and whether signatures match (exit 1 on drift)."""
     from mlatrace.probe import commands
 
-    sys.exit(commands.doctor(list(extra)))
+    sys.exit(commands.doctor(list(extra), source=source))
 
 
 @main.group()

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from mlatrace.analysis import Config, analyze, synth
-from mlatrace.analysis.policies import bucketed_splits, legacy_splits
+from mlatrace.analysis.decisions import bucketed_splits, legacy_splits
 from mlatrace.trace import open_trace
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -12,8 +12,11 @@ from mlatrace.analysis.model import (
     MAX_MARKS,
     MAX_NODES,
     MAX_SYNC_SITES,
+    REPLAY_INPUTS,
     AttentionStats,
     CallShape,
+    DecisionShape,
+    EagerDecision,
     GraphModel,
     LaunchShape,
     ProcessModel,
@@ -58,6 +61,13 @@ def _key_text(key: Any) -> str | int | None:
         return ", ".join(f"{k}={json.dumps(v) if not isinstance(v, str) else v}"
                          for k, v in key.items())
     return json.dumps(key) if isinstance(key, list) else str(key)
+
+
+def _in_capture_setup(where: Any) -> bool:
+    """A sync whose stack is torch.cuda.graph's own capture set-up (torch/cuda/graphs.py)."""
+    frames = where if isinstance(where, list) else [where]
+    return any(isinstance(f, str) and "torch/cuda/graphs.py" in f.replace("\\", "/")
+               for f in frames[:1])
 
 
 def _dict(value: Any) -> dict:
@@ -112,6 +122,8 @@ class _ProcessBuilder:
         self.metadata: dict[Any, dict] = {}  # tid -> latest attn.metadata record
         self.by_gid: dict[Any, GraphModel] = {}
         self.replaying: set[Any] = set()
+        self.eager_decisions: dict[Any, dict[str, dict]] = {}  # tid -> name -> latest eager record
+        self.pending_syncs: dict[Any, list[dict]] = {}  # tid -> syncs since its last replay
 
     # -- helpers -------------------------------------------------------------
     def _ref(self, rec: dict, kind: str) -> Ref:
@@ -169,6 +181,7 @@ class _ProcessBuilder:
             "kernel.split": self.kernel_split,
             "kernel.skip": self.kernel_skip,
             "sync": self.sync,
+            "host.decision": self.host_decision,
             "graph.capture.begin": self.capture_begin,
             "graph.capture.end": self.capture_end,
             "graph.nodes": self.graph_nodes,
@@ -247,6 +260,9 @@ class _ProcessBuilder:
             stack = self.stacks.get(tid)
             if stack:
                 graph.parent = stack[-1]
+        # syncs since the last replay were this capture's set-up (torch.cuda.graph and
+        # engines synchronize before capturing), not the decode step path
+        self.pending_syncs.pop(tid, None)
         current = self.metadata.get(tid)
         if current is not None:
             graph.capture_metadata = current
@@ -361,10 +377,65 @@ class _ProcessBuilder:
         if len(graph.launches) < 4 * MAX_DISTINCT:
             graph.launches.append(LaunchShape(self._ref(rec, "kernel.launch"), name, grid, const))
 
+    def host_decision(self, rec: dict) -> None:
+        name = _text(rec.get("name"))
+        if name is None:
+            return
+        gid = self._capture_gid(rec)
+        if gid is None:  # eager: the host's current intent, compared at the next replays
+            self.eager_decisions.setdefault(rec.get("tid"), {})[name] = rec
+            return
+        graph = self._graph(gid)
+        value, inputs = rec.get("value"), _dict(rec.get("inputs"))
+        layer = _hashable(rec.get("layer"))
+        for d in graph.decisions:
+            if d.name == name and d.value == value and d.inputs == inputs and d.layer == layer:
+                d.count += 1
+                return
+        if len(graph.decisions) < 4 * MAX_DISTINCT:
+            valid = rec.get("valid") if isinstance(rec.get("valid"), dict) else None
+            graph.decisions.append(DecisionShape(self._ref(rec, "host.decision"), name, value,
+                                                 inputs, valid, layer))
+
+    def _replay_decisions(self, graph: GraphModel, stats: ReplayStats, pending: dict) -> None:
+        """Count the eager decisions made since this graph's capture ended, for this replay."""
+        after = graph.end.seq if graph.end is not None else -1
+        for name, rec in pending.items():
+            seq = rec.get("seq")
+            if not isinstance(seq, int) or seq <= after:
+                continue
+            value = rec.get("value")
+            values = stats.decisions.setdefault(name, {})
+            key = _hashable(value)
+            entry = values.get(key)
+            if entry is None:
+                if len(values) >= MAX_DISTINCT:
+                    continue
+                entry = values[key] = EagerDecision(self._ref(rec, "host.decision"), value,
+                                                    _dict(rec.get("inputs")))
+            entry.count += 1
+
+    def _replay_inputs(self, stats: ReplayStats, md: dict) -> None:
+        ranges = stats.inputs
+        for name in REPLAY_INPUTS:
+            value = md.get(name)
+            if type(value) is not int:
+                continue
+            entry = ranges.get(name)
+            if entry is None:
+                ref = self._ref(md, "attn.metadata")
+                ranges[name] = [value, ref, value, ref]
+            elif value < entry[0]:
+                entry[0], entry[1] = value, self._ref(md, "attn.metadata")
+            elif value > entry[2]:
+                entry[2], entry[3] = value, self._ref(md, "attn.metadata")
+
     def sync(self, rec: dict) -> None:
         gid = self._capture_gid(rec)
         tid = rec.get("tid")
         op, where = _text(rec.get("op")), rec.get("where")
+        if _in_capture_setup(where):
+            return  # torch.cuda.graph's own synchronize before it captures
         if gid is not None:
             graph = self._graph(gid)
             for site in graph.syncs:
@@ -374,6 +445,14 @@ class _ProcessBuilder:
             if len(graph.syncs) < MAX_SYNC_SITES:
                 graph.syncs.append(SyncSite(self._ref(rec, "sync"), op, where, True, gid))
         elif tid in self.replaying:
+            pending = self.pending_syncs.setdefault(tid, [])
+            if len(pending) < MAX_SYNC_SITES:
+                pending.append(rec)
+
+    def _flush_syncs(self, tid: Any) -> None:
+        """Syncs between replays that no capture followed: the decode step path (MLT004)."""
+        for rec in self.pending_syncs.pop(tid, ()):
+            op, where = _text(rec.get("op")), rec.get("where")
             key = (self.pid, op, hashable(where))
             site = self.model.step_syncs.get(key)
             if site is not None:
@@ -400,6 +479,12 @@ class _ProcessBuilder:
             if self.proc.first_replay_seq is None:
                 self.proc.first_replay_seq = stats.first.seq
         self.replaying.add(tid)
+        if self.pending_syncs and tid in self.pending_syncs:
+            self._flush_syncs(tid)
+        if self.eager_decisions:
+            pending = self.eager_decisions.get(tid)
+            if pending:
+                self._replay_decisions(graph, stats, pending)
         gpu = rec.get("gpu_ns")
         if gpu is not None and type(gpu) is int and gpu >= 0:
             stats.add_gpu_ns(gpu)
@@ -407,6 +492,9 @@ class _ProcessBuilder:
         if md is None:
             return
         stats.with_metadata += 1
+        if md is not stats.last_md:  # a wrapper and its torch graph share one build
+            stats.last_md = md
+            self._replay_inputs(stats, md)
         smax = md.get("seq_len_max")
         if type(smax) is int and (stats.seq_len_max is None or smax > stats.seq_len_max):
             stats.seq_len_max, stats.seq_len_max_md = smax, md
@@ -438,7 +526,10 @@ class _ProcessBuilder:
         stats.ptr_run, stats.ptr_run_count = ptrs, 0
 
     def finish(self, proc_file: Any) -> ProcessModel:
+        for tid in list(self.pending_syncs):
+            self._flush_syncs(tid)
         for graph in self.model.graphs.values():
+            graph.replays.last_md = None
             stats = graph.replays
             if graph.pid == self.pid:
                 _flush_ptr_run(stats)

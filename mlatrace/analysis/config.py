@@ -5,6 +5,7 @@ Keys (all optional):
     long_len_factor = 8        # MLT001: a replay is long when seq_len_max >= factor x BLOCK_N
     default_block_n = 64       # BLOCK_N assumed when the trace does not say
     far_factor = 8             # MLT006: captured value and replay value differ by this ratio
+                               # (also a host.decision's inputs without a `valid` range)
     far_min_len = 256          # MLT006: ... and the replay value is at least this long
     fail_on = "error"          # check's default threshold
     disable = ["MLT004"]       # rule ids never reported
@@ -30,7 +31,7 @@ except ModuleNotFoundError:  # Python 3.10
     except ModuleNotFoundError:
         tomllib = None  # type: ignore[assignment]
 
-RULE_IDS = ("MLT001", "MLT002", "MLT003", "MLT004", "MLT005", "MLT006")
+RULE_IDS = ("MLT001", "MLT002", "MLT003", "MLT004", "MLT005", "MLT006", "MLT007")
 
 
 class ConfigError(ValueError):

@@ -14,6 +14,7 @@ RULES: dict[str, tuple[str, str]] = {
     "MLT004": ("host-sync-in-decode", "warning"),
     "MLT005": ("mixed-kernels-in-graph", "error"),
     "MLT006": ("frozen-host-decision", "warning"),
+    "MLT007": ("decision-mismatch", "error"),
 }
 
 
@@ -53,9 +54,12 @@ class Finding:
 
 
 def make_finding(rule_id: str, message: str, hint: str, evidence: list[Evidence], *,
-                 pid: int | None, rank: int | None, gid: int | None, details: dict) -> Finding:
-    name, severity = RULES[rule_id]
-    return Finding(rule_id, name, severity, message, hint, evidence, pid, rank, gid, details)
+                 pid: int | None, rank: int | None, gid: int | None, details: dict,
+                 severity: str | None = None) -> Finding:
+    """A finding of `rule_id`; `severity` overrides the rule's default (MLT002, MLT006)."""
+    name, default = RULES[rule_id]
+    return Finding(rule_id, name, severity or default, message, hint, evidence, pid, rank, gid,
+                   details)
 
 
 def at_or_above(severity: str, threshold: str) -> bool:

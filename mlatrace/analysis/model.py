@@ -134,6 +134,33 @@ class CallShape:
 
 
 @dataclass
+class DecisionShape:
+    """One distinct host.decision (name, value, inputs) made while capturing."""
+
+    ref: Ref
+    name: str
+    value: Any
+    inputs: dict
+    valid: dict | None
+    layer: Any = None
+    count: int = 1
+
+
+@dataclass(slots=True)
+class EagerDecision:
+    """One value of a decision the host made eagerly, after the capture, before replays."""
+
+    ref: Ref
+    value: Any
+    inputs: dict
+    count: int = 0
+
+
+REPLAY_INPUTS = ("seq_len_max", "seq_len_min", "num_reqs", "max_query_len", "num_tokens")
+"""attn.metadata fields whose range over the replays decisions are checked against."""
+
+
+@dataclass
 class SyncSite:
     ref: Ref
     op: str | None
@@ -164,6 +191,11 @@ class ReplayStats:
     ptr_run: dict | None = None       # the last pointer set seen, and how many replays since
     ptr_run_count: int = 0
     gpu_seen: int = 0
+    # host.decision name -> value key -> EagerDecision made after the capture, before a replay
+    decisions: dict[str, dict[Any, EagerDecision]] = field(default_factory=dict)
+    # REPLAY_INPUTS name -> [lo, lo Ref, hi, hi Ref] over the metadata before the replays
+    inputs: dict[str, list] = field(default_factory=dict)
+    last_md: Any = None
 
     @property
     def count(self) -> int:
@@ -223,6 +255,7 @@ class GraphModel:
     nodes_total: int = 0
     nodes_ref: Ref | None = None
     syncs: list[SyncSite] = field(default_factory=list)
+    decisions: list[DecisionShape] = field(default_factory=list)
     replays: ReplayStats = field(default_factory=ReplayStats)
 
 

@@ -1,4 +1,4 @@
-"""Rules MLT001-MLT006: pure functions from the graph model to findings with evidence.
+"""Rules MLT001-MLT007: pure functions from the graph model to findings with evidence.
 
 Every rule reads only the TraceModel and the Config; none emits a finding without at
 least one record (file, seq) to show for it.
@@ -7,12 +7,14 @@ least one record (file, seq) to show for it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
+from mlatrace.analysis import decisions as known
 from mlatrace.analysis.config import Config
+from mlatrace.analysis.decisions import bucketed_splits, legacy_splits
 from mlatrace.analysis.findings import Evidence, Finding, make_finding
-from mlatrace.analysis.model import GraphModel, Ref, TraceModel, classify_op
-from mlatrace.analysis.policies import bucketed_splits, legacy_splits
+from mlatrace.analysis.model import DecisionShape, GraphModel, Ref, TraceModel, classify_op
 
 
 def _ev(ref: Ref | None, what: str) -> list[Evidence]:
@@ -62,6 +64,92 @@ def _stage1_without_stage2(nodes: list[dict]) -> bool:
     return stage1 and not stage2
 
 
+# -- host.decision against the replays -----------------------------------------------
+@dataclass
+class Verdict:
+    """What the evidence says of one captured decision (see `judge`)."""
+
+    status: str                     # holds | mismatch | outside | far | unknown
+    reason: str = ""
+    eager: list = field(default_factory=list)   # EagerDecision values that differ
+    input: str | None = None        # the input that left its range / moved far
+    captured_input: Any = None
+    replay_input: Any = None
+    replay_ref: Ref | None = None
+    valid: dict | None = None
+    at_replay: dict = field(default_factory=dict)  # {"lo": v, "hi": v}: the formula's values
+
+
+def _input_range(rg: GraphModel, name: str) -> list | None:
+    return rg.replays.inputs.get(name)
+
+
+def _at_replay(d: DecisionShape, rg: GraphModel) -> dict:
+    """The known formula's value at the shortest and longest replayed inputs."""
+    out = {}
+    for end, index in (("lo", 0), ("hi", 2)):
+        replay = {name: entry[index] for name, entry in rg.replays.inputs.items()
+                  if name in d.inputs}
+        if replay:
+            value = known.value_at(d.name, d.inputs, **replay)
+            if value is not None:
+                out[end] = value
+    return out
+
+
+def judge(d: DecisionShape, rg: GraphModel, config: Config) -> Verdict:
+    """Does the value captured in `d` still hold for the replays of `rg`?
+
+    In order: the same decision made eagerly after the capture and before the replays (same
+    value: holds; another: mismatch); the `valid` range recorded or given by a known formula
+    (a replay input outside it: outside); else the factor between captured and replayed
+    inputs (>= far_factor: far).
+    """
+    eager = rg.replays.decisions.get(d.name)
+    at_replay = _at_replay(d, rg)
+    if eager:
+        differ = [e for e in eager.values() if e.value != d.value]
+        if differ:
+            return Verdict("mismatch", eager=differ, at_replay=at_replay)
+        return Verdict("holds", "the host re-made it eagerly before the replays, same value")
+    valid = known.valid_range(d.name, d.value, d.inputs, d.valid)
+    if valid:
+        for name, bounds in valid.items():
+            entry = _input_range(rg, name)
+            if entry is None or not isinstance(bounds, (list, tuple)) or len(bounds) != 2:
+                continue
+            lo, hi = bounds
+            if lo is not None and entry[0] < lo:
+                return Verdict("outside", input=name, captured_input=d.inputs.get(name),
+                               replay_input=entry[0], replay_ref=entry[1], valid=valid,
+                               at_replay=at_replay)
+            if hi is not None and entry[2] > hi:
+                return Verdict("outside", input=name, captured_input=d.inputs.get(name),
+                               replay_input=entry[2], replay_ref=entry[3], valid=valid,
+                               at_replay=at_replay)
+        return Verdict("holds", "its valid range covers every replay", valid=valid)
+    for name, captured in d.inputs.items():
+        entry = _input_range(rg, name)
+        if entry is None or type(captured) is not int:
+            continue
+        base = max(1, captured)
+        if entry[2] >= config.far_factor * base and entry[2] >= config.far_min_len:
+            return Verdict("far", input=name, captured_input=captured, replay_input=entry[2],
+                           replay_ref=entry[3], at_replay=at_replay)
+        if captured >= config.far_factor * max(1, entry[0]) and captured >= config.far_min_len:
+            return Verdict("far", input=name, captured_input=captured, replay_input=entry[0],
+                           replay_ref=entry[1], at_replay=at_replay)
+    return Verdict("unknown")
+
+
+def _split_decisions(graph: GraphModel) -> list[DecisionShape]:
+    return [d for d in graph.decisions if known.is_split_decision(d.name)]
+
+
+def _inputs_text(inputs: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in inputs.items())
+
+
 # -- MLT001 frozen-one-split ---------------------------------------------------------
 def frozen_one_split(model: TraceModel, config: Config) -> list[Finding]:
     """One KV split captured inside graph G, and G replayed at long KV lengths."""
@@ -79,15 +167,30 @@ def frozen_one_split(model: TraceModel, config: Config) -> list[Finding]:
             one_split_refs += _ev(launch.ref, f"{launch.name}: NUM_KV_SPLITS=1 grid={list(launch.grid or ())}")
         for ref, name, reason in graph.skips[:1]:
             one_split_refs += _ev(ref, f"{name} skipped while capturing ({reason})")
+        rg = model.replay_graph(graph)
+        one_decisions = [d for d in _split_decisions(graph) if d.value == 1]
+        if one_decisions and rg is not None:
+            verdicts = [(d, judge(d, rg, config).status) for d in one_decisions]
+            open_ = [d for d, status in verdicts if status not in ("holds", "mismatch")]
+            if not open_:
+                # 1 is right at the replayed lengths, or the host re-decided it eagerly with
+                # another value before the replays: MLT007 says the graph runs a stale value
+                continue
+            decided = open_[0]
+            one_split_refs = _ev(decided.ref, f"{decided.name}=1 while capturing "
+                                               f"({_inputs_text(decided.inputs)})") + one_split_refs
+        else:
+            decided = None
         if not one_split_refs and _stage1_without_stage2(graph.nodes):
             one_split_refs += _ev(graph.nodes_ref, "graph nodes: a stage-1 kernel and no stage-2 "
                                                    "node (the one-split fast path)")
         if not one_split_refs:
             continue
-        rg = model.replay_graph(graph)
         if rg is None or rg.replays.seq_len_max is None:
             continue
         block_n = (decision.block_n if decision and decision.block_n else None)
+        if block_n is None and decided is not None and type(decided.inputs.get("block_n")) is int:
+            block_n = decided.inputs["block_n"]
         if block_n is None and launch is not None and isinstance(launch.const.get("BLOCK_N"), int):
             block_n = launch.const["BLOCK_N"]
         block_n = block_n or config.default_block_n
@@ -97,7 +200,7 @@ def frozen_one_split(model: TraceModel, config: Config) -> list[Finding]:
         names = {d.op for d in graph.splits if d.num_kv_splits == 1 and d.op}
         names |= {la.name for la in graph.launches if la.num_kv_splits == 1}
         names |= {name for _ref, name, _reason in graph.skips if name}
-        if _rerun_eagerly(model, graph.pid, names):
+        if decided is None and _rerun_eagerly(model, graph.pid, names):
             continue
         hint = decision.min_kv_seq_len if decision else None
         hint_ref = None
@@ -112,15 +215,26 @@ def frozen_one_split(model: TraceModel, config: Config) -> list[Finding]:
         real_min = rg.replays.seq_len_min_max or longest
         legacy = legacy_splits(real_min, batch=batch, qlen=qlen, nhead=nhead, block_n=block_n)
         bucketed = bucketed_splits(real_min)
-        op = decision.op if decision else (launch.name if launch else None)
+        op = decision.op if decision else (decided.name if decided else
+                                           (launch.name if launch else None))
         key = _key_text(model, graph)
         count = rg.replays.count
-        message = (f"graph {key} (gid {rg.gid}, {model.effective_mode(graph) or '?'}) froze "
-                   f"{op or 'the split-KV decode'} at 1 KV split (host hint min_kv_seq_len={hint}) "
-                   f"and was replayed {count} times up to seq_len {longest} "
-                   f"(>= {config.long_len_factor * block_n} = {config.long_len_factor} x BLOCK_N {block_n}); "
-                   f"given the real min_kv_seq_len {real_min} the legacy policy would pick "
-                   f"{legacy} splits, bucketed {bucketed}")
+        at_replay = _at_replay(decided, rg) if decided is not None else {}
+        if decided is not None:
+            captured = _inputs_text(decided.inputs) or "no inputs recorded"
+            would = (f"; {known.known(decided.name).formula} gives {at_replay.get('hi')} at the "
+                     "longest replay" if at_replay.get("hi") else "")
+            message = (f"graph {key} (gid {rg.gid}, {model.effective_mode(graph) or '?'}) froze "
+                       f"{decided.name} at 1 ({captured}) and was replayed {count} times up to "
+                       f"seq_len {longest} (>= {config.long_len_factor * block_n} = "
+                       f"{config.long_len_factor} x BLOCK_N {block_n}){would}")
+        else:
+            message = (f"graph {key} (gid {rg.gid}, {model.effective_mode(graph) or '?'}) froze "
+                       f"{op or 'the split-KV decode'} at 1 KV split (host hint min_kv_seq_len={hint}) "
+                       f"and was replayed {count} times up to seq_len {longest} "
+                       f"(>= {config.long_len_factor * block_n} = {config.long_len_factor} x BLOCK_N {block_n}); "
+                       f"given the real min_kv_seq_len {real_min} the legacy policy would pick "
+                       f"{legacy} splits, bucketed {bucketed}")
         fix = ("pass a representative capture hint (e.g. min_kv_seq_len=16384), pick the split on "
                "device from the runtime length, or run the split-deciding call eagerly between "
                "graph segments / capture one graph per length bucket")
@@ -135,7 +249,9 @@ def frozen_one_split(model: TraceModel, config: Config) -> list[Finding]:
                 "replays": count, "replay_seq_len_max": longest,
                 "threshold": config.long_len_factor * block_n,
                 "replay_min_kv_seq_len": real_min,
-                "policies_at_replay_len": {"legacy": legacy, "bucketed": bucketed}}))
+                "policies_at_replay_len": {"legacy": legacy, "bucketed": bucketed},
+                "decision": decided.name if decided else None,
+                "decision_at_replay": at_replay or None}))
     return findings
 
 
@@ -150,6 +266,9 @@ def replay_beyond_capture(model: TraceModel, config: Config) -> list[Finding]:
     for graph in model.graphs.values():
         capped = [c for c in graph.calls if type(c.hints.get("max_seq_len")) is int]
         if not capped:
+            found = _split_cap(model, graph)
+            if found is not None:
+                findings.append(found)
             continue
         rg = model.replay_graph(graph)
         if rg is None or rg.replays.seq_len_max is None:
@@ -178,40 +297,112 @@ def replay_beyond_capture(model: TraceModel, config: Config) -> list[Finding]:
     return findings
 
 
+def _split_cap(model: TraceModel, graph: GraphModel) -> Finding | None:
+    """A split cap / capacity captured in G (FA3's max_num_splits sizes the workspace then).
+
+    Error when a split count the host decided eagerly before a replay exceeds it (the kernel
+    writes past the workspace sized at capture: vllm#20301's illegal memory access); warning
+    when the cap's own heuristic would pick more splits at the replay lengths (the cap binds:
+    slow at long context, vllm#25274).
+    """
+    rg = model.replay_graph(graph)
+    if rg is None:
+        return None
+    for d in graph.decisions:
+        if not known.is_cap_decision(d.name) or type(d.value) is not int or d.value <= 0:
+            continue
+        cap = d.value
+        split_name = known.CAP_HEURISTICS.get(d.name) or d.name.rsplit(".", 1)[0] + ".num_splits"
+        eager = rg.replays.decisions.get(split_name, {})
+        over = [e for e in eager.values() if type(e.value) is int and e.value > cap]
+        key = _key_text(model, graph)
+        base = {"key": model.effective_key(graph), "captured_gid": graph.gid, "op": d.name,
+                "cap": cap, "replays": rg.replays.count}
+        if over:
+            worst = max(over, key=lambda e: e.value)
+            message = (f"graph {key} was captured with {d.name}={cap} (the split workspace is "
+                       f"sized then), but before a replay the host chose {split_name}="
+                       f"{worst.value} ({_inputs_text(worst.inputs)}): the kernel writes past "
+                       "the captured workspace")
+            evidence = _ev(d.ref, f"{d.name}={cap} while capturing") + \
+                _ev(worst.ref, f"{split_name}={worst.value} before a replay")
+            return make_finding("MLT002", message, _FIX_CAP, evidence + _replay_evidence(rg),
+                                pid=graph.pid, rank=model.rank_of(graph.pid), gid=rg.gid,
+                                details={**base, "needed": worst.value})
+        entry = rg.replays.inputs.get("seq_len_max")
+        if entry is None:
+            continue
+        uncapped = known.value_at(split_name, {**d.inputs, "max_num_splits": 0},
+                                  seq_len_max=entry[2])
+        if uncapped is None or uncapped <= cap:
+            continue
+        message = (f"graph {key} caps {split_name} at {d.name}={cap}; at the longest replay "
+                   f"(seq_len_max {entry[2]}) {known.known(split_name).formula} would pick "
+                   f"{uncapped}: the cap binds and long contexts run under-split")
+        evidence = _ev(d.ref, f"{d.name}={cap} while capturing ({_inputs_text(d.inputs)})")
+        evidence += _ev(entry[3], f"metadata before a replay: seq_len_max={entry[2]}")
+        return make_finding("MLT002", message, _FIX_CAP, evidence + _replay_evidence(rg)[:1],
+                            pid=graph.pid, rank=model.rank_of(graph.pid), gid=rg.gid,
+                            severity="warning", details={**base, "wanted": uncapped,
+                                                         "replay_seq_len_max": entry[2]})
+    return None
+
+
+_FIX_CAP = ("size the split workspace for the largest split count any replay can pick and pass "
+            "that bound at both capture and run time (vLLM: "
+            "attention_config.flash_attn_max_num_splits_for_cuda_graph)")
+
+
 # -- MLT003 static-buffer-drift ------------------------------------------------------
 def static_buffer_drift(model: TraceModel, config: Config) -> list[Finding]:
-    """A pointer baked in at capture differs from the one the metadata filled before a replay."""
+    """A pointer baked in at capture differs from the one the metadata filled before a replay.
+
+    Covers every buffer the probes name: KV indptr / block tables, and the scheduler
+    metadata a backend plans per step (FA3's scheduler_metadata, FlashMLA's
+    tile_scheduler_metadata and num_splits). One finding per graph, naming every buffer
+    that moved.
+    """
     findings = []
     done = set()
     for graph in model.graphs.values():
         if not graph.capture_ptrs:
             continue
         rg = model.replay_graph(graph)
-        if rg is None:
+        if rg is None or (graph.pid, rg.gid) in done:
             continue
+        moved = []
         for name, (ptr, ref) in graph.capture_ptrs.items():
             seen = rg.replays.ptrs.get(name)
-            if not seen or (graph.pid, rg.gid, name) in done:
+            if not seen:
                 continue
             other = [(p, c, r) for p, (c, r) in seen.items() if p != ptr]
-            if not other:
-                continue
-            done.add((graph.pid, rg.gid, name))
-            drifted = sum(c for _, c, _ in other)
-            first_ptr, _, first_ref = min(other, key=lambda o: o[2].seq)
-            key = _key_text(model, graph)
-            message = (f"buffer '{name}' was {_hex(ptr)} when graph {key} was captured, but "
-                       f"{drifted} of {rg.replays.with_metadata} replays followed metadata with "
-                       f"another pointer (first {_hex(first_ptr)}): the graph reads stale memory")
-            fix = ("fill the captured static buffer in place (copy_ into it) instead of building "
-                   "a new tensor per step, or re-capture when the buffer moves")
-            evidence = _ev(ref, f"'{name}'={_hex(ptr)} at capture")
-            evidence += _ev(first_ref, f"'{name}'={_hex(first_ptr)} before a replay")
-            findings.append(make_finding(
-                "MLT003", message, fix, evidence, pid=graph.pid, rank=model.rank_of(graph.pid),
-                gid=rg.gid, details={"key": model.effective_key(graph), "buffer": name,
-                                     "captured_ptr": ptr, "replay_ptrs": sorted(p for p, _, _ in other),
-                                     "drifted_replays": drifted}))
+            if other:
+                moved.append((name, ptr, ref, other))
+        if not moved:
+            continue
+        done.add((graph.pid, rg.gid))
+        name, ptr, ref, other = moved[0]
+        drifted = sum(c for _, c, _ in other)
+        first_ptr, _, first_ref = min(other, key=lambda o: o[2].seq)
+        key = _key_text(model, graph)
+        also = (f" (also moved: {', '.join(m[0] for m in moved[1:])})" if len(moved) > 1 else "")
+        message = (f"buffer '{name}' was {_hex(ptr)} when graph {key} was captured, but "
+                   f"{drifted} of {rg.replays.with_metadata} replays followed metadata with "
+                   f"another pointer (first {_hex(first_ptr)}): the graph reads stale memory"
+                   + also)
+        fix = ("fill the captured static buffer in place (copy_ into it) instead of building "
+               "a new tensor per step, or re-capture when the buffer moves")
+        evidence = []
+        for m_name, m_ptr, m_ref, m_other in moved[:2]:
+            m_first = min(m_other, key=lambda o: o[2].seq)
+            evidence += _ev(m_ref, f"'{m_name}'={_hex(m_ptr)} at capture")
+            evidence += _ev(m_first[2], f"'{m_name}'={_hex(m_first[0])} before a replay")
+        findings.append(make_finding(
+            "MLT003", message, fix, evidence, pid=graph.pid, rank=model.rank_of(graph.pid),
+            gid=rg.gid, details={"key": model.effective_key(graph), "buffer": name,
+                                 "buffers": [m[0] for m in moved],
+                                 "captured_ptr": ptr, "replay_ptrs": sorted(p for p, _, _ in other),
+                                 "drifted_replays": drifted}))
     return findings
 
 
@@ -286,6 +477,9 @@ def mixed_kernels_in_graph(model: TraceModel, config: Config) -> list[Finding]:
                     by_layer.setdefault(None, {}).setdefault(kind, launch)
         mixed = {layer: ops for layer, ops in by_layer.items() if len(ops) == 2}
         if not mixed:
+            found = _prefill_decision(model, graph, mode)
+            if found is not None:
+                findings.append(found)
             continue
         layer, ops = next(iter(mixed.items()))
         prefill, decode = ops["prefill"], ops["decode"]
@@ -314,13 +508,43 @@ def mixed_kernels_in_graph(model: TraceModel, config: Config) -> list[Finding]:
     return findings
 
 
+def _prefill_decision(model: TraceModel, graph: GraphModel, mode: str) -> Finding | None:
+    """A prefill-path decision (num_prefills > 0) recorded inside a FULL (decode-only) capture."""
+    for d in graph.decisions:
+        prefill = (d.name.endswith(known.PREFILL_SUFFIXES) and type(d.value) is int
+                   and d.value > 0) or d.value == "prefill"
+        if not prefill:
+            continue
+        key = _key_text(model, graph)
+        message = (f"FULL graph {key} was captured with {d.name}={d.value} "
+                   f"({_inputs_text(d.inputs)}): the prefill branch is inside a decode graph "
+                   "and every replay runs it")
+        fix = ("classify the capture's padded requests as decodes (decode_threshold >= the "
+               "query length the graph is captured for, e.g. 1 + num_speculative_tokens), or "
+               "capture this batch shape PIECEWISE")
+        evidence = _ev(d.ref, f"{d.name}={d.value} while capturing")
+        evidence += _ev(graph.begin, f"capture of gid {graph.gid} mode {mode}")
+        return make_finding("MLT005", message, fix, evidence, pid=graph.pid,
+                            rank=model.rank_of(graph.pid), gid=graph.gid,
+                            details={"key": model.effective_key(graph), "mode": mode,
+                                     "op": d.name, "value": d.value})
+    return None
+
+
 # -- MLT006 frozen-host-decision -----------------------------------------------------
 def frozen_host_decision(model: TraceModel, config: Config) -> list[Finding]:
     """Another captured host value (split count, length hint) far from what replays saw."""
     findings = []
+    covered = _one_split_graphs(model, config)
     for graph in model.graphs.values():
         rg = model.replay_graph(graph)
-        if rg is None or rg.replays.seq_len_max is None:
+        if rg is None:
+            continue
+        found = _frozen_decision(model, graph, rg, config, covered)
+        if found is not None:
+            findings.append(found)
+            continue
+        if rg.replays.seq_len_max is None:
             continue
         longest = rg.replays.seq_len_max
         if longest < config.far_min_len:
@@ -378,6 +602,99 @@ def frozen_host_decision(model: TraceModel, config: Config) -> list[Finding]:
     return findings
 
 
+def _one_split_graphs(model: TraceModel, config: Config) -> set[tuple]:
+    """(pid, captured gid) of the graphs MLT001 reports: its special case is not repeated."""
+    return {(f.pid, f.details.get("captured_gid")) for f in frozen_one_split(model, config)}
+
+
+def _covered(graph: GraphModel, d: DecisionShape, covered: set[tuple]) -> bool:
+    return (known.is_cap_decision(d.name)  # MLT002's
+            or (known.is_split_decision(d.name) and d.value == 1
+                and (graph.pid, graph.gid) in covered))
+
+
+def _frozen_decision(model: TraceModel, graph: GraphModel, rg: GraphModel, config: Config,
+                     covered: set[tuple]) -> Finding | None:
+    """MLT006 for host.decision records: the first decision of G the replays contradict."""
+    worst = None
+    for d in graph.decisions:
+        if _covered(graph, d, covered):
+            continue
+        verdict = judge(d, rg, config)
+        if verdict.status == "outside" or (verdict.status == "far" and worst is None):
+            worst = (d, verdict)
+            if verdict.status == "outside":
+                break
+    if worst is None:
+        return None
+    d, v = worst
+    key = _key_text(model, graph)
+    would = ""
+    if v.at_replay:
+        values = sorted(set(v.at_replay.values()))
+        would = (f"; at the replayed inputs {known.known(d.name).formula} gives "
+                 f"{'..'.join(str(x) for x in values)}")
+    if v.status == "outside":
+        lo, hi = v.valid[v.input]
+        message = (f"graph {key} froze {d.name}={d.value}, which holds for {v.input} in "
+                   f"[{lo}, {'inf' if hi is None else hi}], but a replay ran at "
+                   f"{v.input}={v.replay_input} (captured at {v.captured_input}){would}")
+        severity = "error"
+    else:
+        message = (f"graph {key} froze {d.name}={d.value} from {v.input}={v.captured_input}, "
+                   f"but replays ran at {v.input}={v.replay_input} (>= {config.far_factor}x "
+                   f"apart){would}")
+        severity = "warning"
+    evidence = _ev(d.ref, f"{d.name}={d.value} while capturing ({_inputs_text(d.inputs)})")
+    evidence += _ev(v.replay_ref, f"metadata before a replay: {v.input}={v.replay_input}")
+    evidence += _ev(rg.replays.first, f"first replay of gid {rg.gid}")
+    return make_finding(
+        "MLT006", message, _FIX_006, evidence, pid=graph.pid, rank=model.rank_of(graph.pid),
+        gid=rg.gid, severity=severity,
+        details={"key": model.effective_key(graph), "captured_gid": graph.gid, "op": d.name,
+                 "value": d.name, "captured": d.value, "inputs": d.inputs,
+                 "valid": v.valid, "input": v.input, "replay_input": v.replay_input,
+                 "decision_at_replay": v.at_replay or None, "replays": rg.replays.count})
+
+
+# -- MLT007 decision-mismatch --------------------------------------------------------
+def decision_mismatch(model: TraceModel, config: Config) -> list[Finding]:
+    """A decision made inside G's capture with X, and re-made eagerly before G's replays as Y != X."""
+    findings = []
+    covered = _one_split_graphs(model, config)
+    for graph in model.graphs.values():
+        rg = model.replay_graph(graph)
+        if rg is None:
+            continue
+        for d in graph.decisions:
+            if _covered(graph, d, covered):
+                continue
+            verdict = judge(d, rg, config)
+            if verdict.status != "mismatch":
+                continue
+            other = max(verdict.eager, key=lambda e: e.count)
+            values = sorted({str(e.value) for e in verdict.eager})
+            key = _key_text(model, graph)
+            message = (f"graph {key} captured {d.name}={d.value} ({_inputs_text(d.inputs)}), "
+                       f"but before its replays the host decided {d.name}="
+                       f"{', '.join(values)} ({_inputs_text(other.inputs)}, {other.count} "
+                       "replays): the graph runs what the host no longer intends")
+            fix = ("make the captured value an upper bound passed at both capture and run time, "
+                   "re-capture per value (one graph per bucket), or move the decision on device")
+            evidence = _ev(d.ref, f"{d.name}={d.value} while capturing")
+            evidence += _ev(other.ref, f"{d.name}={other.value} eagerly before a replay")
+            evidence += _ev(rg.replays.first, f"first replay of gid {rg.gid}")
+            findings.append(make_finding(
+                "MLT007", message, fix, evidence, pid=graph.pid, rank=model.rank_of(graph.pid),
+                gid=rg.gid, details={"key": model.effective_key(graph), "captured_gid": graph.gid,
+                                     "op": d.name, "captured": d.value,
+                                     "eager": [e.value for e in verdict.eager],
+                                     "decision_at_replay": verdict.at_replay or None,
+                                     "replays": rg.replays.count}))
+            break  # one per (rule, process, graph)
+    return findings
+
+
 _FIX_006 = ("capture with a representative value (the longest length you serve), or make the "
             "decision on device / in an eager break so replays see the runtime value")
 
@@ -389,4 +706,5 @@ RULE_FUNCTIONS: dict[str, Callable[[TraceModel, Config], list[Finding]]] = {
     "MLT004": host_sync_in_decode,
     "MLT005": mixed_kernels_in_graph,
     "MLT006": frozen_host_decision,
+    "MLT007": decision_mismatch,
 }

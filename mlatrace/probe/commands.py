@@ -1,6 +1,7 @@
 """`mlatrace probes list` and `mlatrace probes doctor`.
 
-doctor imports each target's module (this command is not a traced program) and
+doctor imports each target's module (this command is not a traced program; with
+``--source DIR`` it parses DIR's files instead, see probe/source.py) and
 says, per target: ok, inherited (the class does not override it; its base's
 probe sees the calls), not installed (the library is absent), not importable
 (the module fails to import here, e.g. a GPU-only backend on a CPU box), absent
@@ -162,15 +163,51 @@ def check(packs: list[Pack]) -> list[TargetStatus]:
     return results
 
 
-def doctor(extra: list[str] | None = None) -> int:
+def check_static(packs: list[Pack], found: dict[str, dict]) -> list[TargetStatus]:
+    """Check targets against static signatures (probe.source: a source tree or a snapshot).
+
+    Only targets whose top-level package the signatures cover are checked; the others are
+    "not in source". A probe none of whose covered targets exists is drift, as in `check`.
+    """
+    from mlatrace.probe.source import compare
+
+    results: list[TargetStatus] = []
+    for pack in packs:
+        for spec in pack.probes:
+            probe_results = []
+            for target in spec.targets:
+                entry = found.get(target, {"status": "not in source", "detail": ""})
+                status, detail = compare(spec.params, spec.arg_names, entry)
+                probe_results.append(TargetStatus(pack.name, spec.name, target, status, detail))
+            covered = [r for r in probe_results if r.status != "not in source"]
+            if covered and not any(r.status in ("ok", "inherited") for r in covered):
+                for result in covered:
+                    if result.status == "absent":
+                        result.status = "drift"
+                        result.detail += " (no target of this probe exists here)"
+            results.extend(probe_results)
+    return results
+
+
+def doctor(extra: list[str] | None = None, source: str | None = None) -> int:
     """Print which targets exist and match and what is wrong with a pack; exit 1 on drift
     or a pack problem, 2 when a pack or a handler does not load (the other packs are
-    still checked)."""
+    still checked).
+
+    With `source` (a directory holding packages, e.g. unpacked wheels), targets are read
+    statically from that tree instead of imported (probe.source).
+    """
     packs, problems, broken = _load(extra or [])
     mismatched = {pack.name: problem for pack in packs if (problem := version_problem(pack))}
     problems += list(mismatched.values())
     disabled = disabled_packs()
-    results = check(packs)
+    if source is not None:
+        from mlatrace.probe.source import signatures
+
+        targets = [t for pack in packs for spec in pack.probes for t in spec.targets]
+        results = check_static(packs, signatures(source, targets))
+    else:
+        results = check(packs)
     counts: dict[str, int] = {}
     for result in results:
         counts[result.status] = counts.get(result.status, 0) + 1
@@ -188,6 +225,8 @@ def doctor(extra: list[str] | None = None) -> int:
     for pack in packs:
         version = installed_version(pack.library)
         installed = f"{pack.library} {version}" if version else f"{pack.library} not installed"
+        if source is not None:
+            installed = f"static read of {source}"
         applies = ""
         if pack.versions:
             verdict = "MISMATCH: run leaves it out" if pack.name in mismatched else "ok"

@@ -36,7 +36,7 @@ from mlatrace import record
 from mlatrace.probe import graphs, sampling
 from mlatrace.probe.handlers import Handler
 
-DEFAULT_KERNEL_FILTER = r"(?i)(attn|attention|mla|decode|split|reduce|paged|flash|kv|softmax)"
+DEFAULT_KERNEL_FILTER = r"(?i)(attn|attention|mla|decode|split|reduce|paged|flash|kv|softmax|stage_?[12]|fwd_kernel)"
 META_ATTR = "_mlatrace_launch_meta"
 _SCALARS = (bool, int, float, str)
 _SCALAR_TYPES = frozenset(_SCALARS)

@@ -19,15 +19,18 @@ positions a split owns; the torch and Triton kernels compute the same on device.
 
 from __future__ import annotations
 
+from mlatrace.analysis import decisions
+from mlatrace.analysis.decisions import cdiv
+
 POLICIES = ("legacy", "bucketed", "device")
 
-BLOCK_N = 64
+BLOCK_N = decisions.BLOCK_N
 """KV rows per inner-loop tile of stage 1 (AITER's BLOCK_N for this path)."""
 
-HEAD_BLOCK = 16
+HEAD_BLOCK = decisions.BLOCK_M
 """Query heads per stage-1 program (AITER's NUM_M_BLOCKS counts these)."""
 
-LEGACY_PROGRAM_BUDGET = 256
+LEGACY_PROGRAM_BUDGET = decisions.WORKGROUP_BUDGET
 """Workgroup budget of AITER's legacy formula: 256 // (batch*qlen*head_blocks)."""
 
 DEVICE_PROGRAM_BUDGET = 132
@@ -41,33 +44,27 @@ DEVICE_MIN_TILES_PER_SPLIT = 1
 MAX_KV_SPLITS = 512
 """Upper bound on splits any policy returns (sizes the stage-2 workspace)."""
 
-BUCKETS = ((64, 1), (4096, 16), (16384, 48), (65536, 64))
+BUCKETS = decisions.BUCKETS
 """(largest min_kv_seq_len, splits) of the seed's bucketed policy; above the last: 128."""
-BUCKET_ABOVE = 128
+BUCKET_ABOVE = decisions.TOP_BUCKET_SPLITS
 
-
-def cdiv(a: int, b: int) -> int:
-    """Ceiling division for non-negative ints."""
-    return -(-a // b)
+__all__ = ["cdiv", "POLICIES", "num_kv_splits", "legacy", "bucketed", "device"]
 
 
 def head_blocks(nhead: int) -> int:
     """Stage-1 head blocks per (batch, query) row."""
-    return cdiv(nhead, HEAD_BLOCK)
+    return decisions.head_blocks(nhead)
 
 
 def legacy(batch: int, qlen: int, nhead: int, min_kv_seq_len: int, block_n: int = BLOCK_N) -> int:
-    """AITER's legacy host choice: collapses to 1 when the hint is below one tile."""
-    budget = LEGACY_PROGRAM_BUDGET // (batch * qlen * head_blocks(nhead))
-    return max(1, min(budget, cdiv(min_kv_seq_len, block_n)))
+    """AITER's legacy host choice (`decisions.legacy_splits`): 1 when the hint is below a tile."""
+    return decisions.legacy_splits(min_kv_seq_len, batch=batch, qlen=qlen, nhead=nhead,
+                                   block_n=block_n)
 
 
 def bucketed(min_kv_seq_len: int) -> int:
-    """The seed's five buckets (<=64 -> 1, ..., >65536 -> 128), from the host hint."""
-    for largest, splits in BUCKETS:
-        if min_kv_seq_len <= largest:
-            return splits
-    return BUCKET_ABOVE
+    """The seed's five buckets (`decisions.bucketed_splits`), from the host hint."""
+    return decisions.bucketed_splits(min_kv_seq_len)
 
 
 def device(batch: int, qlen: int, nhead: int, min_kv_seq_len: int = 0,

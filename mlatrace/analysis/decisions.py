@@ -1,0 +1,241 @@
+"""Host-side decision functions the analyser knows: what a backend decides from host values.
+
+The one home of these formulas (stdlib only, so the analysis never imports torch). The
+reference path's policies (`mlatrace.reference.policies`) are built on the same functions.
+A finding uses them to say what a frozen decision would have been at the replay lengths,
+and `valid_range` turns one decided value into the range of inputs for which it holds.
+
+Formulas, each from the source named:
+
+- AITER legacy (`mla_gluon` before ROCm/aiter#4555):
+  `max(1, min(256 // (batch*qlen*cdiv(nhead, 16)), cdiv(min_kv_seq_len, BLOCK_N)))`.
+- The bucketed ladder (seed 002's vLLM proposal): <=64 -> 1, <=4K -> 16, <=16K -> 48,
+  <=64K -> 64, else 128, from `min_kv_seq_len`.
+- vLLM TRITON_MLA (vllm 0.33.0 `vllm/v1/attention/backends/mla/triton_mla.py`
+  `_compute_num_kv_splits`): `min(next_pow2(max(1, max_seq_len // 512)), 2 * sm_count)`.
+- FA3's split heuristic (flash-attention `hopper/heuristics.h` `num_splits_heuristic`, the
+  decode branch: no split when the tiles nearly fill the SMs or there are <= 4 KV blocks;
+  otherwise the smallest split count within 85% of the best wave efficiency), capped by
+  `max_num_splits` when vLLM passes one (`flash_attn_max_num_splits_for_cuda_graph`,
+  default 32 in vllm 0.33.0 `vllm/config/attention.py`; 16 before vllm#25495).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+WORKGROUP_BUDGET = 256
+"""Workgroup budget of AITER's legacy formula: 256 // (batch*qlen*head_blocks)."""
+BLOCK_M = 16
+"""Query heads per AITER stage-1 program (NUM_M_BLOCKS = cdiv(heads, 16))."""
+BLOCK_N = 64
+"""KV rows per stage-1 tile when a trace does not say."""
+
+BUCKETS: tuple[tuple[int, int], ...] = ((64, 1), (4096, 16), (16384, 48), (65536, 64))
+"""(largest min_kv_seq_len, splits) of the bucketed policy; above the last: TOP_BUCKET_SPLITS."""
+TOP_BUCKET_SPLITS = 128
+
+TRITON_MLA_MIN_WORK_PER_SPLIT = 512
+TRITON_MLA_OCCUPANCY = 2
+
+FA3_MAX_SPLITS = 128        # FA3's own bound when no num_splits is passed
+FA3_BLOCK_N = 128           # KV tile of the FA3 decode kernels (hdim 64-128)
+FA3_CUDA_GRAPH_CAP = 32     # vllm 0.33.0 flash_attn_max_num_splits_for_cuda_graph default
+DEFAULT_SMS = 132           # H200 / H100 SXM
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division for non-negative ints."""
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= n (1 for n <= 1), as triton.next_power_of_2."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def head_blocks(nhead: int | None, qlen: int | None = 1) -> int:
+    """NUM_M_BLOCKS of the AITER wrapper: query heads tiled by BLOCK_M."""
+    return max(1, cdiv(max(1, nhead or 1), BLOCK_M))
+
+
+def legacy_splits(min_kv_seq_len: int, *, batch: int = 1, qlen: int = 1, nhead: int = 16,
+                  block_n: int = BLOCK_N) -> int:
+    """AITER mla_gluon's legacy host formula (collapses to 1 below one tile)."""
+    budget = WORKGROUP_BUDGET // max(1, batch * max(1, qlen) * head_blocks(nhead, qlen))
+    return max(1, min(budget, cdiv(max(1, min_kv_seq_len), block_n)))
+
+
+def bucketed_splits(min_kv_seq_len: int) -> int:
+    """The bucket ladder: <=64 -> 1, <=4K -> 16, <=16K -> 48, <=64K -> 64, else 128."""
+    for upper, splits in BUCKETS:
+        if min_kv_seq_len <= upper:
+            return splits
+    return TOP_BUCKET_SPLITS
+
+
+def bucketed_range(splits: int) -> tuple[int, int | None] | None:
+    """The min_kv_seq_len range [lo, hi] (hi None: unbounded) that picks `splits`."""
+    lower = 0
+    for upper, value in BUCKETS:
+        if value == splits:
+            return lower, upper
+        lower = upper + 1
+    return (lower, None) if splits == TOP_BUCKET_SPLITS else None
+
+
+def triton_mla_splits(max_seq_len: int, sm_count: int = DEFAULT_SMS) -> int:
+    """vLLM TRITON_MLA's `_compute_num_kv_splits(max_seq_len, sm_count)`."""
+    ideal = next_pow2(max(1, max_seq_len // TRITON_MLA_MIN_WORK_PER_SPLIT))
+    return min(ideal, sm_count * TRITON_MLA_OCCUPANCY)
+
+
+def triton_mla_range(splits: int, sm_count: int = DEFAULT_SMS) -> tuple[int, int | None] | None:
+    """The max_seq_len range [lo, hi] (hi None: unbounded) for which TRITON_MLA picks `splits`."""
+    cap = sm_count * TRITON_MLA_OCCUPANCY
+    work = TRITON_MLA_MIN_WORK_PER_SPLIT
+    if splits == 1:
+        return 0, 2 * work - 1
+    if splits < 1 or splits & (splits - 1) or splits > cap:
+        if splits == cap:  # a cap that is not a power of two
+            return (next_pow2(cap) // 2 + 1) * work, None
+        return None
+    lower = (splits // 2 + 1) * work  # next_pow2(x) == splits  <=>  splits/2 < x <= splits
+    return lower, (None if splits == cap else (splits + 1) * work - 1)
+
+
+def fa3_splits(seq_len_max: int, *, num_reqs: int = 1, num_heads_kv: int = 8,
+               max_num_splits: int = 0, num_sms: int = DEFAULT_SMS,
+               block_n: int = FA3_BLOCK_N) -> int:
+    """FA3's decode split count for one batch: the heuristic, capped by max_num_splits (> 0)."""
+    total_mblocks = max(1, num_reqs) * max(1, num_heads_kv)  # one M block per (req, kv head)
+    n_blocks = cdiv(max(1, seq_len_max), block_n)
+    bound = max_num_splits if max_num_splits > 0 else FA3_MAX_SPLITS
+    if total_mblocks >= 0.8 * num_sms or n_blocks <= 4:
+        return 1
+    bound = min(bound, num_sms, n_blocks)
+    efficiency: list[float] = []
+    for splits in range(1, bound + 1):
+        waves = total_mblocks * splits / num_sms
+        efficiency.append(waves / cdiv(total_mblocks * splits, num_sms))
+    best = max(efficiency)
+    for splits, eff in enumerate(efficiency, start=1):
+        eligible = splits == 1 or cdiv(n_blocks, splits) != cdiv(n_blocks, splits - 1)
+        if eligible and eff >= 0.85 * best:
+            return splits
+    return 1
+
+
+# -- decisions by name ---------------------------------------------------------------
+
+SPLIT_SUFFIXES = ("num_kv_splits", "num_splits")
+CAP_SUFFIXES = ("max_num_splits", "max_kv_splits")
+PREFILL_SUFFIXES = ("num_prefills", "num_prefill_tokens")
+
+
+def is_split_decision(name: str) -> bool:
+    """A split-count decision (MLT001's special case when it is 1); caps are not."""
+    return name.endswith(SPLIT_SUFFIXES) and not name.endswith(CAP_SUFFIXES)
+
+
+def is_cap_decision(name: str) -> bool:
+    return name.endswith(CAP_SUFFIXES)
+
+
+def _int(inputs: dict, name: str, default: int | None = None) -> int | None:
+    value = inputs.get(name, default)
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+@dataclass(frozen=True)
+class KnownDecision:
+    """A decision whose formula is public: its value from inputs, and where a value holds."""
+
+    formula: str
+    compute: Callable[[dict], int | None]
+    valid: Callable[[Any, dict], dict[str, list] | None]
+
+
+def _triton_mla_compute(inputs: dict) -> int | None:
+    length = _int(inputs, "seq_len_max")
+    return None if length is None else triton_mla_splits(length, _int(inputs, "sm_count", DEFAULT_SMS))
+
+
+def _triton_mla_valid(value: Any, inputs: dict) -> dict[str, list] | None:
+    if not isinstance(value, int):
+        return None
+    bounds = triton_mla_range(value, _int(inputs, "sm_count", DEFAULT_SMS))
+    return None if bounds is None else {"seq_len_max": list(bounds)}
+
+
+def _bucketed_compute(inputs: dict) -> int | None:
+    length = _int(inputs, "seq_len_min")
+    return None if length is None else bucketed_splits(length)
+
+
+def _bucketed_valid(value: Any, inputs: dict) -> dict[str, list] | None:
+    bounds = bucketed_range(value) if isinstance(value, int) else None
+    return None if bounds is None else {"seq_len_min": list(bounds)}
+
+
+def _legacy_compute(inputs: dict) -> int | None:
+    length = _int(inputs, "seq_len_min")
+    if length is None:
+        return None
+    return legacy_splits(length, batch=_int(inputs, "num_reqs", 1), qlen=_int(inputs, "max_query_len", 1),
+                         nhead=_int(inputs, "nhead", 16), block_n=_int(inputs, "block_n", BLOCK_N))
+
+
+def _fa3_compute(inputs: dict) -> int | None:
+    length = _int(inputs, "seq_len_max")
+    if length is None:
+        return None
+    return fa3_splits(length, num_reqs=_int(inputs, "num_reqs", 1),
+                      num_heads_kv=_int(inputs, "num_heads_kv", 8),
+                      max_num_splits=_int(inputs, "max_num_splits", 0),
+                      num_sms=_int(inputs, "sm_count", DEFAULT_SMS))
+
+
+def _no_range(value: Any, inputs: dict) -> None:
+    return None
+
+
+KNOWN: dict[str, KnownDecision] = {
+    "vllm.triton_mla.num_kv_splits": KnownDecision(
+        "min(next_pow2(max_seq_len // 512), 2 x SMs) (vLLM TRITON_MLA _compute_num_kv_splits)",
+        _triton_mla_compute, _triton_mla_valid),
+    "aiter.mla.num_kv_splits": KnownDecision(
+        "max(1, min(256 // (batch*qlen*head_blocks), cdiv(min_kv_seq_len, BLOCK_N))) (AITER legacy)",
+        _legacy_compute, _no_range),
+    "vllm.rocm_aiter_mla.num_kv_splits": KnownDecision(
+        "bucket ladder of min_kv_seq_len (<=64: 1, <=4K: 16, <=16K: 48, <=64K: 64, else 128)",
+        _bucketed_compute, _bucketed_valid),
+    "vllm.flash_attn.num_splits": KnownDecision(
+        "FA3 num_splits_heuristic (hopper/heuristics.h), capped by max_num_splits",
+        _fa3_compute, _no_range),
+}
+
+CAP_HEURISTICS: dict[str, str] = {"vllm.flash_attn.max_num_splits": "vllm.flash_attn.num_splits"}
+"""A cap decision -> the split decision whose heuristic it bounds (MLT002)."""
+
+
+def known(name: str) -> KnownDecision | None:
+    return KNOWN.get(name)
+
+
+def value_at(name: str, inputs: dict, **replay: int) -> int | None:
+    """The decision's value with some inputs replaced by replay values, if its formula is known."""
+    entry = KNOWN.get(name)
+    if entry is None:
+        return None
+    return entry.compute({**inputs, **replay})
+
+
+def valid_range(name: str, value: Any, inputs: dict, recorded: Any = None) -> dict[str, list] | None:
+    """The recorded `valid` ranges, else the ranges a known formula gives for this value."""
+    if isinstance(recorded, dict) and recorded:
+        return recorded
+    entry = KNOWN.get(name)
+    return entry.valid(value, inputs) if entry else None
