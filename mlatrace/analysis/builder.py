@@ -387,7 +387,7 @@ class _ProcessBuilder:
             return
         graph = self._graph(gid)
         value, inputs = rec.get("value"), _dict(rec.get("inputs"))
-        layer = _hashable(rec.get("layer"))
+        layer = hashable(rec.get("layer"))
         for d in graph.decisions:
             if d.name == name and d.value == value and d.inputs == inputs and d.layer == layer:
                 d.count += 1
@@ -406,7 +406,7 @@ class _ProcessBuilder:
                 continue
             value = rec.get("value")
             values = stats.decisions.setdefault(name, {})
-            key = _hashable(value)
+            key = hashable(value)
             entry = values.get(key)
             if entry is None:
                 if len(values) >= MAX_DISTINCT:
