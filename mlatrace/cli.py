@@ -29,19 +29,22 @@ def main() -> None:
 @click.option("--launch-sample", type=click.IntRange(min=0), default=None,
               help="Eager kernel launches repeating their last grid and constexprs: keep the "
                    "first N in a row, then 1 in N (default 8; 0 keeps all).")
+@click.option("--replay-timing", default=None, metavar="N:M|off",
+              help="Time replays on the GPU with CUDA events (no sync): the first N replays "
+                   "of each graph, then 1 in M (default 8:64; off: none).")
 @click.option("--graph-nodes/--no-graph-nodes", default=True,
               help="Dump each captured graph's kernel nodes (capture-time cost only).")
 @click.option("--otlp", default=None, help="Also export spans live to this OTLP/HTTP endpoint.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(out: str | None, ranks: str | None, probes: tuple[str, ...], replay_sample: int | None,
-        launch_sample: int | None, graph_nodes: bool, otlp: str | None,
-        cmd: tuple[str, ...]) -> None:
+        launch_sample: int | None, replay_timing: str | None, graph_nodes: bool,
+        otlp: str | None, cmd: tuple[str, ...]) -> None:
     """Run CMD with probes in every Python process it starts: mlatrace run -- CMD..."""
     from mlatrace.inject import launcher
 
     sys.exit(launcher.run(list(cmd), out=out, ranks=ranks, probes=list(probes),
                           replay_sample=replay_sample, launch_sample=launch_sample,
-                          graph_nodes=graph_nodes, otlp=otlp))
+                          graph_nodes=graph_nodes, otlp=otlp, replay_timing=replay_timing))
 
 
 @main.command()

@@ -32,6 +32,7 @@ FLUSH_EVERY_RECORDS = 512
 MAX_PENDING = 200_000
 YIELD_EVERY_RECORDS = 64
 DEFAULT_LAUNCH_SAMPLE = 8
+DEFAULT_REPLAY_TIMING = (8, 64)   # time the first 8 replays of each graph, then 1 in 64
 CLOSE_TIMEOUT_S = 2.0
 
 _VERSION_PACKAGES = {
@@ -51,6 +52,7 @@ def settings(environ: dict[str, str] | os._Environ | None = None) -> dict[str, A
     ranks = env.get("MLATRACE_RANKS") or ""
     sample = env.get("MLATRACE_REPLAY_SAMPLE") or ""
     launch = env.get("MLATRACE_LAUNCH_SAMPLE") or ""
+    timing = env.get("MLATRACE_REPLAY_TIMING")
     return {
         "out": env.get("MLATRACE_OUT") or None,
         "run_id": env.get("MLATRACE_RUN_ID") or None,
@@ -60,10 +62,23 @@ def settings(environ: dict[str, str] | os._Environ | None = None) -> dict[str, A
         # first N in a row, then 1 in N (0: keep all)
         "launch_sample": int(launch) if launch.isdigit() else DEFAULT_LAUNCH_SAMPLE,
         "graph_nodes": env.get("MLATRACE_GRAPH_NODES", "1") != "0",
+        # replay GPU time: (first, every) = the first N replays of each graph, then 1 in M;
+        # None = off ("off" or "0")
+        "replay_timing": parse_replay_timing(timing),
         "probes": [p for p in (env.get("MLATRACE_PROBES") or "").split(os.pathsep) if p],
         "otlp": env.get("MLATRACE_OTLP") or None,
         "disabled": env.get("MLATRACE_DISABLE", "0") not in ("", "0"),
     }
+
+
+def parse_replay_timing(text: str | None) -> tuple[int, int] | None:
+    """MLATRACE_REPLAY_TIMING "N:M" -> (N, M); unset -> the default; "off"/"0"/bad -> None."""
+    if text is None or text == "":
+        return DEFAULT_REPLAY_TIMING
+    first, _, every = text.partition(":")
+    if not (first.isdigit() and every.isdigit()) or int(every) < 1:
+        return None
+    return int(first), int(every)
 
 
 def _env_rank() -> tuple[int | None, int | None]:
@@ -234,6 +249,7 @@ class Recorder:
         self._last_seq = 0
         self._pending: deque = deque()
         self._sinks: list[Sink] = []
+        self._closing: list[Callable[[], None]] = []
         self._wake = threading.Event()
         self._write_lock = threading.Lock()
         self._closed = False
@@ -292,6 +308,11 @@ class Recorder:
         """Stop handing batches to `sink` (a batch under way may still reach it)."""
         self._sinks = [s for s in self._sinks if s is not sink]
 
+    def add_closing(self, fn: Callable[[], None]) -> None:
+        """Run `fn()` once in close(), before the last flush: late records still reach the file."""
+        if fn not in self._closing:
+            self._closing.append(fn)
+
     def flush(self, timeout_s: float = -1) -> None:
         """Write everything queued so far (called by the flush thread, exit and signals).
 
@@ -336,6 +357,11 @@ class Recorder:
         """
         if self._closed:
             return
+        for fn in self._closing:
+            try:
+                fn()
+            except Exception:
+                self.sink_errors += 1
         self._closed = True
         self._wake.set()
         if not self._write_lock.acquire(timeout=timeout_s):
