@@ -73,6 +73,26 @@ def diff(a: str, b: str, as_json: bool) -> None:
 
 @main.command()
 @click.argument("trace", type=click.Path())
+@click.option("--device", type=click.Choice(["cuda"]), default="cuda",
+              help="Where to run the reference kernel (a CUDA GPU).")
+@click.option("--save", is_flag=True,
+              help="Write whatif.json into the trace dir (report's cost estimates use it).")
+@click.option("--lengths", default=None, help="KV lengths to measure, e.g. 8192,32768 "
+              "(default: the replays' shortest and longest).")
+@click.option("--replays", type=click.IntRange(min=1), default=50,
+              help="Graph replays per timing round (3 rounds, the fastest kept).")
+@click.option("--json", "as_json", is_flag=True, help="Print the whatif.json object instead.")
+def whatif(trace: str, device: str, save: bool, lengths: str | None, replays: int,
+           as_json: bool) -> None:
+    """Frozen split vs device policy at the trace's shapes, with the reference kernel (GPU)."""
+    from mlatrace import whatif as whatif_mod
+
+    sys.exit(whatif_mod.main(trace, device=device, save=save, lengths=lengths, replays=replays,
+                             as_json=as_json))
+
+
+@main.command()
+@click.argument("trace", type=click.Path())
 @click.option("--fail-on", type=click.Choice(["error", "warning"]), default=None,
               help="Lowest severity that fails (default: the config's fail_on, else error).")
 @click.option("--rule", "rules", multiple=True, help="Only these rule ids (repeatable).")

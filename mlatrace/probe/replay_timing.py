@@ -98,8 +98,9 @@ class CudaReplayTimer:
             pending.popleft()
             self._emit(gid, n, begin, end)
 
-    def drain(self) -> None:
-        """At exit: resolve every pair whose end completed; the others stay absent."""
+    def drain(self, recorder: Any) -> None:
+        """At exit (the recorder's closing hook): resolve every pair whose end completed;
+        the others stay absent."""
         from mlatrace.probe import graphs
 
         if graphs.capturing():
@@ -107,15 +108,19 @@ class CudaReplayTimer:
         for gid, n, begin, end in list(self.pending):
             try:
                 if end.query():
-                    self._emit(gid, n, begin, end)
+                    self._emit(gid, n, begin, end, recorder)
             except Exception:
                 continue
         self.pending.clear()
 
-    def _emit(self, gid: int, n: int, begin: Any, end: Any) -> None:
+    def _emit(self, gid: int, n: int, begin: Any, end: Any, recorder: Any = None) -> None:
         gpu_ns = int(begin.elapsed_time(end) * 1e6)
         self.free.append((begin, end))
-        record.emit("graph.replay.time", gid=gid, n=n, gpu_ns=gpu_ns, via=self.via)
+        fields = {"gid": gid, "n": n, "gpu_ns": gpu_ns, "via": self.via}
+        if recorder is not None:
+            recorder.add("graph.replay.time", fields)
+        else:
+            record.emit_fields("graph.replay.time", fields)
 
 
 class HostReplayTimer:

@@ -249,7 +249,7 @@ class Recorder:
         self._last_seq = 0
         self._pending: deque = deque()
         self._sinks: list[Sink] = []
-        self._closing: list[Callable[[], None]] = []
+        self._closing: list[Callable[[Recorder], None]] = []
         self._wake = threading.Event()
         self._write_lock = threading.Lock()
         self._closed = False
@@ -308,8 +308,9 @@ class Recorder:
         """Stop handing batches to `sink` (a batch under way may still reach it)."""
         self._sinks = [s for s in self._sinks if s is not sink]
 
-    def add_closing(self, fn: Callable[[], None]) -> None:
-        """Run `fn()` once in close(), before the last flush: late records still reach the file."""
+    def add_closing(self, fn: Callable[[Recorder], None]) -> None:
+        """Run `fn(recorder)` once in close(), before the last flush, so that records it adds
+        (recorder.add) still reach the file; record.emit no longer reaches a stopped recorder."""
         if fn not in self._closing:
             self._closing.append(fn)
 
@@ -359,7 +360,7 @@ class Recorder:
             return
         for fn in self._closing:
             try:
-                fn()
+                fn(self)
             except Exception:
                 self.sink_errors += 1
         self._closed = True
