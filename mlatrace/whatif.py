@@ -145,22 +145,10 @@ def measure(case: Case, lengths: list[int], replays: int) -> list[dict]:
         seq_info = torch.full((case.batch,), length, dtype=torch.int32, device=device)
         q_nope = torch.randn(case.batch, case.heads, D_LATENT, device=device, dtype=dtype)
         q_pe = torch.randn(case.batch, case.heads, D_ROPE, device=device, dtype=dtype)
-        scale = 1.0 / math.sqrt(KV_ROW)
-        times = {}
-        for label, policy in (("frozen", f"fixed:{case.frozen_splits}"), ("device", "device")):
-            o = torch.empty(case.batch, case.heads, D_LATENT, dtype=dtype, device=device)
-
-            def call(policy: str = policy, o: torch.Tensor = o) -> None:
-                mla_gluon(q_nope, q_pe, kv_c, o, page_table, seq_info, scale,
-                          min_kv_seq_len=length, policy=policy)
-
-            call()                                   # compile outside the capture
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                call()
-            times[label] = _replay_us(graph, replays)
-            del graph
+        inputs = (q_nope, q_pe, kv_c, page_table, seq_info, 1.0 / math.sqrt(KV_ROW), length)
+        times = {label: _graph_call_us(mla_gluon, inputs, policy, dtype, replays)
+                 for label, policy in (("frozen", f"fixed:{case.frozen_splits}"),
+                                       ("device", "device"))}
         device_splits = policies.num_kv_splits("device", case.batch, 1, case.heads, length)
         saving = times["frozen"] - times["device"]
         rows.append({
@@ -171,6 +159,29 @@ def measure(case: Case, lengths: list[int], replays: int) -> list[dict]:
         del kv_c, page_table
         torch.cuda.empty_cache()
     return rows
+
+
+def _graph_call_us(mla_gluon: Any, inputs: tuple, policy: str, dtype: Any,
+                   replays: int) -> float:
+    """Capture one mla_gluon call with `policy` in a CUDA graph; us per replay."""
+    import torch
+
+    from mlatrace.reference.mla import D_LATENT
+
+    q_nope, q_pe, kv_c, page_table, seq_info, scale, length = inputs
+    o = torch.empty(q_nope.shape[0], q_nope.shape[1], D_LATENT, dtype=dtype,
+                    device=q_nope.device)
+
+    def call() -> None:
+        mla_gluon(q_nope, q_pe, kv_c, o, page_table, seq_info, scale,
+                  min_kv_seq_len=length, policy=policy)
+
+    call()                                   # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    return _replay_us(graph, replays)
 
 
 def _replay_us(graph: Any, replays: int) -> float:
