@@ -153,7 +153,8 @@ _cuda_timer: CudaReplayTimer | None = None
 
 
 def timer_for(clock: str) -> CudaReplayTimer | HostReplayTimer | None:
-    """The process's timer for `clock` ("cuda" or "host") under MLATRACE_REPLAY_TIMING; None off.
+    """The process's timer for `clock` ("cuda" or "host") under MLATRACE_REPLAY_TIMING; None
+    when timing is off, or for "cuda" when this torch has no usable CUDA (HIP counts).
 
     One CUDA timer per process, shared by every replay probe (one event pool, one queue).
     """
@@ -164,6 +165,10 @@ def timer_for(clock: str) -> CudaReplayTimer | HostReplayTimer | None:
     if clock == "host":
         return HostReplayTimer(*timing)
     if _cuda_timer is None:
+        import torch
+
+        if not torch.cuda.is_available():   # a look-alike graph class on a CPU build
+            return None
         _cuda_timer = CudaReplayTimer(*timing)
     return _cuda_timer
 
