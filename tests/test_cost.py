@@ -229,3 +229,20 @@ def test_closing_hook_records_reach_the_file_before_process_end(tmp_path):
     record.stop()
     kinds = [json.loads(line)["k"] for line in Path(recorder.path).read_text().splitlines()]
     assert kinds[-2:] == ["graph.replay.time", "process.end"]
+
+
+def test_otlp_replay_spans_carry_the_timed_replays():
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
+    pytest.importorskip("opentelemetry.proto")
+    from test_export_support import Receiver
+
+    with Receiver() as rx:
+        done = mlatrace("export", str(LEGACY), "--otlp", rx.url)
+        spans = list(rx.spans)
+    assert done.returncode == 0, done.stderr
+    timed = [r for r in records(LEGACY) if r["k"] == "graph.replay.time"]
+    replays = [s for s in spans if s["name"] == "graph.replay"]
+    on_spans = sum(s["attrs"].get("mlatrace.replay.gpu_ns.timed", 0) for s in replays)
+    assert on_spans == len(timed) == 22
+    assert max(s["attrs"].get("mlatrace.replay.gpu_ns.max", 0) for s in replays) == \
+        max(r["gpu_ns"] for r in timed)
