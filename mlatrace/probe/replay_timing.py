@@ -42,8 +42,8 @@ class CudaReplayTimer:
         import torch
 
         self.first, self.every = first, every
-        self.pending: deque = deque()    # (gid, n, start, end), in replay order
-        self.free: list[tuple[Any, Any]] = []
+        self.pending: deque = deque()    # (gid, n, start, end, device), in replay order
+        self.free: dict[int, list[tuple[Any, Any]]] = {}   # device -> idle event pairs
         self.pairs = 0
         self.streams: dict[tuple, Any] = {}
         self.hooked: Any = None
@@ -52,19 +52,18 @@ class CudaReplayTimer:
         self._current = torch._C._cuda_getCurrentStream
         self._device = torch._C._cuda_getDevice
 
-    def wants(self, n: int) -> bool:
-        return n <= self.first or n % self.every == 0
-
     def start(self) -> Any:
         """Record a start event on the current stream; the token for stop(), or None."""
-        if self.free:
-            pair = self.free.pop()
+        device = self._device()
+        idle = self.free.get(device)
+        if idle:
+            pair = idle.pop()
         elif self.pairs < MAX_PAIRS:
             pair = (self._event(enable_timing=True), self._event(enable_timing=True))
             self.pairs += 1
         else:
             return None
-        raw = self._current(self._device())
+        raw = self._current(device)
         stream = self.streams.get(raw)
         if stream is None:
             stream = self._stream(stream_id=raw[0], device_index=raw[1], device_type=raw[2])
@@ -75,16 +74,16 @@ class CudaReplayTimer:
         if recorder is not None and recorder is not self.hooked:
             recorder.add_closing(self.drain)
             self.hooked = recorder
-        return pair, stream
+        return pair, stream, device
 
     def stop(self, token: Any, gid: int, n: int) -> None:
-        pair, stream = token
+        pair, stream, device = token
         pair[1].record(stream)
-        self.pending.append((gid, n, pair[0], pair[1]))
+        self.pending.append((gid, n, pair[0], pair[1], device))
 
     def abandon(self, token: Any) -> None:
         """The replay raised: give its events back."""
-        self.free.append(token[0])
+        self.free.setdefault(token[2], []).append(token[0])
 
     def poll(self, limit: int = POLL_PER_REPLAY) -> None:
         """Resolve up to `limit` completed pairs from the head of the queue (no sync)."""
@@ -92,11 +91,11 @@ class CudaReplayTimer:
         for _ in range(limit):
             if not pending:
                 return
-            gid, n, begin, end = pending[0]
-            if not end.query():
+            item = pending[0]
+            if not item[3].query():
                 return
             pending.popleft()
-            self._emit(gid, n, begin, end)
+            self._emit(item)
 
     def drain(self, recorder: Any) -> None:
         """At exit (the recorder's closing hook): resolve every pair whose end completed;
@@ -105,17 +104,18 @@ class CudaReplayTimer:
 
         if graphs.capturing():
             return
-        for gid, n, begin, end in list(self.pending):
+        for item in list(self.pending):
             try:
-                if end.query():
-                    self._emit(gid, n, begin, end, recorder)
+                if item[3].query():
+                    self._emit(item, recorder)
             except Exception:
                 continue
         self.pending.clear()
 
-    def _emit(self, gid: int, n: int, begin: Any, end: Any, recorder: Any = None) -> None:
+    def _emit(self, item: tuple, recorder: Any = None) -> None:
+        gid, n, begin, end, device = item
         gpu_ns = int(begin.elapsed_time(end) * 1e6)
-        self.free.append((begin, end))
+        self.free.setdefault(device, []).append((begin, end))
         fields = {"gid": gid, "n": n, "gpu_ns": gpu_ns, "via": self.via}
         if recorder is not None:
             recorder.add("graph.replay.time", fields)
@@ -131,9 +131,6 @@ class HostReplayTimer:
 
     def __init__(self, first: int, every: int) -> None:
         self.first, self.every = first, every
-
-    def wants(self, n: int) -> bool:
-        return n <= self.first or n % self.every == 0
 
     def start(self) -> Any:
         return time.perf_counter_ns()
