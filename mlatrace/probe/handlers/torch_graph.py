@@ -154,12 +154,12 @@ class GraphReplay(Handler):
         if gid is None:
             gid = graphs.next_gid()     # captured before mlatrace was installed
             setattr(view.instance, GID_ATTR, gid)
-        record.emit_replay(gid)
         if token is not None and timer is not None:
-            try:
+            try:   # the end event first: nothing but the replay between the two events
                 timer.stop(token[1], gid, token[0])
             except Exception as exc:
                 self._stop_timing(exc)
+        record.emit_replay(gid)
 
     def _guard(self, fn: Any, *args: Any) -> Any:
         try:
