@@ -36,6 +36,9 @@ def main() -> None:
 @click.option("--sample", type=click.IntRange(min=0), default=None,
               help="Eager probed calls and launches repeating their last record: keep the "
                    "first N of each run, then count (default 1; 0 keeps every record).")
+@click.option("--replay-timing", default=None, metavar="N:M|off",
+              help="Time replays on the GPU with CUDA events (no sync): the first N replays "
+                   "of each graph, then 1 in M (default 8:64; off: none).")
 @click.option("--graph-nodes/--no-graph-nodes", default=True,
               help="Dump each captured graph's kernel nodes (capture-time cost only).")
 @click.option("--otlp", default=None, help="Also export spans live to this OTLP/HTTP endpoint.")
@@ -43,15 +46,16 @@ def main() -> None:
               help="Do not install this probe pack (by name, see `probes list`); repeatable.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(out: str | None, ranks: str | None, probes: tuple[str, ...], replay_sample: int | None,
-        launch_sample: int | None, sample: int | None, graph_nodes: bool, otlp: str | None,
-        no_packs: tuple[str, ...], cmd: tuple[str, ...]) -> None:
+        launch_sample: int | None, sample: int | None, replay_timing: str | None,
+        graph_nodes: bool, otlp: str | None, no_packs: tuple[str, ...],
+        cmd: tuple[str, ...]) -> None:
     """Run CMD with probes in every Python process it starts: mlatrace run -- CMD..."""
     from mlatrace.inject import launcher
 
     sys.exit(launcher.run(list(cmd), out=out, ranks=ranks, probes=list(probes),
                           replay_sample=replay_sample, launch_sample=launch_sample,
                           graph_nodes=graph_nodes, otlp=otlp, no_packs=list(no_packs),
-                          sample=sample))
+                          sample=sample, replay_timing=replay_timing))
 
 
 @main.command()
@@ -94,6 +98,26 @@ def diff(a: str, b: str, as_json: bool) -> None:
     from mlatrace import diff as diff_mod
 
     sys.exit(diff_mod.main(a, b, as_json=as_json))
+
+
+@main.command()
+@click.argument("trace", type=click.Path())
+@click.option("--device", type=click.Choice(["cuda"]), default="cuda",
+              help="Where to run the reference kernel (a CUDA GPU).")
+@click.option("--save", is_flag=True,
+              help="Write whatif.json into the trace dir (report's cost estimates use it).")
+@click.option("--lengths", default=None, help="KV lengths to measure, e.g. 8192,32768 "
+              "(default: the replays' shortest and longest).")
+@click.option("--replays", type=click.IntRange(min=1), default=50,
+              help="Graph replays per timing round (3 rounds, the fastest kept).")
+@click.option("--json", "as_json", is_flag=True, help="Print the whatif.json object instead.")
+def whatif(trace: str, device: str, save: bool, lengths: str | None, replays: int,
+           as_json: bool) -> None:
+    """Frozen split vs device policy at the trace's shapes, with the reference kernel (GPU)."""
+    from mlatrace import whatif as whatif_mod
+
+    sys.exit(whatif_mod.main(trace, device=device, save=save, lengths=lengths, replays=replays,
+                             as_json=as_json))
 
 
 @main.command()

@@ -3,8 +3,9 @@
 Capture units (root graphs) are matched by rank (processes without one: by their order),
 batch-descriptor key and source (and their order among equals); kernels inside them by
 name. Compared: split counts,
-grids, stage 2 present/skipped, pointer stability, replay counts and lengths, GPU-time
-percentiles when present, and findings added/removed (matched by rule, rank, key, op).
+grids, stage 2 present/skipped, pointer stability, replay counts and lengths, GPU time
+per replay (p50, p90, max; shown with the B/A ratio) when either trace timed replays,
+and findings added/removed (matched by rule, rank, key, op).
 
 Exit codes: 0 the diff was made (differences or not), 2 either trace is unusable.
 
@@ -31,6 +32,7 @@ from mlatrace.analysis import Analysis, ConfigError
 from mlatrace.analysis.load import Unusable, load, resolve_config
 from mlatrace.analysis.summary import units
 from mlatrace.report import (
+    gpu_time,
     make_console,
     plural,
     print_warnings,
@@ -91,7 +93,7 @@ def compare_units(a: dict, b: dict) -> list[dict]:
     cmp("replays", ra["count"], rb["count"])
     cmp("max replay seq_len", ra["seq_len_max"], rb["seq_len_max"])
     ga, gb = ra["gpu_ns"] or {}, rb["gpu_ns"] or {}
-    for q in ("p50", "p99"):
+    for q in ("p50", "p90", "max"):
         if ga.get(q) is not None or gb.get(q) is not None:
             cmp(f"gpu {q} ns", ga.get(q), gb.get(q))
     return changes
@@ -163,6 +165,14 @@ DIFF_COLUMNS = [
 ]
 
 
+def _ratio(a: Any, b: Any) -> str:
+    """ " (x0.27)": B over A, for two positive numbers."""
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a > 0 \
+            and not isinstance(a, bool) and not isinstance(b, bool):
+        return f" (x{b / a:.3g})"
+    return ""
+
+
 def render(console: Any, data: dict[str, Any]) -> None:
     s = data["summary"]
     console.print(f"[bold]{plural(s['matched'], 'graph')} matched, {s['changed']} changed, "
@@ -181,9 +191,11 @@ def render(console: Any, data: dict[str, Any]) -> None:
             continue
         for i, c in enumerate(g["changes"]):
             first = i == 0
+            va, vb = _fmt(c["a"]), _fmt(c["b"])
+            if c["field"].startswith("gpu "):
+                va, vb = gpu_time(c["a"]), gpu_time(c["b"]) + _ratio(c["a"], c["b"])
             rows.append([rank_text(g["rank"]) if first else "", _fmt(g["key"]) if first else "",
-                         _fmt(g["src"]) if first else "", c["field"], _fmt(c["a"]),
-                         _fmt(c["b"])])
+                         _fmt(g["src"]) if first else "", c["field"], va, vb])
     if rows:
         print_table(console, DIFF_COLUMNS, rows)
     for label, colour, items in (("removed", "green", data["findings"]["removed"]),

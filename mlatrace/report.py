@@ -32,7 +32,8 @@ is unreadable or holds nothing usable (bad --config too).
                              "graph_nodes": int, "capture_seq_len_max": int|null},
                   "replays": {"count": int, "seq_len_max": int|null, "seq_len_min": int|null,
                               "ptrs_stable": bool|null,
-                              "gpu_ns": {"p50", "p90", "p99", "max", "samples"}|null},
+                              "gpu_ns": {"p50", "p90", "p99", "max", "mean",   # ns per replay
+                                         "samples"}|null},             # timed replays
                   "runtime": {"num_kv_splits": [int]}|null}],  # a unit with eager breaks:
                                         # split counts its process chose eagerly while replaying
       "attention": [{"file", "pid", "rank", "kind": "attn.call"|"attn.metadata",
@@ -40,7 +41,10 @@ is unreadable or holds nothing usable (bad --config too).
                      "count", "captured", "eager", "layers",   # distinct layer names
                      "seq_len_min", "seq_len_max", "first": {"file", "seq"}}],
       "findings": [{"id", "name", "severity", "message", "hint", "pid", "rank", "gid",
-                    "evidence": [{"file", "seq", "kind", "what"}], "details": {...}}],
+                    "evidence": [{"file", "seq", "kind", "what"}], "details": {...},
+                    "cost": {"replays", "timed", "replay_gpu_ns_p50", "replay_gpu_ns_p90",
+                             "total_gpu_ns", "estimate": {"gpu_ns_p50", "how"}|null}|null}],
+                                             # cost: MLT001/6/7 (mlatrace.analysis.cost)
       "suppressed": [same as findings],      # matched by the config's allow-list
       "problems": [{"file", "line", "reason"}],  # the reader's bad lines (line >= 1), then
                                         # per-file data loss (line 0): dropped records, no
@@ -230,6 +234,43 @@ GID_NOTE = ("gid 1>2-4: capture unit 1 (vLLM's wrapper graph, a breakable captur
             "graphs_total counts every graph")
 
 
+def gpu_time(ns: Any) -> str:
+    """A GPU time in ns as a short string in ms or us."""
+    if not isinstance(ns, (int, float)) or isinstance(ns, bool):
+        return "-"
+    if ns >= 1e9:
+        return f"{ns / 1e9:.3g} s"
+    return f"{ns / 1e6:.3g} ms" if ns >= 1e6 else f"{ns / 1e3:.3g} us"
+
+
+def _gpu_cell(gpu: dict | None) -> str:
+    """p50 / p90 / max GPU time per replay, in one unit."""
+    if not gpu:
+        return "-"
+    values = [gpu.get(q) for q in ("p50", "p90", "max")]
+    if not all(isinstance(v, (int, float)) for v in values):
+        return "-"
+    scale, unit = (1e6, "ms") if max(values) >= 1e6 else (1e3, "us")
+    return "/".join(f"{v / scale:.3g}" for v in values) + f" {unit}"
+
+
+def cost_line(f: dict) -> str | None:
+    """One line with what a finding's graph costs in GPU time (None when it has no cost)."""
+    cost = f.get("cost")
+    if not isinstance(cost, dict):
+        return None
+    head = f"{f['id']} gid {_fmt(f['gid'])}: {cost.get('replays')} replays"
+    if not cost.get("timed"):
+        return head + ", none timed (GPU time unknown: --replay-timing was off or no CUDA)"
+    line = (f"{head}, GPU per replay p50 {gpu_time(cost.get('replay_gpu_ns_p50'))}, "
+            f"p90 {gpu_time(cost.get('replay_gpu_ns_p90'))}; about "
+            f"{gpu_time(cost.get('total_gpu_ns'))} in all ({cost.get('timed')} timed)")
+    est = cost.get("estimate")
+    if isinstance(est, dict):
+        line += f"; with the fix about {gpu_time(est.get('gpu_ns_p50'))} p50 ({est.get('how')})"
+    return line
+
+
 def _quiet(proc: dict, graphs: list[dict]) -> bool:
     """A process that recorded nothing but its header and end (compile workers, trackers)."""
     return proc["records"] <= 2 and not proc["dropped"] and not proc["root"] and \
@@ -248,8 +289,8 @@ GRAPH_COLUMNS = [
     Column("stage 2", priority=3),
     Column("replays", priority=2, justify="right"),
     Column("max replay len", justify="right"),
+    Column("gpu/replay p50/p90/max", priority=5, wrap=True),
     Column("ptrs", priority=3),
-    Column("gpu p50", priority=7, justify="right"),
 ]
 
 
@@ -265,12 +306,11 @@ def graph_rows(graphs: list[dict]) -> list[tuple[list, list[str]]]:
                        or "stage_1" in k.lower()), None)
         grid = frozen["kernels"][stage1]["grids"] if stage1 else None
         ptrs = {None: "-", True: "stable", False: "[red]drift[/]"}[rep["ptrs_stable"]]
-        gpu = rep["gpu_ns"]["p50"] if rep["gpu_ns"] else None
         cells = (gid_text(g["gid"], g["nested_gids"]), _fmt(g["src"]), _fmt(g["key"]),
                  _fmt(g["mode"]), _fmt(frozen["capture_seq_len_max"]),
                  _fmt(frozen["num_kv_splits"]),
                  _fmt(grid[0] if grid and len(grid) == 1 else grid), _fmt(frozen["stage2"]),
-                 str(rep["count"]), _fmt(rep["seq_len_max"]), ptrs, _ms(gpu))
+                 str(rep["count"]), _fmt(rep["seq_len_max"]), _gpu_cell(rep["gpu_ns"]), ptrs)
         alone = ("pid", g["pid"]) if g["rank"] is None else ()
         rows.setdefault((*cells, *alone), []).append(g["rank"])
     return [(ranks, list(key[:len(GRAPH_COLUMNS) - 1])) for key, ranks in rows.items()]
@@ -535,6 +575,11 @@ def render_findings(console: Any, data: dict[str, Any], verbose: bool) -> None:
             rows.append([f"{f['id']} {f['name']}", sev, str(f["count"]),
                          ranks_text(f["ranks"]), f["message"]])
         print_table(console, FINDING_COLUMNS, rows, title="findings")
+        costs = [line for f in data["findings"] if (line := cost_line(f))]
+        if costs:
+            console.print("cost (GPU time of the graph's replays):", highlight=False)
+            for line in costs:
+                console.print(f"  {line}", highlight=False)
         if verbose:
             for f in group_findings(data["findings"]):
                 console.print(f"\n[bold]{f['id']} {f['name']}[/] (pid {_fmt(f['pids'])}, "

@@ -59,7 +59,7 @@ def test_report_json_schema_is_stable():
     assert graph["replays"]["seq_len_max"] == 100003
     [finding] = data["findings"]
     assert set(finding) == {"id", "name", "severity", "message", "hint", "pid", "rank", "gid",
-                            "evidence", "details"}
+                            "evidence", "details", "cost"}
     assert set(finding["evidence"][0]) == {"file", "seq", "kind", "what"}
 
 

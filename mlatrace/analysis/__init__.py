@@ -16,6 +16,7 @@ from typing import Any
 
 from mlatrace.analysis.builder import build_model
 from mlatrace.analysis.config import Config, ConfigError, load_config
+from mlatrace.analysis.cost import attach_costs
 from mlatrace.analysis.coverage import Coverage, ExpectError, judge
 from mlatrace.analysis.findings import RULES, SEVERITY_ORDER, Evidence, Finding, at_or_above
 from mlatrace.analysis.model import GraphModel, TraceModel
@@ -70,6 +71,7 @@ def analyze_model(model: TraceModel, config: Config | None = None,
                 findings.append(finding)
     findings.sort(key=lambda f: (-SEVERITY_ORDER.get(f.severity, 0), f.id,
                                  f.rank if f.rank is not None else -1, f.pid or 0, f.gid or 0))
+    attach_costs(model, findings + suppressed)
     return Analysis(model=model, findings=findings, suppressed=suppressed, config=config,
                     coverage=judge(model, config.expect))
 

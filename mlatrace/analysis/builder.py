@@ -175,6 +175,7 @@ class _ProcessBuilder:
         """Kind -> handler; dispatch, probe.error and unknown kinds need nothing here."""
         return {
             "graph.replay": self.replay,
+            "graph.replay.time": self.replay_time,
             "attn.metadata": self.attn_metadata,
             "attn.call": self.attn_call,
             "kernel.launch": self.kernel_launch,
@@ -336,7 +337,7 @@ class _ProcessBuilder:
                 call.count += 1
                 return
         if len(graph.calls) < 4 * MAX_DISTINCT:
-            extra = {k: rec[k] for k in ("num_prefills", "num_decodes") if k in rec}
+            extra = {k: rec[k] for k in ("num_prefills", "num_decodes", "dtype") if k in rec}
             graph.calls.append(CallShape(ref, op, layer, _text(rec.get("backend")), hints, ptrs,
                                          _dict(rec.get("shapes")), extra=extra))
 
@@ -511,6 +512,17 @@ class _ProcessBuilder:
             else:
                 self._count_ptrs(stats, ptrs, md)
 
+    def replay_time(self, rec: dict) -> None:
+        """graph.replay.time: the GPU time of replay n of gid, and of each graph around it."""
+        gid, n, gpu = rec.get("gid"), rec.get("n"), rec.get("gpu_ns")
+        if type(gid) is not int or type(n) is not int or type(gpu) is not int or gpu < 0:
+            return
+        graph, seen = self._graph(gid), set()
+        while graph is not None and graph.gid not in seen:
+            seen.add(graph.gid)
+            graph.replays.add_timed(n, gpu)
+            graph = self.model.graph(self.pid, graph.parent)
+
     def _count_ptrs(self, stats: ReplayStats, ptrs: dict, md: dict) -> None:
         _flush_ptr_run(stats)
         seen_all = stats.ptrs
@@ -533,6 +545,7 @@ class _ProcessBuilder:
             stats = graph.replays
             if graph.pid == self.pid:
                 _flush_ptr_run(stats)
+                stats.fold_timed()
             if graph.pid == self.pid and stats.seq_len_max_md is not None:
                 stats.seq_len_max_ref = self._ref(stats.seq_len_max_md, "attn.metadata")
                 stats.seq_len_min_max_ref = (self._ref(stats.seq_len_min_max_md, "attn.metadata")

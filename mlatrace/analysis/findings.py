@@ -43,6 +43,7 @@ class Finding:
     rank: int | None = None
     gid: int | None = None
     details: dict = field(default_factory=dict)
+    cost: dict | None = None   # set by analysis.cost for findings on a replayed graph
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

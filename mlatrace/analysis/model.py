@@ -17,6 +17,7 @@ MAX_SYNC_SITES = 64
 MAX_NODES = 256            # distinct (name, grid) graph nodes kept per graph
 MAX_LAYERS = 512           # distinct layer names counted per attention op
 MAX_MARKS = 100            # mlatrace.mark() annotations kept per process (all are counted)
+MAX_TIMED_N = 1 << 20      # replay numbers kept per graph while summing child replay times
 
 PREFILL_MARKERS = ("flash_attn_varlen", "prefill", "varlen")
 DECODE_MARKERS = ("paged_attention", "decode", "mla_gluon")
@@ -196,6 +197,10 @@ class ReplayStats:
     # REPLAY_INPUTS name -> [lo, lo Ref, hi, hi Ref] over the metadata before the replays
     inputs: dict[str, list] = field(default_factory=dict)
     last_md: Any = None
+    gpu_sum: int = 0
+    # while streaming: replay n -> [GPU ns summed over the timed replays of this graph and the
+    # graphs nested in it with that n, how many]; folded into gpu_hist when the file ends
+    gpu_by_n: dict[int, list] | None = None
 
     @property
     def count(self) -> int:
@@ -210,6 +215,33 @@ class ReplayStats:
         hist = self.gpu_hist
         hist[value] = hist.get(value, 0) + 1
         self.gpu_seen += 1
+        self.gpu_sum += value
+
+    def add_timed(self, n: int, gpu_ns: int) -> None:
+        """One timed replay numbered n, of this graph or of a graph nested in it."""
+        by_n = self.gpu_by_n
+        if by_n is None:
+            by_n = self.gpu_by_n = {}
+        entry = by_n.get(n)
+        if entry is not None:
+            entry[0] += gpu_ns
+            entry[1] += 1
+        elif len(by_n) < MAX_TIMED_N:
+            by_n[n] = [gpu_ns, 1]
+
+    def fold_timed(self) -> None:
+        """Per replay n, the summed time of its timed (nested) replays joins the histogram.
+
+        A wrapper replay is the sum of the torch replays it caused (same n); an n for which
+        fewer of them were timed than for the others is left out rather than undercounted.
+        """
+        by_n, self.gpu_by_n = self.gpu_by_n, None
+        if not by_n:
+            return
+        most = max(count for _ns, count in by_n.values())
+        for ns, count in by_n.values():
+            if count == most:
+                self.add_gpu_ns(ns)
 
     def percentiles(self) -> dict[str, int] | None:
         """GPU-time percentiles of the replays that carried gpu_ns (rounded down, <0.8%)."""
@@ -226,6 +258,7 @@ class ReplayStats:
                     break
         out["max"] = values[-1][0]
         out["samples"] = self.gpu_seen
+        out["mean"] = self.gpu_sum // self.gpu_seen
         return out
 
 

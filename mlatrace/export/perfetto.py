@@ -31,6 +31,7 @@ INSTANT_KINDS = {
 # Replays with GPU time go on one track per graph, tid GPU_TID_BASE + gid, because a wrapper
 # graph's replay and the torch graph's replay it causes overlap in time.
 GPU_TID_BASE = 100_000
+MAX_REPLAYS_AWAITING_TIME = 4096  # replay timestamps kept for graph.replay.time records
 
 
 def _name(rec: dict) -> str:
@@ -95,6 +96,7 @@ class _Timeline:
         open_captures: dict[Any, dict] = {}
         held: dict[int, list[dict]] = {}  # track -> events held while a capture is open there
         gpu_free: dict[int, float] = {}  # GPU track -> when its last replay slice ends
+        replay_ts: dict[tuple, float] = {}  # (gid, n) -> ts of graph.replay, for its timing
         last_ts = 0.0
         for rec in proc.records():
             kind = rec.get("k")
@@ -107,6 +109,10 @@ class _Timeline:
                 self.where[(proc.name, rec["seq"])] = (ts, pid, tid)
             out: list[dict] = []
             base = {"pid": pid, "tid": tid, "ts": ts}
+            if kind == "graph.replay":
+                replay_ts[(rec.get("gid"), rec.get("n"))] = ts
+                if len(replay_ts) > MAX_REPLAYS_AWAITING_TIME:
+                    del replay_ts[next(iter(replay_ts))]
             if kind == "graph.capture.begin":
                 name = " ".join(str(p) for p in ("capture", f"gid={rec.get('gid')}",
                                                  rec.get("src"), rec.get("mode")) if p)
@@ -119,16 +125,18 @@ class _Timeline:
                     event["dur"] = max(0.0, ts - event["ts"])
                     event["args"].update(_args(rec, "seq"))
                     out.append(event)
-            elif kind == "graph.replay" and isinstance(rec.get("gpu_ns"), (int, float)) \
-                    and rec["gpu_ns"] >= 0:
+            elif kind in ("graph.replay", "graph.replay.time") \
+                    and isinstance(rec.get("gpu_ns"), (int, float)) and rec["gpu_ns"] >= 0:
                 gid = rec.get("gid")
+                # a timing record is read after its replay ran: start at the replay's own ts
+                host_ts = replay_ts.pop((gid, rec.get("n")), ts) if kind != "graph.replay" else ts
                 track = GPU_TID_BASE + (gid if isinstance(gid, int) and gid >= 0 else 0)
-                start = max(ts, gpu_free.get(track, 0.0))  # one graph's replays run in order
+                start = max(host_ts, gpu_free.get(track, 0.0))  # a graph's replays run in order
                 gpu_free[track] = start + rec["gpu_ns"] / 1000.0
                 self.end_ts = max(self.end_ts, gpu_free[track])
                 yield {"ph": "X", "cat": "graph.replay", **base, "tid": track, "ts": start,
                        "dur": rec["gpu_ns"] / 1000.0, "name": _name(rec),
-                       "args": {**_args(rec), "host_tid": tid, "host_ts_us": ts}}
+                       "args": {**_args(rec), "host_tid": tid, "host_ts_us": host_ts}}
             elif kind == "process.end":
                 out.append({"ph": "i", "s": "p", "cat": kind, **base, "name": kind,
                             "args": _args(rec)})

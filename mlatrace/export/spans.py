@@ -314,6 +314,8 @@ class ProcessSpans:
         if kind == "graph.replay":  # the per-step kinds first: they are most of a trace
             self._replay(rec)
             return
+        if kind == "graph.replay.time" and self._replay_time(rec):
+            return
         if kind == "attn.metadata" or kind == "dispatch":
             ts = self.wall_ns + (rec.get("t") or 0)
             if ts > self.last_ts:
@@ -417,6 +419,21 @@ class ProcessSpans:
         if batch is None:
             batch = self.batches[key] = _ReplayBatch(gid, ts)
         batch.add(rec, ts, self.meta.get(tid), self.dispatch.get(tid))
+
+    def _replay_time(self, rec: dict) -> bool:
+        """A replay's GPU time, read after the replay: into the open span of its graph's replays
+        when that span began at or before replay n (its own record may be sampled out); False
+        otherwise, and the record becomes an event, as unknown kinds do."""
+        batch = self.batches.get((rec.get("tid"), rec.get("gid")))
+        gpu, n = rec.get("gpu_ns"), rec.get("n")
+        if batch is None or type(gpu) is not int or gpu < 0 or type(n) is not int \
+                or not (type(batch.n_first) is int and batch.n_first <= n):
+            return False
+        self._ts(rec)
+        batch.gpu_timed += 1
+        batch.gpu_sum += gpu
+        batch.gpu_max = max(batch.gpu_max, gpu)
+        return True
 
     def _end_batch(self, key: tuple[Any, Any]) -> None:
         batch = self.batches.pop(key)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import mlatrace
 from mlatrace.inject import BOOTSTRAP_DIR
+from mlatrace.record import parse_replay_timing
 from mlatrace.record.redact import allowed_env, redact_argv
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -39,7 +40,7 @@ def default_out_dir() -> Path:
 def child_env(out_dir: Path, run_id: str, *, ranks: str | None, probes: list[str],
               replay_sample: int | None, graph_nodes: bool, otlp: str | None,
               launch_sample: int | None = None, sample: int | None = None,
-              no_packs: list[str] | None = None,
+              no_packs: list[str] | None = None, replay_timing: str | None = None,
               base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment CMD runs in: bootstrap first on PYTHONPATH plus MLATRACE_* settings."""
     env = dict(os.environ if base is None else base)
@@ -60,6 +61,7 @@ def child_env(out_dir: Path, run_id: str, *, ranks: str | None, probes: list[str
                         ("MLATRACE_LAUNCH_SAMPLE",
                          "" if launch_sample is None else str(launch_sample)),
                         ("MLATRACE_SAMPLE", "" if sample is None else str(sample)),
+                        ("MLATRACE_REPLAY_TIMING", replay_timing or ""),
                         ("MLATRACE_OTLP", otlp or "")):
         if value:
             env[name] = value
@@ -112,7 +114,7 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
         probes: list[str] | None = None, replay_sample: int | None = None,
         launch_sample: int | None = None, graph_nodes: bool = True,
         otlp: str | None = None, sample: int | None = None,
-        no_packs: list[str] | None = None) -> int:
+        no_packs: list[str] | None = None, replay_timing: str | None = None) -> int:
     """Run `cmd` traced; return its exit code (2 for a usage error, 127 if not found)."""
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
@@ -127,6 +129,11 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
         return 2
     if out is not None and not out.strip():
         print("mlatrace run: --out is empty; give a directory", file=sys.stderr)
+        return 2
+    if replay_timing is not None and replay_timing != "off" \
+            and parse_replay_timing(replay_timing) is None:
+        print(f"mlatrace run: --replay-timing wants N:M (first N replays per graph, then 1 in "
+              f"M; M >= 1) or off, got {replay_timing!r}", file=sys.stderr)
         return 2
     out_dir = (Path(out) if out else default_out_dir()).resolve()
     if out_dir.exists() and any(out_dir.glob("p*.jsonl")):
@@ -152,13 +159,14 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
         "env": allowed_env(os.environ),
         "options": {"ranks": ranks, "probes": list(probes or []), "replay_sample": replay_sample,
                     "launch_sample": launch_sample, "sample": sample,
-                    "graph_nodes": graph_nodes, "otlp": otlp},
+                    "graph_nodes": graph_nodes, "otlp": otlp, "replay_timing": replay_timing},
     }
     run_json = out_dir / "run.json"
     _write_run_json(run_json, info)
     env = child_env(out_dir, run_id, ranks=ranks, probes=list(probes or []),
                     replay_sample=replay_sample, graph_nodes=graph_nodes, otlp=otlp,
-                    launch_sample=launch_sample, sample=sample, no_packs=no_packs)
+                    launch_sample=launch_sample, sample=sample, no_packs=no_packs,
+                    replay_timing=replay_timing)
     try:
         child = subprocess.Popen(cmd, env=env, start_new_session=True)
     except OSError as exc:

@@ -43,6 +43,7 @@ CHUNK_RECORDS = 1024
 BACKPRESSURE_S = 0.25
 DEFAULT_LAUNCH_SAMPLE = 8
 DEFAULT_SAMPLE = 1
+DEFAULT_REPLAY_TIMING = (8, 64)   # time the first 8 replays of each graph, then 1 in 64
 CLOSE_TIMEOUT_S = 2.0
 
 _VERSIONED = ("torch", "triton", "vllm", "aiter", "sglang")
@@ -59,6 +60,7 @@ def settings(environ: dict[str, str] | os._Environ | None = None) -> dict[str, A
     launch = env.get("MLATRACE_LAUNCH_SAMPLE") or ""
     calls = env.get("MLATRACE_SAMPLE") or ""
     call_sample = int(calls) if calls.isdigit() else DEFAULT_SAMPLE
+    timing = env.get("MLATRACE_REPLAY_TIMING")
     return {
         "out": env.get("MLATRACE_OUT") or None,
         "run_id": env.get("MLATRACE_RUN_ID") or None,
@@ -70,10 +72,23 @@ def settings(environ: dict[str, str] | os._Environ | None = None) -> dict[str, A
         "sample": call_sample,
         "launch_sample": int(launch) if launch.isdigit() else call_sample,
         "graph_nodes": env.get("MLATRACE_GRAPH_NODES", "1") != "0",
+        # replay GPU time: (first, every) = the first N replays of each graph, then 1 in M;
+        # None = off ("off" or "0")
+        "replay_timing": parse_replay_timing(timing),
         "probes": [p for p in (env.get("MLATRACE_PROBES") or "").split(os.pathsep) if p],
         "otlp": env.get("MLATRACE_OTLP") or None,
         "disabled": env.get("MLATRACE_DISABLE", "0") not in ("", "0"),
     }
+
+
+def parse_replay_timing(text: str | None) -> tuple[int, int] | None:
+    """MLATRACE_REPLAY_TIMING "N:M" -> (N, M); unset -> the default; "off"/"0"/bad -> None."""
+    if text is None or text == "":
+        return DEFAULT_REPLAY_TIMING
+    first, _, every = text.partition(":")
+    if not (first.isdigit() and every.isdigit()) or int(every) < 1:
+        return None
+    return int(first), int(every)
 
 
 def _env_rank() -> tuple[int | None, int | None]:
@@ -246,6 +261,7 @@ class Recorder:
         self._seq = itertools.count(1)
         self._pending: deque = deque()
         self._sinks: list[Sink] = []
+        self._closing: list[Callable[[Recorder], None]] = []
         self._wake = threading.Event()
         self._write_lock = threading.Lock()
         self._closed = False
@@ -346,6 +362,12 @@ class Recorder:
     def remove_sink(self, sink: Sink) -> None:
         """Stop handing batches to `sink` (a batch under way may still reach it)."""
         self._sinks = [s for s in self._sinks if s is not sink]
+
+    def add_closing(self, fn: Callable[[Recorder], None]) -> None:
+        """Run `fn(recorder)` once in close(), before the last flush, so that records it adds
+        (recorder.add) still reach the file; record.emit no longer reaches a stopped recorder."""
+        if fn not in self._closing:
+            self._closing.append(fn)
 
     def flush(self, timeout_s: float = -1) -> None:
         """Write everything queued so far (called by the flush thread, exit and signals).
@@ -471,6 +493,11 @@ class Recorder:
                 hook()
             except Exception:
                 self.task_errors += 1
+        for fn in self._closing:
+            try:
+                fn(self)
+            except Exception:
+                self.sink_errors += 1
         self._closed = True
         self._wake.set()
         if not self._write_lock.acquire(timeout=timeout_s):

@@ -9,7 +9,7 @@ import warnings
 from typing import Any
 
 from mlatrace import record
-from mlatrace.probe import graphs
+from mlatrace.probe import graphs, replay_timing
 from mlatrace.probe.handlers import (
     GID_ATTR,
     T0_ATTR,
@@ -109,16 +109,75 @@ def dump_graph_nodes(graph: Any, gid: int, user_keep: bool) -> None:
 
 
 class GraphReplay(Handler):
-    """replay: count it against the graph's gid (no device work, no sync)."""
+    """replay: count it against the graph's gid; time a sample of replays (no sync).
+
+    ``options.timing`` names the clock: "cuda" (default: CUDA events on the replay's
+    stream, resolved later; see mlatrace.probe.replay_timing), "host" (the reference
+    HostGraph, whose replay runs its work on the host) or "off". A timer that fails is
+    reported once (probe.error, "<probe> (replay timing)") and timing stops; counting goes on.
+    """
+
+    def __init__(self, spec: Any) -> None:
+        super().__init__(spec)
+        self.clock = str(self.options.get("timing", "cuda"))
+        self.timer: Any = None
+        self.timer_known = False
+
+    def before(self, view: Any, info: Any) -> Any:
+        timer = self.timer
+        if timer is None:
+            if self.timer_known:
+                return None
+            self.timer_known = True
+            timer = self.timer = self._guard(replay_timing.timer_for, self.clock)
+            if timer is None:
+                return None
+        recorder = record.current()
+        gid = getattr(view.instance, GID_ATTR, None)
+        if gid is None or recorder is None:
+            return None
+        try:
+            if timer.pending and not graphs.capturing():
+                timer.poll()
+            n = recorder.replays.get(gid, 0) + 1
+            if n > timer.first and n % timer.every:
+                return None
+            token = timer.start()
+        except Exception as exc:
+            self._stop_timing(exc)
+            return None
+        return None if token is None else (n, token)
 
     def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
+        timer = self.timer
         if error is not None:
+            if token is not None and timer is not None:
+                timer.abandon(token[1])
             return
         gid = getattr(view.instance, GID_ATTR, None)
         if gid is None:
             gid = graphs.next_gid()     # captured before mlatrace was installed
             setattr(view.instance, GID_ATTR, gid)
+        if token is not None and timer is not None:
+            try:   # the end event first: nothing but the replay between the two events
+                timer.stop(token[1], gid, token[0])
+            except Exception as exc:
+                self._stop_timing(exc)
         record.emit_replay(gid)
+
+    def _guard(self, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except Exception as exc:
+            self._stop_timing(exc)
+            return None
+
+    def _stop_timing(self, exc: BaseException) -> None:
+        self.timer, self.timer_known = None, True
+        record.note_probe_error()
+        record.emit("probe.error", probe=f"{self.spec.qualname} (replay timing)",
+                    target=f"{self.clock} timer",
+                    error=f"{type(exc).__name__}: {exc}"[:200])
 
 
 class TorchGraphKeep(Handler):
