@@ -32,16 +32,31 @@ def main() -> None:
 @click.option("--graph-nodes/--no-graph-nodes", default=True,
               help="Dump each captured graph's kernel nodes (capture-time cost only).")
 @click.option("--otlp", default=None, help="Also export spans live to this OTLP/HTTP endpoint.")
+@click.option("--watch", "watch", is_flag=True,
+              help="Show the live watch view while CMD runs; CMD's output goes to cmd.log "
+                   "in the trace dir.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(out: str | None, ranks: str | None, probes: tuple[str, ...], replay_sample: int | None,
-        launch_sample: int | None, graph_nodes: bool, otlp: str | None,
+        launch_sample: int | None, graph_nodes: bool, otlp: str | None, watch: bool,
         cmd: tuple[str, ...]) -> None:
     """Run CMD with probes in every Python process it starts: mlatrace run -- CMD..."""
     from mlatrace.inject import launcher
 
     sys.exit(launcher.run(list(cmd), out=out, ranks=ranks, probes=list(probes),
                           replay_sample=replay_sample, launch_sample=launch_sample,
-                          graph_nodes=graph_nodes, otlp=otlp))
+                          graph_nodes=graph_nodes, otlp=otlp, watch=watch))
+
+
+@main.command()
+@click.argument("trace", type=click.Path(), required=False)
+@click.option("--once", is_flag=True, help="Print one snapshot and exit (scripts, tests).")
+@click.option("--config", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="mlatrace.toml or pyproject.toml with [tool.mlatrace].")
+def watch(trace: str | None, once: bool, config: str | None) -> None:
+    """Findings live while the traced program runs (default: newest run in ./mlatrace-trace)."""
+    from mlatrace import watch as watch_mod
+
+    sys.exit(watch_mod.main(trace, once=once, config=config))
 
 
 @main.command()
@@ -147,11 +162,13 @@ def bench_probes(launches: int) -> None:
 
 @bench.command("analyze")
 @click.option("--events", type=int, default=1_000_000)
-def bench_analyze(events: int) -> None:
-    """Time and peak memory of `report` on a generated trace."""
+@click.option("--incremental", is_flag=True,
+              help="Follow the trace through the incremental model (watch) instead.")
+def bench_analyze(events: int, incremental: bool) -> None:
+    """Time and peak memory of `report` (or of following, --incremental) on a generated trace."""
     from mlatrace.bench import analyze_bench
 
-    sys.exit(analyze_bench.main(events=events))
+    sys.exit(analyze_bench.main(events=events, incremental=incremental))
 
 
 @bench.command("splits")

@@ -1,0 +1,212 @@
+"""The watch screen: one rich renderable built from a refreshed `LiveRun`.
+
+Sections, top to bottom: the run (directory, command, elapsed, where the command's output
+goes), processes with their state, graphs captured (key, mode, frozen split and grid) with
+replay counts, rates and the latest replay lengths, the latest attention metadata lengths
+and calls, coverage (packs attached, probe errors), and the findings with the time each
+first appeared (resolved ones stay listed, marked). Plain text when printed to a pipe.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from mlatrace.analysis.summary import root_graphs, topology
+from mlatrace.watch.state import LiveRun
+
+MAX_ROWS = 12
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, (list, tuple)):
+        return ",".join(_fmt(v) for v in value) or "-"
+    return str(value)
+
+
+def _span(low: Any, high: Any) -> str:
+    if low is None and high is None:
+        return "-"
+    return str(high) if low == high or low is None else f"{low}..{high}"
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t))
+
+
+def _elapsed(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def render(live: LiveRun, log_path: str | None = None) -> Any:
+    """The whole screen for the current state of `live` (call after `live.refresh()`)."""
+    from rich.console import Group
+
+    parts = [_run_lines(live, log_path), _processes(live), _graphs(live), _attention(live),
+             _coverage(live), _findings(live)]
+    return Group(*[p for p in parts if p is not None])
+
+
+def _run_lines(live: LiveRun, log_path: str | None) -> Any:
+    from rich.text import Text
+
+    run = live.run_json() or {}
+    now = live.clock()
+    start = run.get("start_ns")
+    began = start / 1e9 if isinstance(start, int) else live.started
+    if live.run_over_by_launcher():
+        end = run.get("end_ns") / 1e9
+        state = f"run ended after {_elapsed(end - began)}, exit code {run.get('exit_code')}"
+    elif live.finished():
+        state = "every process ended"
+    else:
+        state = f"running for {_elapsed(now - began)}"
+    text = Text()
+    text.append("mlatrace watch ", style="bold")
+    text.append(", ".join(str(r) for r in live.roots))
+    if run.get("run_id"):
+        text.append(f" (run {run['run_id']})")
+    text.append(f": {state}, {live.records} records read\n")
+    if run.get("argv"):
+        text.append("command: " + " ".join(str(a) for a in run["argv"])[:150] + "\n")
+    if log_path:
+        text.append(f"command output: {log_path}\n")
+    problems = live.model.problems
+    if problems:
+        text.append(f"{len(problems)} problem(s): " + "; ".join(str(p) for p in problems[:3])
+                    + ("; ..." if len(problems) > 3 else "") + "\n", style="yellow")
+    return text
+
+
+def _table(title: str, columns: tuple[str, ...]) -> Any:
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+    for col in columns:
+        table.add_column(col, overflow="fold")
+    return table
+
+
+def _processes(live: LiveRun) -> Any:
+    model = live.model
+    by_file = {p.file: p for p in model.processes}
+    table = _table("processes", ("file", "pid", "rank", "role", "state", "records"))
+    states = live.processes()
+    for ps in states[:MAX_ROWS]:
+        p = by_file.get(ps.proc.name)
+        if p is None:  # the first line is not complete yet
+            table.add_row(ps.proc.name, _fmt(ps.proc.pid), "-", "starting", ps.state, "0")
+            continue
+        style = "green" if ps.state == "running" else ("" if ps.state.startswith("ended")
+                                                        else "yellow")
+        table.add_row(p.file, _fmt(p.pid), _fmt(p.rank), p.role,
+                      f"[{style}]{ps.state}[/]" if style else ps.state, str(p.records))
+    if len(states) > MAX_ROWS:
+        table.add_row(f"+{len(states) - MAX_ROWS} more", "", "", "", "", "")
+    return table
+
+
+def _graphs(live: LiveRun) -> Any:
+    model = live.model
+    roots = root_graphs(model)
+    if not roots:
+        return None
+    table = _table("graphs captured (frozen at capture / replays)",
+                   ("rank", "gid", "key", "mode", "splits", "stage-1 grid", "stage 2",
+                    "replays", "rate/s", "latest len", "max len"))
+    for root in roots[-MAX_ROWS:]:
+        topo = topology(model, root)
+        replayed = root if root.replays.count else next(
+            (g for g in model.subtree(root) if g.replays.count), root)
+        stats = replayed.replays
+        stage1 = next((k for k in topo["kernels"] if "stage1" in k.lower()
+                       or "stage_1" in k.lower()), None)
+        grid = topo["kernels"][stage1]["grids"] if stage1 else None
+        latest = stats.latest_md or {}
+        rate = live.replay_rate(replayed)
+        nested = [g.gid for g in model.subtree(root) if g is not root]
+        table.add_row(_fmt(model.rank_of(root.pid)) if model.rank_of(root.pid) is not None
+                      else f"pid {root.pid}",
+                      str(root.gid) + (">" + ",".join(map(str, sorted(nested))) if nested else ""),
+                      _fmt(model.effective_key(root)), _fmt(model.effective_mode(root)),
+                      _fmt(topo["num_kv_splits"]),
+                      _fmt(grid[0] if grid and len(grid) == 1 else grid), _fmt(topo["stage2"]),
+                      str(stats.count), "-" if rate is None else f"{rate:.1f}",
+                      _span(latest.get("seq_len_min"), latest.get("seq_len_max")),
+                      _fmt(stats.seq_len_max))
+    if len(roots) > MAX_ROWS:
+        table.caption = f"the last {MAX_ROWS} of {len(roots)} captures"
+    return table
+
+
+def _attention(live: LiveRun) -> Any:
+    model = live.model
+    procs = {p.name: p for p in live.tail.processes()}
+    table = _table("attention (metadata builds by backend, calls by op)",
+                   ("pid", "rank", "record", "backend / op", "count", "captured", "layers",
+                    "latest len (reqs)", "len range"))
+    rows = 0
+    for p in model.processes:
+        builder = live.builder.builder_of(procs.get(p.file)) if p.file in procs else None
+        latest = {}
+        if builder is not None:
+            for rec in builder.metadata.values():
+                name = str(rec.get("backend"))
+                if name not in latest or rec.get("seq", 0) > latest[name].get("seq", 0):
+                    latest[name] = rec
+        for a in p.attention.values():
+            if rows >= MAX_ROWS:
+                break
+            rows += 1
+            md = latest.get(a.name) if a.kind == "attn.metadata" else None
+            now = "-" if md is None else (f"{_span(md.get('seq_len_min'), md.get('seq_len_max'))}"
+                                          f" ({_fmt(md.get('num_reqs'))})")
+            table.add_row(_fmt(p.pid), _fmt(p.rank), a.kind, a.name, str(a.count),
+                          str(a.captured), str(len(a.layers) or "-"), now,
+                          _span(a.seq_len_min, a.seq_len_max))
+    return table if rows else None
+
+
+def _coverage(live: LiveRun) -> Any:
+    from rich.text import Text
+
+    packs: set[str] = set()
+    for proc in live.tail.processes():
+        probes = (proc.header or {}).get("probes")
+        if isinstance(probes, list):
+            packs.update(str(p) for p in probes)
+    text = Text("coverage: ")
+    text.append(f"packs attached: {', '.join(sorted(packs)) or 'none seen yet'}; ")
+    errors = live.probe_errors
+    if errors:
+        first = "; ".join(f"{f}: {r.get('probe')} {r.get('target')}: {str(r.get('error'))[:80]}"
+                          for f, r in errors[:3])
+        text.append(f"probe errors: {len(errors)} ({first})", style="yellow")
+    else:
+        text.append("probe errors: 0")
+    return text
+
+
+def _findings(live: LiveRun) -> Any:
+    from rich.text import Text
+
+    logged = live.findings()
+    if not logged:
+        return Text("findings: none so far" if not live.finished() else "findings: none",
+                    style="green")
+    table = _table("findings", ("id", "severity", "status", "first seen", "message"))
+    run = live.run_json() or {}
+    start = run.get("start_ns")
+    began = start / 1e9 if isinstance(start, int) else None
+    for lf in logged[:MAX_ROWS]:
+        f = lf.finding
+        sev = "[red]error[/]" if f.severity == "error" else "[yellow]warning[/]"
+        status = "active" if lf.active else f"resolved ({lf.resolved_why})"
+        seen = _clock(lf.first_seen) + (f" (+{_elapsed(lf.first_seen - began)})"
+                                        if began is not None else "")
+        where = f"rank {f.rank}: " if f.rank is not None else ""
+        table.add_row(f"{f.id} {f.name}", sev, status, seen, where + f.message)
+    return table
