@@ -50,13 +50,15 @@ def run(out: str | None, ranks: str | None, probes: tuple[str, ...], replay_samp
 @main.command()
 @click.argument("trace", type=click.Path(), required=False)
 @click.option("--once", is_flag=True, help="Print one snapshot and exit (scripts, tests).")
+@click.option("--json", "as_json", is_flag=True,
+              help="With --once: the snapshot as JSON (schema mlatrace.watch/1).")
 @click.option("--config", type=click.Path(exists=True, dir_okay=False), default=None,
               help="mlatrace.toml or pyproject.toml with [tool.mlatrace].")
-def watch(trace: str | None, once: bool, config: str | None) -> None:
+def watch(trace: str | None, once: bool, as_json: bool, config: str | None) -> None:
     """Findings live while the traced program runs (default: newest run in ./mlatrace-trace)."""
     from mlatrace import watch as watch_mod
 
-    sys.exit(watch_mod.main(trace, once=once, config=config))
+    sys.exit(watch_mod.main(trace, once=once, config=config, as_json=as_json))
 
 
 @main.command()

@@ -10,8 +10,8 @@ malformed line is reported as `file:line: reason` exactly as `report` would, and
 records handed out are the ones `report` would stream.
 
     tail = TailReader([run_dir])
-    for proc, records in tail.poll():   # new records since the last poll, per file
-        ...
+    for proc, records in tail.poll():   # new records since the last poll, per file (an
+        ...                             # iterator: consume it before the next poll)
     tail.close()                        # the run is over: held partial lines are read as
                                         # the batch reader reads them (a truncated line)
 """
@@ -21,6 +21,7 @@ from __future__ import annotations
 import io
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,8 +81,13 @@ class TailReader:
             pass  # mid-replace or damaged: try again next poll
 
     # -- reading ---------------------------------------------------------------
-    def poll(self) -> list[tuple[ProcessFile, list[dict[str, Any]]]]:
-        """The records added to each file since the last poll (files with none left out)."""
+    def poll(self) -> list[tuple[ProcessFile, Iterator[dict[str, Any]]]]:
+        """The records added to each file since the last poll (files with none left out).
+
+        Each file's records come as an iterator over the bytes just read, decoded as they
+        are consumed (a backlog of a million records is never held as a list): consume
+        them in order, before the next poll.
+        """
         self._read_run_json()
         for path, label in self._scan():
             if path not in self.files:
@@ -89,7 +95,7 @@ class TailReader:
         out = []
         for tail in self._ordered():
             records = self._read_new(tail)
-            if records:
+            if records is not None:
                 out.append((tail.proc, records))
         return out
 
@@ -97,57 +103,61 @@ class TailReader:
         return sorted(self.files.values(), key=lambda t: (_file_order(t.proc.path),
                                                          t.proc.name))
 
-    def _read_new(self, tail: TailFile) -> list[dict[str, Any]]:
+    def _read_new(self, tail: TailFile) -> Iterator[dict[str, Any]] | None:
+        """The records of the complete lines appended since the last read, or None."""
         if tail.closed:
-            return []
+            return None
         try:
             size = os.stat(tail.proc.path).st_size
         except OSError:
-            return []  # removed: keep what was read
+            return None  # removed: keep what was read
         if size < tail.offset:
             self.problems.append(Problem(tail.proc.name, tail.lines + 1,
                                          f"file shrank from {tail.offset} to {size} bytes while "
                                          "followed; no longer read"))
             tail.closed = True
-            return []
+            return None
         if size == tail.offset:
-            return []
+            return None
         try:
             with open(tail.proc.path, "rb") as f:
                 f.seek(tail.offset)
                 data = f.read(min(size - tail.offset, self.chunk))
         except OSError:
-            return []
+            return None
         tail.offset += len(data)
         if tail.partial:
             data = tail.partial + data
         cut = data.rfind(b"\n") + 1
         tail.partial = data[cut:]
         if cut == 0:
-            return []
+            return None
         return self._lines(tail, data[:cut] if cut < len(data) else data)
 
-    def _lines(self, tail: TailFile, data: bytes) -> list[dict[str, Any]]:
+    def _lines(self, tail: TailFile, data: bytes) -> Iterator[dict[str, Any]]:
         """Hand complete lines (or, at close, the last partial one) to the batch checks."""
         if not tail.started:
             tail.proc.accept_header_line(data[:data.find(b"\n") + 1] or data)
             tail.started = True
         first = tail.lines + 1
         tail.lines += data.count(b"\n") + (not data.endswith(b"\n"))
-        return list(tail.proc.checked_lines(enumerate(io.BytesIO(data), start=first)))
+        return tail.proc.checked_lines(enumerate(io.BytesIO(data), start=first))
 
     def close(self) -> list[tuple[ProcessFile, list[dict[str, Any]]]]:
         """The run is over: read what is left, then each held partial line as a truncated one.
 
-        Returns every file, those without new records too, so that a consumer knows of
-        each (an empty file is a problem the batch reader reports as well).
+        Returns every file (as lists: the run is over, nothing more comes), those without
+        new records too, so that a consumer knows of each (an empty file is a problem the
+        batch reader reports as well).
         """
-        out = {id(proc): (proc, records) for proc, records in self.poll()}
+        out = {id(proc): (proc, list(records)) for proc, records in self.poll()}
         for tail in self._ordered():
             records = out.pop(id(tail.proc), (tail.proc, []))[1]
             while not tail.closed:  # a backlog larger than one chunk
                 before = tail.offset
-                records += self._read_new(tail)
+                more = self._read_new(tail)
+                if more is not None:
+                    records += more
                 if tail.offset == before:
                     break
             if not tail.closed and (tail.partial or not tail.started):

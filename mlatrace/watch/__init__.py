@@ -5,7 +5,8 @@ reading only what was appended, updates the analysis model record by record, run
 rules at each refresh and shows the result in a rich `Live` view: at most 4 refreshes a
 second, and while nothing is written only a few stat() calls per poll. It exits when
 every process of the run has ended, or on Ctrl-C, and prints the final report (the one
-`mlatrace report` prints for the same records). `--once` prints one snapshot and exits.
+`mlatrace report` prints for the same records). `--once` prints one snapshot and exits
+(`--json`: the same as JSON, schema `mlatrace.watch/1`, see `view.snapshot_dict`).
 
 Exit codes: 0 the view ran (and ended) or the snapshot was printed; 2 no trace at DIR
 or a bad --config.
@@ -13,6 +14,7 @@ or a bad --config.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -36,16 +38,20 @@ def catch_up(live: LiveRun) -> None:
         pass
 
 
-def snapshot(live: LiveRun, console: Any, log_path: str | None = None) -> None:
+def snapshot(live: LiveRun, console: Any, log_path: str | None = None,
+             as_json: bool = False) -> None:
     """One refresh printed as plain output (`--once`); a finished run is read to the end."""
-    from mlatrace.watch.view import render
+    from mlatrace.watch.view import render, snapshot_dict
 
     catch_up(live)
     if live.finished():
         live.close()
     else:
         live.refresh()
-    console.print(render(live, log_path))
+    if as_json:
+        sys.stdout.write(json.dumps(snapshot_dict(live, log_path), indent=1, default=str) + "\n")
+    else:
+        console.print(render(live, log_path))
 
 
 def follow(live: LiveRun, console: Any, log_path: str | None = None,
@@ -90,7 +96,8 @@ def print_final(live: LiveRun, console: Any, interrupted: bool = False) -> None:
     render_report(console, data, analysis.problems, verbose=False)
 
 
-def main(path: str | None, once: bool = False, config: str | None = None) -> int:
+def main(path: str | None, once: bool = False, config: str | None = None,
+         as_json: bool = False) -> int:
     """`mlatrace watch`: see the module docstring for what and the exit codes."""
     from mlatrace.analysis import ConfigError
     from mlatrace.report import make_console, resolve_config
@@ -113,8 +120,8 @@ def main(path: str | None, once: bool = False, config: str | None = None) -> int
     log = roots[0] / LOG_NAME
     log_path = str(log) if log.exists() else None
     console = make_console()
-    if once:
-        snapshot(live, console, log_path)
+    if once or as_json:
+        snapshot(live, console, log_path, as_json=as_json)
         return 0
     ended = follow(live, console, log_path)
     print_final(live, console, interrupted=not ended)

@@ -12,6 +12,7 @@ batch descriptor was captured again later and the new capture shows no such find
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import time
@@ -132,8 +133,14 @@ class LiveRun:
     def poll(self) -> int:
         """Read what was appended since the last poll into the model; returns how many records."""
         added = 0
-        for proc, records in self.tail.poll():
-            added += self.builder.feed(proc, records)
+        gc_was_enabled = gc.isenabled()
+        gc.disable()  # a backlog is many short-lived dicts without cycles (as build_model)
+        try:
+            for proc, records in self.tail.poll():
+                added += self.builder.feed(proc, records)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
         self.records += added
         return added
 

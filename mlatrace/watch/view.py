@@ -5,6 +5,7 @@ goes), processes with their state, graphs captured (key, mode, frozen split and 
 replay counts, rates and the latest replay lengths, the latest attention metadata lengths
 and calls, coverage (packs attached, probe errors), and the findings with the time each
 first appeared (resolved ones stay listed, marked). Plain text when printed to a pipe.
+`snapshot_dict` is the same state for scripts (`watch --once --json`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Any
 
 from mlatrace.analysis.summary import root_graphs, topology
 from mlatrace.watch.state import LiveRun
+
+SNAPSHOT_SCHEMA = "mlatrace.watch/1"
 
 MAX_ROWS = 12
 
@@ -173,13 +176,8 @@ def _attention(live: LiveRun) -> Any:
 def _coverage(live: LiveRun) -> Any:
     from rich.text import Text
 
-    packs: set[str] = set()
-    for proc in live.tail.processes():
-        probes = (proc.header or {}).get("probes")
-        if isinstance(probes, list):
-            packs.update(str(p) for p in probes)
     text = Text("coverage: ")
-    text.append(f"packs attached: {', '.join(sorted(packs)) or 'none seen yet'}; ")
+    text.append(f"packs attached: {', '.join(packs_attached(live)) or 'none seen yet'}; ")
     errors = live.probe_errors
     if errors:
         first = "; ".join(f"{f}: {r.get('probe')} {r.get('target')}: {str(r.get('error'))[:80]}"
@@ -210,3 +208,54 @@ def _findings(live: LiveRun) -> Any:
         where = f"rank {f.rank}: " if f.rank is not None else ""
         table.add_row(f"{f.id} {f.name}", sev, status, seen, where + f.message)
     return table
+
+
+def packs_attached(live: LiveRun) -> list[str]:
+    packs: set[str] = set()
+    for proc in live.tail.processes():
+        probes = (proc.header or {}).get("probes")
+        if isinstance(probes, list):
+            packs.update(str(p) for p in probes)
+    return sorted(packs)
+
+
+def snapshot_dict(live: LiveRun, log_path: str | None = None) -> dict[str, Any]:
+    """`watch --once --json`, schema `mlatrace.watch/1` (fields are only added):
+
+        {"schema", "trace", "run": run.json | null, "finished": bool, "records": int,
+         "log": str | null,                  # run --watch: the command's output
+         "processes": [{"file", "pid", "rank", "role", "state", "records"}],
+         "findings": [{"id", "name", "severity", "pid", "rank", "gid", "message",
+                       "status": "active" | "resolved", "resolved_why", "first_seen"}],
+         "coverage": {"packs": [str], "probe_errors": [{"file", "probe", "target", "error"}]},
+         "report": {...}}                    # report --json of the records read so far
+    """
+    from mlatrace.report import report_dict
+
+    model = live.model
+    by_file = {p.file: p for p in model.processes}
+    processes = []
+    for ps in live.processes():
+        p = by_file.get(ps.proc.name)
+        processes.append({"file": ps.proc.name, "pid": p.pid if p else ps.proc.pid,
+                          "rank": p.rank if p else None, "role": p.role if p else "starting",
+                          "state": ps.state, "records": p.records if p else 0})
+    findings = [{"id": lf.finding.id, "name": lf.finding.name, "severity": lf.finding.severity,
+                 "pid": lf.finding.pid, "rank": lf.finding.rank, "gid": lf.finding.gid,
+                 "message": lf.finding.message, "status": "active" if lf.active else "resolved",
+                 "resolved_why": lf.resolved_why, "first_seen": lf.first_seen}
+                for lf in live.findings()]
+    return {
+        "schema": SNAPSHOT_SCHEMA,
+        "trace": str(live.roots[0]),
+        "run": live.run_json(),
+        "finished": live.finished(),
+        "records": live.records,
+        "log": log_path,
+        "processes": processes,
+        "findings": findings,
+        "coverage": {"packs": packs_attached(live), "probe_errors": [
+            {"file": f, "probe": r.get("probe"), "target": r.get("target"),
+             "error": r.get("error")} for f, r in live.probe_errors]},
+        "report": report_dict(str(live.roots[0]), live.analysis),
+    }
