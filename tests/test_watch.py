@@ -306,3 +306,129 @@ def test_watch_once_cli(tmp_path: Path) -> None:
     assert "FULL(num_tokens=1)" in out and "probe errors: 0" in out
     missing = _watch("--once", str(tmp_path / "nothing"))
     assert missing.returncode == 2 and "no trace here" in missing.stderr
+
+
+# -- live programs -------------------------------------------------------------------------
+SERVE = [sys.executable, "-m", "mlatrace.reference.serve", "--policy", "legacy", "--graph",
+         "full", "--device", "cpu", "--ctx", "2048", "--batch", "1", "--layers", "1",
+         "--steps", "400", "--step-delay", "0.1"]
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+
+
+def _start_traced(out: Path, cmd: list[str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "mlatrace", "run", "--out", str(out), "--",
+                             *cmd], env=_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    import os
+    import signal
+
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+
+
+def _snapshot(out: Path) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "mlatrace", "watch", "--once", "--json",
+                           str(out)], capture_output=True, text=True, timeout=120, env=_env())
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _poll_until(what, timeout_s: float = 240.0):  # noqa: ANN001, ANN202
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = what()
+        if got:
+            return got
+        time.sleep(1.0)
+    raise AssertionError("timed out")
+
+
+@pytest.mark.slow
+def test_watch_once_shows_mlt001_while_the_reference_server_runs(tmp_path: Path) -> None:
+    out = tmp_path / "trace"
+    server = _start_traced(out, SERVE)
+    try:
+        def with_mlt001() -> dict | None:
+            if not out.exists():
+                return None
+            snap = _snapshot(out)
+            return snap if any(f["id"] == "MLT001" for f in snap["findings"]) else None
+
+        snap = _poll_until(with_mlt001)
+        assert server.poll() is None, "the program ended before the snapshot"
+        assert not snap["finished"] and snap["run"]["end_ns"] is None
+        assert [p["state"] for p in snap["processes"]] == ["running"]
+        mlt001 = next(f for f in snap["findings"] if f["id"] == "MLT001")
+        assert mlt001["status"] == "active" and "froze mla_gluon at 1 KV split" in mlt001["message"]
+        # the text snapshot says the same, with the graph and its replays
+        text = subprocess.run([sys.executable, "-m", "mlatrace", "watch", "--once", str(out)],
+                              capture_output=True, text=True, timeout=120, env=_env()).stdout
+        assert "running for" in text and "MLT001 frozen-one-split" in text
+        assert "num_tokens=1" in text and "skipped" in text  # key and stage 2 frozen
+    finally:
+        _stop(server)
+
+
+def _tmux(*args: str) -> str:
+    return subprocess.run(["tmux", *args], capture_output=True, text=True, timeout=30,
+                          check=True).stdout
+
+
+@pytest.mark.slow
+def test_watch_in_a_terminal_updates_and_survives_a_sigkill(tmp_path: Path) -> None:
+    import os
+    import signal
+    import time
+
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed (apt-get install tmux): the terminal test needs it")
+    out = tmp_path / "trace"
+    server = _start_traced(out, SERVE)
+    session = f"mlatrace-watch-{os.getpid()}"
+    try:
+        _poll_until(lambda: list(out.glob("p*.jsonl")), 120)
+        script = tmp_path / "watch.sh"
+        script.write_text(f"sleep 1\ncd {tmp_path}\nexport PYTHONPATH={ROOT}\n"
+                          f"{sys.executable} -m mlatrace watch {out}\necho WATCH-EXIT $?\n"
+                          "sleep 120\n")
+        _tmux("new-session", "-d", "-s", session, "-x", "200", "-y", "70", f"bash {script}")
+        # no client is attached: without a manual size, tmux may shrink the window to 80x24
+        _tmux("set-option", "-t", session, "window-size", "manual")
+        _tmux("resize-window", "-t", session, "-x", "200", "-y", "70")
+
+        def pane() -> str:
+            return _tmux("capture-pane", "-p", "-t", session, "-S", "-", "-E", "-")
+
+        def showing(*texts: str):  # noqa: ANN202
+            def check() -> str | None:
+                text = pane()
+                return text if all(t in text for t in texts) else None
+            return check
+
+        first = _poll_until(showing("replays", "MLT001"))
+        time.sleep(2.5)
+        second = pane()
+        assert second != first, "the view did not update"
+        assert "running for" in second
+        # SIGKILL the traced program mid-run: the view must end cleanly with the final report
+        pid = json.loads((next(out.glob("p*.jsonl"))).open().readline())["pid"]
+        os.kill(pid, signal.SIGKILL)
+        final = _poll_until(showing("WATCH-EXIT"), 60)
+        assert "WATCH-EXIT 0" in final, final[-3000:]
+        assert "Traceback" not in final, final[-3000:]
+        assert "final report" in final and "MLT001" in final
+        assert "gone (no process.end)" in final or "exit code 137" in final
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, timeout=30)
+        _stop(server)

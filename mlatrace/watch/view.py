@@ -1,10 +1,10 @@
 """The watch screen: one rich renderable built from a refreshed `LiveRun`.
 
 Sections, top to bottom: the run (directory, command, elapsed, where the command's output
-goes), processes with their state, graphs captured (key, mode, frozen split and grid) with
-replay counts, rates and the latest replay lengths, the latest attention metadata lengths
-and calls, coverage (packs attached, probe errors), and the findings with the time each
-first appeared (resolved ones stay listed, marked). Plain text when printed to a pipe.
+goes), coverage (packs attached, probe errors), the findings with the time each first
+appeared (resolved ones stay listed, marked), processes with their state, graphs captured
+(key, mode, frozen split and grid) with replay counts, rates and the latest replay
+lengths, and the latest attention metadata lengths and calls. Plain text when printed to a pipe.
 `snapshot_dict` is the same state for scripts (`watch --once --json`).
 """
 
@@ -48,8 +48,9 @@ def render(live: LiveRun, log_path: str | None = None) -> Any:
     """The whole screen for the current state of `live` (call after `live.refresh()`)."""
     from rich.console import Group
 
-    parts = [_run_lines(live, log_path), _processes(live), _graphs(live), _attention(live),
-             _coverage(live), _findings(live)]
+    # findings first: a terminal too short for the whole view crops the bottom
+    parts = [_run_lines(live, log_path), _coverage(live), _findings(live), _processes(live),
+             _graphs(live), _attention(live)]
     return Group(*[p for p in parts if p is not None])
 
 
