@@ -432,3 +432,18 @@ def test_watch_in_a_terminal_updates_and_survives_a_sigkill(tmp_path: Path) -> N
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, timeout=30)
         _stop(server)
+
+
+@pytest.mark.slow
+def test_run_watch_sends_the_output_to_a_log_and_prints_the_final_report(tmp_path: Path) -> None:
+    out = tmp_path / "trace"
+    cmd = [*SERVE[:SERVE.index("--steps")], "--steps", "6", "--step-delay", "0"]
+    proc = subprocess.run([sys.executable, "-m", "mlatrace", "run", "--watch", "--out", str(out),
+                           "--", *cmd, "--check"], capture_output=True, text=True, timeout=300,
+                          env=_env())
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    log = (out / "cmd.log").read_text()
+    assert "check: all steps match the float64 reference" in log   # the command's own output
+    assert "check: all steps" not in proc.stdout                   # ... is not on the screen
+    assert f"command output: {out / 'cmd.log'}" in proc.stdout
+    assert "final report" in proc.stdout and "MLT001 frozen-one-split" in proc.stdout

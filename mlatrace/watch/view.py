@@ -154,13 +154,7 @@ def _attention(live: LiveRun) -> Any:
                     "latest len (reqs)", "len range"))
     rows = 0
     for p in model.processes:
-        builder = live.builder.builder_of(procs.get(p.file)) if p.file in procs else None
-        latest = {}
-        if builder is not None:
-            for rec in builder.metadata.values():
-                name = str(rec.get("backend"))
-                if name not in latest or rec.get("seq", 0) > latest[name].get("seq", 0):
-                    latest[name] = rec
+        latest = latest_metadata(live, procs.get(p.file))
         for a in p.attention.values():
             if rows >= MAX_ROWS:
                 break
@@ -211,6 +205,18 @@ def _findings(live: LiveRun) -> Any:
     return table
 
 
+def latest_metadata(live: LiveRun, proc_file: Any) -> dict[str, dict]:
+    """backend -> the latest attn.metadata record of that process (any thread)."""
+    builder = live.builder.builder_of(proc_file) if proc_file is not None else None
+    latest: dict[str, dict] = {}
+    if builder is not None:
+        for rec in builder.metadata.values():
+            name = str(rec.get("backend"))
+            if name not in latest or rec.get("seq", 0) > latest[name].get("seq", 0):
+                latest[name] = rec
+    return latest
+
+
 def packs_attached(live: LiveRun) -> list[str]:
     packs: set[str] = set()
     for proc in live.tail.processes():
@@ -228,6 +234,8 @@ def snapshot_dict(live: LiveRun, log_path: str | None = None) -> dict[str, Any]:
          "processes": [{"file", "pid", "rank", "role", "state", "records"}],
          "findings": [{"id", "name", "severity", "pid", "rank", "gid", "message",
                        "status": "active" | "resolved", "resolved_why", "first_seen"}],
+         "metadata": [{"file", "pid", "backend", "count",      # attn.metadata builds
+                       "latest": {"seq_len_min", "seq_len_max", "num_reqs", "seq"}}],
          "coverage": {"packs": [str], "probe_errors": [{"file", "probe", "target", "error"}]},
          "report": {...}}                    # report --json of the records read so far
     """
@@ -246,6 +254,16 @@ def snapshot_dict(live: LiveRun, log_path: str | None = None) -> dict[str, Any]:
                  "message": lf.finding.message, "status": "active" if lf.active else "resolved",
                  "resolved_why": lf.resolved_why, "first_seen": lf.first_seen}
                 for lf in live.findings()]
+    procs = {p.name: p for p in live.tail.processes()}
+    metadata = []
+    for p in model.processes:
+        latest = latest_metadata(live, procs.get(p.file))
+        for a in p.attention.values():
+            if a.kind == "attn.metadata":
+                md = latest.get(a.name) or {}
+                metadata.append({"file": p.file, "pid": p.pid, "backend": a.name, "count": a.count,
+                                 "latest": {k: md.get(k) for k in ("seq_len_min", "seq_len_max",
+                                                                   "num_reqs", "seq")}})
     return {
         "schema": SNAPSHOT_SCHEMA,
         "trace": str(live.roots[0]),
@@ -255,6 +273,7 @@ def snapshot_dict(live: LiveRun, log_path: str | None = None) -> dict[str, Any]:
         "log": log_path,
         "processes": processes,
         "findings": findings,
+        "metadata": metadata,
         "coverage": {"packs": packs_attached(live), "probe_errors": [
             {"file": f, "probe": r.get("probe"), "target": r.get("target"),
              "error": r.get("error")} for f, r in live.probe_errors]},
