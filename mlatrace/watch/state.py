@@ -118,6 +118,8 @@ class LiveRun:
     started: float = field(init=False)
     closed: bool = field(default=False, init=False)
     _counts: deque = field(default_factory=deque, init=False)
+    _analysed_records: int = field(default=-1, init=False)
+    _analysed_problems: int = field(default=-1, init=False)
 
     def __post_init__(self) -> None:
         self.tail = TailReader(self.roots)
@@ -150,14 +152,24 @@ class LiveRun:
             for proc, records in self.tail.close():
                 self.records += self.builder.feed(proc, records)
             self.closed = True
+            self._analysed_records = -1  # files without records are in the model now
         return self.refresh()
 
     # -- looking -----------------------------------------------------------------
     def refresh(self) -> Analysis:
-        """Rules on the current model; updates the finding log and the replay-rate window."""
+        """Rules on the current model; updates the finding log and the replay-rate window.
+
+        Nothing read since the last refresh: the analysis is kept (an idle trace costs no
+        rule evaluation), only the rate window moves on.
+        """
+        now = self.clock()
+        if self.analysis is not None and self.records == self._analysed_records \
+                and len(self.tail.problems) == self._analysed_problems:
+            self._count_replays(now, self.analysis.model)
+            return self.analysis
+        self._analysed_records, self._analysed_problems = self.records, len(self.tail.problems)
         model = self.builder.snapshot(self.tail.problems, self.tail.processes())
         self.analysis = analyze_model(model, self.config)
-        now = self.clock()
         current = {finding_key(f): f for f in self.analysis.findings}
         for key, finding in current.items():
             logged = self.log.get(key)
@@ -177,10 +189,13 @@ class LiveRun:
                 logged = self.log[key]
                 logged.resolved_at = logged.resolved_at or now
                 logged.resolved_why = f"captured again as gid {newer[0].gid}, without it"
+        self._count_replays(now, model)
+        return self.analysis
+
+    def _count_replays(self, now: float, model: TraceModel) -> None:
         self._counts.append((now, {g_key(g): g.replays.count for g in model.graphs.values()}))
         while len(self._counts) > 2 and now - self._counts[1][0] >= RATE_WINDOW_S:
             self._counts.popleft()
-        return self.analysis
 
     @property
     def model(self) -> TraceModel:
