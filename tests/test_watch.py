@@ -401,6 +401,7 @@ def test_watch_in_a_terminal_updates_and_survives_a_sigkill(tmp_path: Path) -> N
         script = tmp_path / "watch.sh"
         script.write_text(f"sleep 1\ncd {tmp_path}\nexport PYTHONPATH={ROOT}\n"
                           f"{sys.executable} -m mlatrace watch {out}\necho WATCH-EXIT $?\n"
+                          f"{sys.executable} -m mlatrace watch {out}\necho SECOND-EXIT $?\n"
                           "sleep 120\n")
         _tmux("new-session", "-d", "-s", session, "-x", "200", "-y", "70", f"bash {script}")
         # no client is attached: without a manual size, tmux may shrink the window to 80x24
@@ -421,14 +422,21 @@ def test_watch_in_a_terminal_updates_and_survives_a_sigkill(tmp_path: Path) -> N
         second = pane()
         assert second != first, "the view did not update"
         assert "running for" in second
-        # SIGKILL the traced program mid-run: the view must end cleanly with the final report
+        # Ctrl-C: the view ends with the final report of what was read; the program goes on
+        _tmux("send-keys", "-t", session, "C-c")
+        stopped = _poll_until(showing("WATCH-EXIT"), 60)
+        assert "WATCH-EXIT 0" in stopped and "final report (interrupted" in stopped, stopped[-3000:]
+        assert server.poll() is None
+        # SIGKILL the traced program mid-run: the second view ends cleanly, final report shown
+        time.sleep(4)  # the second view starts and catches up
         pid = json.loads((next(out.glob("p*.jsonl"))).open().readline())["pid"]
         os.kill(pid, signal.SIGKILL)
-        final = _poll_until(showing("WATCH-EXIT"), 60)
-        assert "WATCH-EXIT 0" in final, final[-3000:]
+        final = _poll_until(showing("SECOND-EXIT"), 60)
+        assert "SECOND-EXIT 0" in final, final[-3000:]
         assert "Traceback" not in final, final[-3000:]
-        assert "final report" in final and "MLT001" in final
-        assert "gone (no process.end)" in final or "exit code 137" in final
+        after = final[final.index("WATCH-EXIT"):]
+        assert "final report" in after and "MLT001" in after
+        assert "exit code 137" in after  # the launcher saw its command die of SIGKILL
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, timeout=30)
         _stop(server)

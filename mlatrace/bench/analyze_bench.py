@@ -175,8 +175,14 @@ while time.perf_counter() - wall0 < idle_s:
         last = now
     time.sleep(POLL_S)
 idle_cpu = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
+# the same records through report's serial batch build, for comparison under the same load
+from mlatrace.analysis.builder import build_model
+from mlatrace.trace import open_trace
+b_wall, b_cpu = time.perf_counter(), time.process_time()
+build_model(open_trace(path), workers=1)
+batch_s, batch_cpu_s = time.perf_counter() - b_wall, time.process_time() - b_cpu
 print(json.dumps({"records": live.records, "polls": polls, "follow_s": follow_s,
-                  "follow_cpu_s": follow_cpu_s,
+                  "follow_cpu_s": follow_cpu_s, "batch_s": batch_s, "batch_cpu_s": batch_cpu_s,
                   "import_s": started - t0, "idle_cpu": idle_cpu,
                   "findings": len(final.findings)}))
 """
@@ -215,6 +221,8 @@ def main_incremental(events: int, repeat: int, idle_s: float = 5.0) -> int:
           f"best of {repeat}: {best['follow_s']:.2f} s (runs: {follows}; goal <= {GOAL_S} s); "
           f"{best['follow_cpu_s']:.2f} s CPU; {best['records']} records, {best['findings']} "
           f"findings; interpreter and imports {best['import_s']:.2f} s more")
+    print(f"same records through report's serial batch build (one process, no workers): "
+          f"{best['batch_s']:.2f} s, {best['batch_cpu_s']:.2f} s CPU")
     print(f"idle follow loop: {100 * idle:.2f}% of one core over {idle_s:.0f} s "
           f"(goal < {100 * IDLE_GOAL:.0f}%)")
     print(f"box: {os.cpu_count()} cpus, load average {load:.1f}, python {sys.version.split()[0]}")

@@ -15,6 +15,7 @@ or a bad --config.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -123,7 +124,14 @@ def main(path: str | None, once: bool = False, config: str | None = None,
     if once or as_json:
         snapshot(live, console, log_path, as_json=as_json)
         return 0
-    ended = follow(live, console, log_path)
-    print_final(live, console, interrupted=not ended)
+    # Ctrl-C ends the view between two polls, never in the middle of feeding records
+    # (the final report must hold every record read)
+    interrupted: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
+    try:
+        follow(live, console, log_path, until=lambda: bool(interrupted) or live.finished())
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    print_final(live, console, interrupted=bool(interrupted) and not live.finished())
     sys.stdout.flush()
     return 0
