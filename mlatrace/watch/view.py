@@ -198,8 +198,9 @@ def _findings(live: LiveRun) -> Any:
         f = lf.finding
         sev = "[red]error[/]" if f.severity == "error" else "[yellow]warning[/]"
         status = "active" if lf.active else f"resolved ({lf.resolved_why})"
-        seen = _clock(lf.first_seen) + (f" (+{_elapsed(lf.first_seen - began)})"
-                                        if began is not None else "")
+        after = None if began is None else lf.first_seen - began
+        seen = _clock(lf.first_seen) + (f" (+{_elapsed(after)})"
+                                        if after is not None and 0 <= after < 86400 else "")
         where = f"rank {f.rank}: " if f.rank is not None else ""
         table.add_row(f"{f.id} {f.name}", sev, status, seen, where + f.message)
     return table
