@@ -455,3 +455,16 @@ def test_run_watch_sends_the_output_to_a_log_and_prints_the_final_report(tmp_pat
     assert "check: all steps" not in proc.stdout                   # ... is not on the screen
     assert f"command output: {out / 'cmd.log'}" in proc.stdout
     assert "final report" in proc.stdout and "MLT001 frozen-one-split" in proc.stdout
+
+
+def test_a_backlog_is_read_in_chunks_and_caught_up(tmp_path: Path) -> None:
+    src = mla_decode(tmp_path / "src", policy="legacy", replay_lens=tuple(range(9000, 9400)))
+    live = LiveRun([src])
+    live.tail.chunk = 4096
+    assert live.poll() > 0 and live.tail.behind
+    from mlatrace.watch import catch_up
+
+    catch_up(live)
+    assert not live.tail.behind
+    assert [f.to_dict() for f in live.close().findings] == \
+        [f.to_dict() for f in analyze(open_trace(src)).findings]

@@ -53,6 +53,7 @@ class TailReader:
         self.problems: list[Problem] = []
         self.files: dict[Path, TailFile] = {}
         self.run: dict[str, Any] | None = None
+        self.behind = False   # the last poll left bytes unread (a backlog over one chunk)
         self._run_stat: tuple[int, int] | None = None
 
     # -- discovery -------------------------------------------------------------
@@ -89,6 +90,7 @@ class TailReader:
         them in order, before the next poll.
         """
         self._read_run_json()
+        self.behind = False
         for path, label in self._scan():
             if path not in self.files:
                 self.files[path] = TailFile(ProcessFile(path, self.problems, label=label))
@@ -125,6 +127,7 @@ class TailReader:
                 data = f.read(min(size - tail.offset, self.chunk))
         except OSError:
             return None
+        self.behind = self.behind or size - tail.offset > len(data)
         tail.offset += len(data)
         if tail.partial:
             data = tail.partial + data

@@ -35,7 +35,7 @@ __all__ = ["DEFAULT_DIR", "LOG_NAME", "LiveRun", "catch_up", "follow", "main", "
 
 def catch_up(live: LiveRun) -> None:
     """Read everything already written (a backlog takes several polls)."""
-    while live.poll():
+    while live.poll() or live.tail.behind:
         pass
 
 
@@ -79,7 +79,7 @@ def follow(live: LiveRun, console: Any, log_path: str | None = None,
                     last = now
                 if over:
                     return True
-                if not added:
+                if not live.tail.behind:  # caught up: wait for the writers
                     time.sleep(POLL_S)
     except KeyboardInterrupt:
         return False
