@@ -41,6 +41,8 @@ def _clock(t: float) -> str:
 
 def _elapsed(seconds: float) -> str:
     seconds = max(0, int(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
