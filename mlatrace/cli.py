@@ -44,10 +44,13 @@ def main() -> None:
 @click.option("--otlp", default=None, help="Also export spans live to this OTLP/HTTP endpoint.")
 @click.option("--no-pack", "no_packs", multiple=True, metavar="NAME",
               help="Do not install this probe pack (by name, see `probes list`); repeatable.")
+@click.option("--watch", "watch", is_flag=True,
+              help="Show the live watch view while CMD runs; CMD's output goes to cmd.log "
+                   "in the trace dir.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(out: str | None, ranks: str | None, probes: tuple[str, ...], replay_sample: int | None,
         launch_sample: int | None, sample: int | None, replay_timing: str | None,
-        graph_nodes: bool, otlp: str | None, no_packs: tuple[str, ...],
+        graph_nodes: bool, otlp: str | None, no_packs: tuple[str, ...], watch: bool,
         cmd: tuple[str, ...]) -> None:
     """Run CMD with probes in every Python process it starts: mlatrace run -- CMD..."""
     from mlatrace.inject import launcher
@@ -55,7 +58,21 @@ def run(out: str | None, ranks: str | None, probes: tuple[str, ...], replay_samp
     sys.exit(launcher.run(list(cmd), out=out, ranks=ranks, probes=list(probes),
                           replay_sample=replay_sample, launch_sample=launch_sample,
                           graph_nodes=graph_nodes, otlp=otlp, no_packs=list(no_packs),
-                          sample=sample, replay_timing=replay_timing))
+                          sample=sample, replay_timing=replay_timing, watch=watch))
+
+
+@main.command()
+@click.argument("trace", type=click.Path(), required=False)
+@click.option("--once", is_flag=True, help="Print one snapshot and exit (scripts, tests).")
+@click.option("--json", "as_json", is_flag=True,
+              help="With --once: the snapshot as JSON (schema mlatrace.watch/1).")
+@click.option("--config", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="mlatrace.toml or pyproject.toml with [tool.mlatrace].")
+def watch(trace: str | None, once: bool, as_json: bool, config: str | None) -> None:
+    """Findings live while the traced program runs (default: newest run in ./mlatrace-trace)."""
+    from mlatrace import watch as watch_mod
+
+    sys.exit(watch_mod.main(trace, once=once, config=config, as_json=as_json))
 
 
 @main.command()
@@ -239,11 +256,13 @@ def bench_probes(launches: int) -> None:
 @bench.command("analyze")
 @click.option("--events", type=int, default=1_000_000, show_default=True,
               help="Records in the generated trace.")
-def bench_analyze(events: int) -> None:
-    """Time and peak memory of `report` on a generated trace."""
+@click.option("--incremental", is_flag=True,
+              help="Follow the trace through the incremental model (watch) instead.")
+def bench_analyze(events: int, incremental: bool) -> None:
+    """Time and peak memory of `report` (or of following, --incremental) on a generated trace."""
     from mlatrace.bench import analyze_bench
 
-    sys.exit(analyze_bench.main(events=events))
+    sys.exit(analyze_bench.main(events=events, incremental=incremental))
 
 
 @bench.command("splits")

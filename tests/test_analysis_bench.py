@@ -24,3 +24,10 @@ def test_bench_command_prints_its_numbers(capsys):
     analyze_bench.main(events=4000, repeat=1)
     out = capsys.readouterr().out
     assert "report --json, best of 1:" in out and "peak RSS: report" in out
+
+
+def test_incremental_bench_follows_every_record(capsys):
+    analyze_bench.main_incremental(events=4000, repeat=1, idle_s=0.5)
+    out = capsys.readouterr().out
+    assert "follow (tail + incremental model" in out and "idle follow loop:" in out
+    assert "records, 16 findings" in out  # one MLT001 per captured batch size and rank

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from mlatrace.analysis.model import (
@@ -496,6 +497,7 @@ class _ProcessBuilder:
         if md is not stats.last_md:  # a wrapper and its torch graph share one build
             stats.last_md = md
             self._replay_inputs(stats, md)
+        stats.latest_md = md
         smax = md.get("seq_len_max")
         if type(smax) is int and (stats.seq_len_max is None or smax > stats.seq_len_max):
             stats.seq_len_max, stats.seq_len_max_md = smax, md
@@ -546,11 +548,16 @@ class _ProcessBuilder:
             if graph.pid == self.pid:
                 _flush_ptr_run(stats)
                 stats.fold_timed()
-            if graph.pid == self.pid and stats.seq_len_max_md is not None:
+            if graph.pid != self.pid:
+                continue
+            # finish runs again at every snapshot of a trace still being written: resolve
+            # whichever record changed since the last one
+            if stats.seq_len_max_md is not None:
                 stats.seq_len_max_ref = self._ref(stats.seq_len_max_md, "attn.metadata")
-                stats.seq_len_min_max_ref = (self._ref(stats.seq_len_min_max_md, "attn.metadata")
-                                             if stats.seq_len_min_max_md is not None else None)
-                stats.seq_len_max_md = stats.seq_len_min_max_md = None
+                stats.seq_len_max_md = None
+            if stats.seq_len_min_max_md is not None:
+                stats.seq_len_min_max_ref = self._ref(stats.seq_len_min_max_md, "attn.metadata")
+                stats.seq_len_min_max_md = None
         p = self.proc
         p.gaps = _int(getattr(proc_file, "gaps", 0)) or 0
         p.dropped = _int(getattr(proc_file, "dropped", 0)) or 0
@@ -562,31 +569,116 @@ class _ProcessBuilder:
         return p
 
 
+class IncrementalBuilder:
+    """The model of a trace, updated record by record as records arrive.
+
+    `build_model` feeds every file of a finished trace through it in one go; `mlatrace
+    watch` feeds each piece of each file as the tailing reader finds it and takes a
+    `snapshot()` whenever it refreshes. Both go through the same `_ProcessBuilder`
+    handlers, so the model after the last record is the one `report` builds. Files are
+    independent (gids are per process): pieces of different files may interleave.
+    """
+
+    def __init__(self, root: str = "",
+                 extra_handlers: dict[str, Callable[[Any, dict], None]] | None = None) -> None:
+        self.model = TraceModel(root=root)
+        self.problems: list[Problem] = []   # what the builder itself found (bad field types)
+        self._builders: dict[int, tuple[Any, _ProcessBuilder, dict[str, Any]]] = {}
+        self._extra = extra_handlers or {}
+
+    def feed(self, proc_file: Any, records: Iterable[dict]) -> int:
+        """Apply `records` (the next ones of `proc_file`, in file order); returns how many."""
+        entry = self._builders.get(id(proc_file))
+        if entry is None:
+            builder = _ProcessBuilder(self.model, proc_file)
+            header = getattr(proc_file, "header", None)
+            if isinstance(header, dict):
+                builder.header(header)
+            handlers = builder.handlers()
+            for kind, extra in self._extra.items():
+                handlers[kind] = _with_extra(handlers.get(kind), extra, proc_file)
+            entry = self._builders[id(proc_file)] = (proc_file, builder, handlers)
+            self.model.processes.append(builder.proc)
+        _, builder, handlers = entry
+        count = _feed(builder, handlers, records, self.problems)
+        builder.proc.records += count
+        return count
+
+    def builder_of(self, proc_file: Any) -> _ProcessBuilder | None:
+        entry = self._builders.get(id(proc_file))
+        return entry[1] if entry else None
+
+    def snapshot(self, reader_problems: Iterable[Problem] = (),
+                 order: list[Any] | None = None) -> TraceModel:
+        """The model as of the records fed so far, finished as `report` finishes it.
+
+        Cheap (no record is read again): per-process aggregates are closed, roles
+        inferred; `order` (process files) sorts the processes as the batch reader lists them.
+        """
+        for proc_file, builder, _ in self._builders.values():
+            builder.finish(proc_file)
+        if order is not None:
+            rank = {id(f): i for i, f in enumerate(order)}
+            by_proc = {id(b.proc): rank.get(id(f), len(rank))
+                       for f, b, _ in self._builders.values()}
+            self.model.processes.sort(key=lambda p: by_proc.get(id(p), len(rank)))
+        self.model.problems = list(reader_problems) + self.problems
+        return _finish_model(self.model, None, None)
+
+
+def _with_extra(handler: Any, extra: Callable[[Any, dict], None], proc_file: Any) -> Any:
+    def both(rec: dict) -> None:
+        extra(proc_file, rec)
+        if handler is not None:
+            handler(rec)
+    return both
+
+
+def _feed(builder: _ProcessBuilder, handlers: dict[str, Any], records: Iterable[dict],
+          problems: list[Problem]) -> int:
+    """The one loop every record of every trace goes through (batch, parallel and live)."""
+    count = 0
+    get = handlers.get
+    kinds = builder.proc.kinds
+    count_kind = kinds.get
+    for rec in records:
+        count += 1
+        try:
+            kind = rec.get("k")
+            kinds[kind] = count_kind(kind, 0) + 1
+            handler = get(kind)
+            if handler is not None:
+                handler(rec)
+        except (AttributeError, TypeError, ValueError, KeyError) as exc:
+            seq = rec.get("seq") if isinstance(rec, dict) else None
+            problems.append(Problem(builder.file, 0, f"record seq {seq}: field of an "
+                                     f"unexpected type ({type(exc).__name__}); skipped"))
+    return count
+
+
 def build_model(trace: Any, workers: int | None = None) -> TraceModel:
     """Stream every process file of an opened trace (mlatrace.trace API) into a TraceModel.
 
     Process files are independent (gids are per process), so a large trace with several
     processes is split over `workers` processes (default: the CPUs, when it pays off).
     """
-    model = TraceModel(root=str(getattr(trace, "root", "")))
     groups = _pid_groups(trace.processes)
     if workers is None:
         workers = _default_workers(trace.processes, len(groups))
     if workers > 1 and len(groups) > 1:
         parts = _build_parallel(trace, groups, workers)
         if parts is not None:
-            return _finish_model(model, trace, parts)
+            return _finish_model(TraceModel(root=str(getattr(trace, "root", ""))), trace, parts)
+    incremental = IncrementalBuilder(root=str(getattr(trace, "root", "")))
     gc_was_enabled = gc.isenabled()
     gc.disable()  # millions of short-lived dicts, no cycles: collections only cost time
     try:
         for proc_file in trace.processes:
-            model.processes.append(_stream_process(model, proc_file))
+            incremental.feed(proc_file, proc_file.records())
     finally:
         if gc_was_enabled:
             gc.enable()
-    model.problems = list(getattr(trace, "problems", [])) + model.problems
-    return _finish_model(model, trace, None)
-
+    return incremental.snapshot(getattr(trace, "problems", []))
 
 
 def _finish_model(model: TraceModel, trace: Any, parts: list[TraceModel] | None) -> TraceModel:
@@ -613,27 +705,11 @@ def _finish_model(model: TraceModel, trace: Any, parts: list[TraceModel] | None)
     return model
 
 
-
 def _stream_process(model: TraceModel, proc_file: Any) -> ProcessModel:
+    """One whole file into `model` (a parallel worker's unit of work)."""
     builder = _ProcessBuilder(model, proc_file)
     header = getattr(proc_file, "header", None)
     if isinstance(header, dict):
         builder.header(header)
-    handlers = builder.handlers()
-    kinds = builder.proc.kinds
-    count_kind = kinds.get
-    count = 0
-    for rec in proc_file.records():
-        count += 1
-        try:
-            kind = rec.get("k")
-            kinds[kind] = count_kind(kind, 0) + 1
-            handler = handlers.get(kind)
-            if handler is not None:
-                handler(rec)
-        except (AttributeError, TypeError, ValueError, KeyError) as exc:
-            seq = rec.get("seq") if isinstance(rec, dict) else None
-            model.problems.append(Problem(builder.file, 0, f"record seq {seq}: field of an "
-                                           f"unexpected type ({type(exc).__name__}); skipped"))
-    builder.proc.records = count
+    builder.proc.records = _feed(builder, builder.handlers(), proc_file.records(), model.problems)
     return builder.finish(proc_file)

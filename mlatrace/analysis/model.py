@@ -186,6 +186,7 @@ class ReplayStats:
     seq_len_min_max_ref: Ref | None = None
     seq_len_max_md: dict | None = None  # the metadata records behind the two refs (while streaming)
     seq_len_min_max_md: dict | None = None
+    latest_md: dict | None = None     # the metadata before the latest replay (watch shows it)
     seq_len_min_min: int | None = None
     ptrs: dict[str, dict[int, list]] = field(default_factory=dict)  # name -> ptr -> [count, Ref]
     gpu_hist: dict[int, int] = field(default_factory=dict)  # value rounded to 8 bits -> count

@@ -114,8 +114,13 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
         probes: list[str] | None = None, replay_sample: int | None = None,
         launch_sample: int | None = None, graph_nodes: bool = True,
         otlp: str | None = None, sample: int | None = None,
-        no_packs: list[str] | None = None, replay_timing: str | None = None) -> int:
-    """Run `cmd` traced; return its exit code (2 for a usage error, 127 if not found)."""
+        no_packs: list[str] | None = None, replay_timing: str | None = None,
+        watch: bool = False) -> int:
+    """Run `cmd` traced; return its exit code (2 for a usage error, 127 if not found).
+
+    With `watch`, CMD's output goes to `cmd.log` in the trace dir and the watch view
+    (`mlatrace.watch`) follows the trace until CMD exits, then prints the final report.
+    """
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
@@ -167,8 +172,18 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
                     replay_sample=replay_sample, graph_nodes=graph_nodes, otlp=otlp,
                     launch_sample=launch_sample, sample=sample, no_packs=no_packs,
                     replay_timing=replay_timing)
+    output = None
+    if watch:
+        from mlatrace.watch import LOG_NAME
+
+        output = (out_dir / LOG_NAME).open("ab")
     try:
-        child = subprocess.Popen(cmd, env=env, start_new_session=True)
+        if output is None:
+            child = subprocess.Popen(cmd, env=env, start_new_session=True)
+        else:
+            with output:
+                child = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=output,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     except OSError as exc:
         print(f"mlatrace run: cannot start {cmd[0]!r}: {exc.strerror or exc}", file=sys.stderr)
         info.update(end_ns=time.time_ns(), exit_code=127, error=str(exc))
@@ -185,7 +200,10 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
             pass
 
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+    view = None
     try:
+        if watch:
+            view = _watch_child(out_dir, child)
         returncode = child.wait()
     finally:
         for sig, handler in previous.items():
@@ -198,6 +216,11 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
                 forwarded_signals=[signal.Signals(s).name for s in received],
                 process_files=len(files))
     _write_run_json(run_json, info)
+    if view is not None:
+        from mlatrace.watch import print_final
+
+        live, console = view
+        print_final(live, console)
     if returncode < 0:
         ended = f"{cmd[0]} died of {signal.Signals(-returncode).name} (exit code {exit_code})"
     else:
@@ -210,3 +233,14 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
         print(f"mlatrace: {ended}; no Python process ran under it: nothing was traced "
               f"(run.json in {out_dir})", file=sys.stderr)
     return exit_code
+
+
+def _watch_child(out_dir: Path, child: subprocess.Popen) -> tuple | None:
+    """The watch view until `child` exits (Ctrl-C reaches the child through `forward`)."""
+    from mlatrace.report import make_console
+    from mlatrace.watch import LOG_NAME, LiveRun, follow
+
+    console = make_console()
+    live = LiveRun([out_dir])
+    follow(live, console, str(out_dir / LOG_NAME), until=lambda: child.poll() is not None)
+    return live, console

@@ -9,7 +9,8 @@ and the split count the graph froze next to the one the real length would need.
 `--check` compares every step with a float64 eager reference: the frozen one-split graph
 of the legacy policy is still correct, only slow (seed 002 is a performance bug).
 `--bench` prints one JSON line (median step time over the replays; CUDA events on GPU)
-for `mlatrace bench overhead`; `--sync-debug` turns torch's sync debug mode to "error"
+for `mlatrace bench overhead`; `--step-delay S` sleeps S seconds after each step (a
+server that stays up, for `mlatrace watch`); `--sync-debug` turns torch's sync debug mode to "error"
 while steps run, so any device-to-host sync in the step path (probes included) fails.
 """
 
@@ -65,11 +66,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sync-debug", action="store_true",
                         help='torch.cuda.set_sync_debug_mode("error") while steps run (CUDA)')
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--step-delay", type=float, default=0.0,
+                        help="seconds to sleep after each decode step (a long-running server "
+                             "for `mlatrace watch`)")
     args = parser.parse_args(argv)
     if args.policy not in policies.POLICIES and not args.policy.startswith("fixed:"):
         parser.error(f"unknown --policy {args.policy!r}")
     if min(args.ctx, args.steps, args.batch, args.heads, args.layers, args.capture_len) < 1:
         parser.error("--ctx, --steps, --batch, --heads, --layers, --capture-len must be >= 1")
+    if args.step_delay < 0:
+        parser.error("--step-delay must be >= 0")
     if args.ctx - (args.batch - 1) < 1:
         parser.error("--ctx must be at least --batch")
     return args
@@ -184,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
             failures += 0 if ok else 1
             line += f"  check rel err {err:.1e} {'ok' if ok else 'FAIL'}"
         print(line, flush=True)
+        if args.step_delay > 0:
+            time.sleep(args.step_delay)
     print(f"median step {statistics.median(step_ms):.2f} ms over {len(step_ms)} steps")
     if args.check:
         print("check: all steps match the float64 reference" if not failures

@@ -10,7 +10,7 @@ Files are streamed line by line, never loaded whole.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,12 +69,14 @@ class ProcessFile:
     gaps: int = 0
     dropped: int = 0
     records_read: int = 0
+    label: str | None = None  # the name problems and evidence use (default: the file name)
     _header_line_ok: bool = field(default=False, repr=False)
     _header_problem: bool = field(default=False, repr=False)
+    _last_seq: int | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
-        return self.path.name
+        return self.label or self.path.name
 
     @property
     def pid(self) -> int | None:
@@ -94,6 +96,11 @@ class ProcessFile:
         except OSError as exc:
             self._problem(0, f"cannot read: {exc.strerror or exc}")
             return
+        self.accept_header_line(first)
+
+    def accept_header_line(self, first: bytes) -> None:
+        """Take `first` (the file's first line, as read) as the header; the tailing reader
+        calls this once the line is complete."""
         if not first.strip():
             self._problem(1, "empty file (the process wrote nothing before it ended)")
             return
@@ -133,15 +140,25 @@ class ProcessFile:
     def records(self) -> Iterator[dict[str, Any]]:
         """Stream every readable record in file order, the header first when present."""
         self.gaps = self.dropped = self.records_read = 0
-        last_seq: int | None = None
-        decode, errors = _decode_line, _DecodeError
+        self._last_seq = None
         try:
             f = self.path.open("rb")
         except OSError as exc:
             self._problem(0, f"cannot read: {exc.strerror or exc}")
             return
         with f:
-            for lineno, raw in enumerate(f, start=1):
+            yield from self.checked_lines(enumerate(f, start=1))
+
+    def checked_lines(self, lines: Iterable[tuple[int, bytes]]) -> Iterator[dict[str, Any]]:
+        """Decode and check (line number, raw line) pairs: the one path every reader takes.
+
+        Keeps the seq order, gaps and drops across calls, so the tailing reader can hand
+        over each new piece of the file as it arrives.
+        """
+        last_seq = self._last_seq
+        decode, errors = _decode_line, _DecodeError
+        try:
+            for lineno, raw in lines:
                 if lineno == 1 and self._header_line_ok:
                     record = self.header
                 else:
@@ -168,6 +185,8 @@ class ProcessFile:
                     self.end = record
                 self.records_read += 1
                 yield record
+        finally:
+            self._last_seq = last_seq
 
 
 @dataclass

@@ -1,0 +1,285 @@
+"""What `mlatrace watch` knows about a run while it is written: tail, model, findings.
+
+`LiveRun` joins the stages of the data's path for a trace still growing: the tailing
+reader (`mlatrace.trace.tail`) hands each file's new records to the incremental model
+(`mlatrace.analysis.builder.IncrementalBuilder`, the builder `report` uses), and each
+refresh runs the rules on a snapshot of that model (cheap: the model holds aggregates,
+never records). The finding log remembers when each finding first appeared and marks
+it resolved when later evidence contradicts it: the rules no longer report it (e.g. the
+split-deciding call turned out to run eagerly between graph segments), or its graph's
+batch descriptor was captured again later and the new capture shows no such finding.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import socket
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlatrace.analysis import Analysis, Config, Finding, analyze_model
+from mlatrace.analysis.builder import IncrementalBuilder
+from mlatrace.analysis.model import GraphModel, TraceModel
+from mlatrace.trace import ProcessFile
+from mlatrace.trace.tail import TailReader
+
+RATE_WINDOW_S = 5.0
+
+
+def newest_run(path: str | Path) -> list[Path]:
+    """The directories of the run to follow under `path` (the one place this is decided).
+
+    `path` itself when it is a run (run.json or p*.jsonl in it); otherwise the newest run
+    among its subdirectories, newest by run.json's start (else the directory's mtime).
+    Empty when there is none. A run that spans several directories (one per host) lives
+    in one directory with per-host subdirectories, which the tailing reader follows.
+    """
+    root = Path(path)
+    if _is_run(root):
+        return [root]
+    try:
+        candidates = [d for d in root.iterdir() if d.is_dir() and _is_run(d)]
+    except OSError:
+        return []
+    if not candidates:
+        return []
+    return [max(candidates, key=_run_started)]
+
+
+def _is_run(path: Path) -> bool:
+    if (path / "run.json").is_file():
+        return True
+    try:
+        return any(e.name.startswith("p") and e.name.endswith(".jsonl") for e in os.scandir(path))
+    except OSError:
+        return False
+
+
+def _run_started(path: Path) -> tuple[int, str]:
+    import json
+
+    try:
+        start = json.loads((path / "run.json").read_text()).get("start_ns")
+        if isinstance(start, int):
+            return start, path.name
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        return path.stat().st_mtime_ns, path.name
+    except OSError:
+        return 0, path.name
+
+
+def finding_key(f: Finding) -> tuple:
+    """A finding's identity while its numbers (replay counts, lengths) keep growing."""
+    d = f.details
+    return (f.id, f.pid, f.gid, d.get("captured_gid"), str(d.get("key")), str(d.get("op")),
+            str(d.get("buffer")), str(d.get("value")), d.get("capturing"))
+
+
+@dataclass
+class LoggedFinding:
+    """A finding as the watch saw it: when it appeared, whether it still holds."""
+
+    finding: Finding
+    first_seen: float               # wall clock (time.time()) of the refresh that found it
+    resolved_at: float | None = None
+    resolved_why: str | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.resolved_at is None
+
+
+@dataclass
+class ProcessState:
+    proc: ProcessFile
+    state: str          # running, ended (reason), gone (no process.end)
+    ended: bool
+
+
+@dataclass
+class LiveRun:
+    """A run followed live: feed with `poll()`, look with `refresh()`, end with `close()`."""
+
+    roots: list[Path]
+    config: Config = field(default_factory=Config)
+    clock: Any = time.time
+    tail: TailReader = field(init=False)
+    builder: IncrementalBuilder = field(init=False)
+    analysis: Analysis | None = field(default=None, init=False)
+    log: dict[tuple, LoggedFinding] = field(default_factory=dict, init=False)
+    probe_errors: list[tuple[str, dict]] = field(default_factory=list, init=False)
+    records: int = field(default=0, init=False)
+    started: float = field(init=False)
+    closed: bool = field(default=False, init=False)
+    _counts: deque = field(default_factory=deque, init=False)
+    _analysed_records: int = field(default=-1, init=False)
+    _analysed_problems: int = field(default=-1, init=False)
+
+    def __post_init__(self) -> None:
+        self.tail = TailReader(self.roots)
+        self.builder = IncrementalBuilder(root=str(self.roots[0]),
+                                          extra_handlers={"probe.error": self._probe_error})
+        self.started = self.clock()
+
+    def _probe_error(self, proc_file: Any, rec: dict) -> None:
+        if len(self.probe_errors) < 100:
+            self.probe_errors.append((proc_file.name, rec))
+
+    # -- feeding -----------------------------------------------------------------
+    def poll(self) -> int:
+        """Read what was appended since the last poll into the model; returns how many records."""
+        added = 0
+        gc_was_enabled = gc.isenabled()
+        gc.disable()  # a backlog is many short-lived dicts without cycles (as build_model)
+        try:
+            for proc, records in self.tail.poll():
+                added += self.builder.feed(proc, records)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+        self.records += added
+        return added
+
+    def close(self) -> Analysis:
+        """The run is over: read the rest (truncated last lines included) and refresh."""
+        if not self.closed:
+            for proc, records in self.tail.close():
+                self.records += self.builder.feed(proc, records)
+            self.closed = True
+            self._analysed_records = -1  # files without records are in the model now
+        return self.refresh()
+
+    # -- looking -----------------------------------------------------------------
+    def refresh(self) -> Analysis:
+        """Rules on the current model; updates the finding log and the replay-rate window.
+
+        Nothing read since the last refresh: the analysis is kept (an idle trace costs no
+        rule evaluation), only the rate window moves on.
+        """
+        now = self.clock()
+        if self.analysis is not None and self.records == self._analysed_records \
+                and len(self.tail.problems) == self._analysed_problems:
+            self._count_replays(now, self.analysis.model)
+            return self.analysis
+        self._analysed_records, self._analysed_problems = self.records, len(self.tail.problems)
+        model = self.builder.snapshot(self.tail.problems, self.tail.processes())
+        self.analysis = analyze_model(model, self.config)
+        current = {finding_key(f): f for f in self.analysis.findings}
+        for key, finding in current.items():
+            logged = self.log.get(key)
+            if logged is None:
+                self.log[key] = LoggedFinding(finding, now)
+            else:
+                logged.finding = finding
+                logged.resolved_at = logged.resolved_why = None
+        for key, logged in self.log.items():
+            if key not in current and logged.active:
+                logged.resolved_at, logged.resolved_why = now, "no longer holds on later records"
+        for key, finding in current.items():
+            newer = recaptured(model, finding)
+            if newer is not None and not any(
+                    f.id == finding.id and f.pid == finding.pid and f.gid in newer[1]
+                    for f in current.values()):
+                logged = self.log[key]
+                logged.resolved_at = logged.resolved_at or now
+                logged.resolved_why = f"captured again as gid {newer[0].gid}, without it"
+        self._count_replays(now, model)
+        return self.analysis
+
+    def _count_replays(self, now: float, model: TraceModel) -> None:
+        self._counts.append((now, {g_key(g): g.replays.count for g in model.graphs.values()}))
+        while len(self._counts) > 2 and now - self._counts[1][0] >= RATE_WINDOW_S:
+            self._counts.popleft()
+
+    @property
+    def model(self) -> TraceModel:
+        assert self.analysis is not None, "refresh() first"
+        return self.analysis.model
+
+    def findings(self) -> list[LoggedFinding]:
+        """Every finding seen, active first, in the order they appeared."""
+        return sorted(self.log.values(), key=lambda lf: (not lf.active, lf.first_seen))
+
+    def replay_rate(self, graph: GraphModel) -> float | None:
+        """Replays per second of `graph` over the last few seconds (None before two refreshes)."""
+        if len(self._counts) < 2:
+            return None
+        (t0, old), (t1, new) = self._counts[0], self._counts[-1]
+        if t1 <= t0:
+            return None
+        key = g_key(graph)
+        return (new.get(key, 0) - old.get(key, 0)) / (t1 - t0)
+
+    def run_json(self) -> dict[str, Any] | None:
+        return self.tail.run
+
+    def processes(self) -> list[ProcessState]:
+        """Each process file with its state: running, ended, or gone without process.end."""
+        run_over = self.run_over_by_launcher()
+        here = socket.gethostname()
+        out = []
+        for proc in self.tail.processes():
+            end = proc.end
+            if end is not None:
+                out.append(ProcessState(proc, f"ended ({end.get('reason', '?')})", True))
+                continue
+            header = proc.header or {}
+            pid = header.get("pid")
+            gone = run_over or (header.get("host") == here and isinstance(pid, int)
+                                and not _alive(pid))
+            out.append(ProcessState(proc, "gone (no process.end)" if gone else "running", gone))
+        return out
+
+    def run_over_by_launcher(self) -> bool:
+        run = self.tail.run
+        return bool(run and run.get("end_ns"))
+
+    def finished(self) -> bool:
+        """Every process of the run has ended: the launcher wrote its end in run.json (it
+        does so once the command and its stragglers exited), or, with no launcher, every
+        process file holds its process.end."""
+        if self.tail.run is not None:
+            return self.run_over_by_launcher()
+        procs = self.tail.processes()
+        return bool(procs) and all(p.end is not None for p in procs)
+
+
+def g_key(graph: GraphModel) -> tuple:
+    return graph.pid, graph.gid
+
+
+def recaptured(model: TraceModel, finding: Finding) -> tuple[GraphModel, set[int]] | None:
+    """A later capture of the finding's batch descriptor in the same process, if any:
+    (its root graph, the gids of its subtree)."""
+    gid = finding.details.get("captured_gid", finding.gid)
+    graph = model.graph(finding.pid, gid if isinstance(gid, int) else None)
+    if graph is None:
+        return None
+    root = model.ancestors(graph)[-1]
+    key = model.effective_key(root)
+    if key is None or root.begin is None:
+        return None
+    later = [g for g in model.graphs.values()
+             if g.pid == root.pid and g is not root and model.graph(g.pid, g.parent) is None
+             and g.begin is not None and g.begin.seq > root.begin.seq
+             and model.effective_key(g) == key and g.end is not None]
+    if not later:
+        return None
+    newest = max(later, key=lambda g: g.begin.seq)
+    return newest, {g.gid for g in model.subtree(newest)}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
