@@ -65,10 +65,12 @@ def _finding_text(f: Finding) -> str:
     return "\n".join(lines)
 
 
-def main(trace: str, fail_on: str | None = "error", rules: list[str] | None = None,
-         config: str | None = None, junit: str | None = None) -> int:
-    """Analyse TRACE and return 0 (clean), 1 (findings at/above fail_on) or 2 (unusable)."""
+def main(trace: str | list[str], fail_on: str | None = "error", rules: list[str] | None = None,
+         config: str | None = None, junit: str | None = None, run_id: str | None = None) -> int:
+    """Analyse TRACE (one or several paths: one run) and return 0 (clean), 1 (findings
+    at/above fail_on) or 2 (unusable)."""
     err = make_console(stderr=True)
+    paths, trace = trace, trace if isinstance(trace, str) else " ".join(trace)
     try:
         cfg = resolve_config(config, trace)
     except ConfigError as exc:
@@ -85,7 +87,7 @@ def main(trace: str, fail_on: str | None = "error", rules: list[str] | None = No
                   f"(known: {', '.join(RULES)})")
         return 2
     try:
-        _trace, result = load(trace, cfg, selected or None)
+        _trace, result = load(paths, cfg, selected or None, run_id=run_id)
     except Unusable as exc:
         err.print(f"[red]error:[/] {exc}")
         return 2

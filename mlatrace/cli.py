@@ -32,29 +32,42 @@ def main() -> None:
 @click.option("--graph-nodes/--no-graph-nodes", default=True,
               help="Dump each captured graph's kernel nodes (capture-time cost only).")
 @click.option("--otlp", default=None, help="Also export spans live to this OTLP/HTTP endpoint.")
+@click.option("--run-id", "run_id", default=None,
+              help="Join a run traced on several hosts: give every host's `mlatrace run` the "
+                   "same id (default: a new one; the default --out is then "
+                   "./mlatrace-trace/<run-id>/<host>).")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(out: str | None, ranks: str | None, probes: tuple[str, ...], replay_sample: int | None,
-        launch_sample: int | None, graph_nodes: bool, otlp: str | None,
+        launch_sample: int | None, graph_nodes: bool, otlp: str | None, run_id: str | None,
         cmd: tuple[str, ...]) -> None:
     """Run CMD with probes in every Python process it starts: mlatrace run -- CMD..."""
     from mlatrace.inject import launcher
 
     sys.exit(launcher.run(list(cmd), out=out, ranks=ranks, probes=list(probes),
                           replay_sample=replay_sample, launch_sample=launch_sample,
-                          graph_nodes=graph_nodes, otlp=otlp))
+                          graph_nodes=graph_nodes, otlp=otlp, run_id=run_id))
 
 
 @main.command()
-@click.argument("trace", type=click.Path())
+@click.argument("trace", nargs=-1, required=True, type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (stable schema).")
 @click.option("-v", "--verbose", is_flag=True, help="Show the evidence of each finding.")
 @click.option("--config", type=click.Path(exists=True, dir_okay=False), default=None,
               help="mlatrace.toml or pyproject.toml with [tool.mlatrace].")
-def report(trace: str, as_json: bool, verbose: bool, config: str | None) -> None:
-    """Summarise a trace: processes, graphs, frozen topology, replays, findings."""
+@click.option("--run", "run_id", default=None,
+              help="Of several runs under TRACE, this run_id (default: the newest).")
+@click.option("--list", "list_runs", is_flag=True,
+              help="List the runs under TRACE (run_id, start, argv, hosts, processes).")
+def report(trace: tuple[str, ...], as_json: bool, verbose: bool, config: str | None,
+           run_id: str | None, list_runs: bool) -> None:
+    """Summarise a run: processes, graphs, frozen topology, replays, findings.
+
+    TRACE: a trace directory, several (one per host), or a parent holding them;
+    directories sharing a run_id are one run."""
     from mlatrace import report as report_mod
 
-    sys.exit(report_mod.main(trace, as_json=as_json, verbose=verbose, config=config))
+    sys.exit(report_mod.main(list(trace), as_json=as_json, verbose=verbose, config=config,
+                             run_id=run_id, list_runs=list_runs))
 
 
 @main.command()
@@ -69,18 +82,36 @@ def diff(a: str, b: str, as_json: bool) -> None:
 
 
 @main.command()
-@click.argument("trace", type=click.Path())
+@click.argument("trace", nargs=-1, required=True, type=click.Path())
 @click.option("--fail-on", type=click.Choice(["error", "warning"]), default=None,
               help="Lowest severity that fails (default: the config's fail_on, else error).")
 @click.option("--rule", "rules", multiple=True, help="Only these rule ids (repeatable).")
 @click.option("--config", type=click.Path(exists=True, dir_okay=False), default=None)
 @click.option("--junit", type=click.Path(dir_okay=False), default=None, help="Write JUnit XML here.")
-def check(trace: str, fail_on: str | None, rules: tuple[str, ...], config: str | None,
-          junit: str | None) -> None:
-    """CI verdict: exit 0 clean, 1 findings at/above --fail-on, 2 unreadable trace."""
+@click.option("--run", "run_id", default=None,
+              help="Of several runs under TRACE, this run_id (default: the newest).")
+def check(trace: tuple[str, ...], fail_on: str | None, rules: tuple[str, ...],
+          config: str | None, junit: str | None, run_id: str | None) -> None:
+    """CI verdict: exit 0 clean, 1 findings at/above --fail-on, 2 unreadable trace.
+
+    TRACE: as for report (several directories of one run, or a parent)."""
     from mlatrace import check as check_mod
 
-    sys.exit(check_mod.main(trace, fail_on=fail_on, rules=list(rules), config=config, junit=junit))
+    sys.exit(check_mod.main(list(trace), fail_on=fail_on, rules=list(rules), config=config,
+                            junit=junit, run_id=run_id))
+
+
+@main.command()
+@click.argument("dirs", nargs=-1, required=True, type=click.Path())
+@click.option("-o", "--out", "out", required=True, type=click.Path(file_okay=False),
+              help="The directory to write (must not exist or be empty).")
+@click.option("--run", "run_id", default=None,
+              help="Of several runs under DIRS, this run_id (default: the newest).")
+def merge(dirs: tuple[str, ...], out: str, run_id: str | None) -> None:
+    """Copy one run's trace directories (one per host) into one directory, for archiving."""
+    from mlatrace.trace import merge as merge_mod
+
+    sys.exit(merge_mod.main(list(dirs), out, run_id=run_id))
 
 
 @main.command()

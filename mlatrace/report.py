@@ -52,22 +52,43 @@ class Unusable(Exception):
     """The trace cannot be opened or has no readable record at all (exit 2)."""
 
 
-def load(trace_path: str, config: Config | None = None,
-         rules: list[str] | None = None) -> tuple[Any, Analysis]:
-    """Open and analyse a trace; Unusable when nothing in it can be used."""
-    from mlatrace.trace import TraceError, open_trace
+def load(trace_path: str | list[str], config: Config | None = None,
+         rules: list[str] | None = None, run_id: str | None = None) -> tuple[Any, Analysis]:
+    """Open and analyse the run at `trace_path` (one or several paths, see
+    `mlatrace.trace.open_run`); Unusable when nothing in it can be used. Which run was
+    opened, when a parent holds several, is said on stderr."""
+    from mlatrace.trace import TraceError, open_run
 
+    paths = [trace_path] if isinstance(trace_path, str) else list(trace_path)
+    shown = " ".join(paths)
     try:
-        trace = open_trace(trace_path)
+        trace, _run, note = open_run(paths, run_id)
     except TraceError as exc:
         raise Unusable(str(exc)) from exc
     except OSError as exc:
-        raise Unusable(f"{trace_path}: {exc.strerror or exc}") from exc
+        raise Unusable(f"{shown}: {exc.strerror or exc}") from exc
+    if note:
+        sys.stderr.write(f"note: {note}\n")
     result = analyze(trace, config, rules)
     if not any(p.records for p in result.model.processes):
         reasons = "; ".join(str(p) for p in trace.problems[:5])
-        raise Unusable(f"{trace_path}: no usable records" + (f" ({reasons})" if reasons else ""))
+        raise Unusable(f"{shown}: no usable records" + (f" ({reasons})" if reasons else ""))
     return trace, result
+
+
+def rank_coverage(model: Any, trace: Any = None) -> dict[str, Any] | None:
+    """World size against the ranks traced, pooled over every host of the run; None when
+    no process names a world size. Ranks left out with --ranks are not missing."""
+    worlds = [p.world_size for p in model.processes if isinstance(p.world_size, int)]
+    if not worlds:
+        return None
+    world = max(worlds)
+    seen = sorted({p.rank for p in model.processes if isinstance(p.rank, int)})
+    kept_lists = [p.header.get("ranks_kept") for p in getattr(trace, "processes", [])
+                  if p.header and isinstance(p.header.get("ranks_kept"), list)]
+    kept = {r for ks in kept_lists for r in ks} if kept_lists else None
+    missing = [r for r in range(world) if r not in seen and (kept is None or r in kept)]
+    return {"world_size": world, "ranks": seen, "missing": missing}
 
 
 def resolve_config(config_path: str | None, trace_path: str | None = None) -> Config:
@@ -336,20 +357,58 @@ def make_console(stderr: bool = False) -> Any:
     return Console(file=stream, width=width, highlight=False)
 
 
-def main(trace: str, as_json: bool = False, verbose: bool = False,
-         config: str | None = None) -> int:
-    """Print the report of TRACE; 0 when made, 2 when the trace (or config) is unusable."""
+def main(trace: str | list[str], as_json: bool = False, verbose: bool = False,
+         config: str | None = None, run_id: str | None = None, list_runs: bool = False) -> int:
+    """Print the report of TRACE (one or several paths: one run); 0 when made, 2 when the
+    trace (or config) is unusable. `list_runs`: the runs under the paths instead."""
     err = make_console(stderr=True)
+    if list_runs:
+        return print_runs(trace, as_json)
     try:
         cfg = resolve_config(config, trace)
-        _trace, result = load(trace, cfg)
+        opened, result = load(trace, cfg, run_id=run_id)
     except (Unusable, ConfigError) as exc:
         err.print(f"[red]error:[/] {exc}", highlight=False)
         return 2
-    data = report_dict(trace, result)
+    shown = trace if isinstance(trace, str) else " ".join(trace)
+    data = report_dict(shown, result)
+    coverage = rank_coverage(result.model, opened)
     if as_json:
         print_warnings(err, result.problems)
         sys.stdout.write(json.dumps(data, indent=1, default=str) + "\n")
         return 0
     render(make_console(), data, result.problems, verbose)
+    if coverage and coverage["missing"]:
+        make_console().print(
+            f"[yellow]ranks:[/] {len(coverage['ranks'])} of world size {coverage['world_size']} "
+            f"traced; missing rank(s) {_fmt(coverage['missing'])} (not traced on any host)",
+            highlight=False)
+    return 0
+
+
+def print_runs(paths: str | list[str], as_json: bool = False) -> int:
+    """`report --list`: one line per run under the paths (run_id, start, argv, hosts, processes)."""
+    from mlatrace.trace import TraceError, find_runs
+    from mlatrace.trace.runs import describe_start
+
+    try:
+        runs = find_runs([paths] if isinstance(paths, str) else paths)
+    except TraceError as exc:
+        make_console(stderr=True).print(f"[red]error:[/] {exc}", highlight=False)
+        return 2
+    if as_json:
+        sys.stdout.write(json.dumps({"schema": "mlatrace.runs/1",
+                                     "runs": [r.to_dict() for r in runs]}, indent=1) + "\n")
+        return 0
+    from rich.table import Table
+
+    table = Table(title=f"{len(runs)} run(s), oldest first", title_justify="left",
+                  show_edge=False)
+    for col in ("run_id", "start", "argv", "hosts", "processes", "directories"):
+        table.add_column(col, overflow="fold")
+    for r in runs:
+        table.add_row(str(r.run_id), describe_start(r.start_ns), " ".join(r.argv)[:60],
+                      ",".join(r.hosts) or "-", str(r.processes),
+                      ", ".join(str(d) for d in r.dirs))
+    make_console().print(table)
     return 0

@@ -577,12 +577,34 @@ def stop(reason: str = "exit") -> None:
         recorder.close(reason)
 
 
+def host_out_dir(out: str, run_id: str | None = None) -> str:
+    """This host's trace directory: `out` on the launcher's host (MLATRACE_HOST), `out/<host>`
+    on any other (a Ray worker on another node writes there, on its own disk). Where that
+    cannot be made, `$TMPDIR/mlatrace-trace/<run_id>/<host>`, said once on stderr."""
+    host = socket.gethostname()
+    launcher_host = os.environ.get("MLATRACE_HOST")
+    if launcher_host and launcher_host != host:
+        out = os.path.join(out, host)
+    try:
+        os.makedirs(out, exist_ok=True)
+        if os.access(out, os.W_OK):
+            return out
+    except OSError:
+        pass
+    fallback = os.path.join(os.environ.get("TMPDIR") or "/tmp", "mlatrace-trace",
+                            run_id or "no-run-id", host)
+    sys.stderr.write(f"mlatrace: cannot write {out} on {host}; pid {os.getpid()} traces "
+                     f"into {fallback}\n")
+    return fallback
+
+
 def start_from_env() -> Recorder | None:
     """Start recording as configured by MLATRACE_* (the bootstrap of every traced process)."""
     config = settings()
     if config["disabled"] or not config["out"]:
         return None
-    recorder = start(config["out"], run_id=config["run_id"], ranks=config["ranks"],
+    out = host_out_dir(config["out"], config["run_id"])
+    recorder = start(out, run_id=config["run_id"], ranks=config["ranks"],
                      replay_sample=config["replay_sample"], hold_header=True)
     global _hooks_registered
     if not _hooks_registered:

@@ -69,12 +69,15 @@ class ProcessFile:
     gaps: int = 0
     dropped: int = 0
     records_read: int = 0
+    label: str | None = None         # the name shown for it: its path from the run's root
     _header_line_ok: bool = field(default=False, repr=False)
     _header_problem: bool = field(default=False, repr=False)
 
     @property
     def name(self) -> str:
-        return self.path.name
+        """How problems and evidence name this file: `p<pid>.jsonl`, or `<host dir>/p<pid>.jsonl`
+        when the run spans several trace directories."""
+        return self.label or self.path.name
 
     @property
     def pid(self) -> int | None:
@@ -178,6 +181,10 @@ class Trace:
     run: dict[str, Any] | None
     processes: list[ProcessFile]
     problems: list[Problem]
+    # A run read from several directories (one per host): the directories, and every
+    # directory's run.json (the launcher of each host that ran `mlatrace run`).
+    dirs: list[Path] = field(default_factory=list)
+    runs: list[dict[str, Any]] = field(default_factory=list)
 
     def records(self) -> Iterator[tuple[ProcessFile, dict[str, Any]]]:
         """Every record of every process, file by file."""
@@ -221,7 +228,10 @@ def open_trace(path: str | Path) -> Trace:
         proc = ProcessFile(file, problems)
         proc.read_header()
         processes.append(proc)
-    return Trace(root, run, processes, problems)
+    return Trace(root, run, processes, problems, dirs=[root], runs=[run] if run else [])
 
 
-__all__ = ["Problem", "ProcessFile", "Trace", "TraceError", "check_schema", "open_trace"]
+from mlatrace.trace.runs import RunInfo, find_runs, open_run  # noqa: E402  (uses the above)
+
+__all__ = ["Problem", "ProcessFile", "RunInfo", "Trace", "TraceError", "check_schema",
+           "find_runs", "open_run", "open_trace"]
