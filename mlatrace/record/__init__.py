@@ -212,6 +212,7 @@ class Recorder:
         replay_sample: int | None = None,
         max_pending: int = MAX_PENDING,
         flush_interval: float = FLUSH_INTERVAL_S,
+        lazy_file: bool = False,
     ) -> None:
         self.out_dir = out_dir
         self.run_id = run_id
@@ -244,7 +245,13 @@ class Recorder:
         self.wall_ns = time.time_ns()
         self.t0 = time.perf_counter_ns()
         os.makedirs(out_dir, exist_ok=True)
-        self.path, self._fd = self._open_unique_file()
+        # lazy_file (a forked child): the file is made at the first write, so a child that
+        # execs a program at once (subprocess with preexec_fn: Ray's raylet, GCS) leaves none.
+        self.path: str | None = None
+        self._fd: int | None = None
+        self._file_pending = lazy_file
+        if not lazy_file:
+            self.path, self._fd = self._open_unique_file()
         self._thread = threading.Thread(target=self._flush_loop, name="mlatrace-flush", daemon=True)
         self._thread.start()
 
@@ -307,7 +314,10 @@ class Recorder:
 
     def _flush_locked(self) -> None:
         if self._fd is None:
-            return
+            if not self._file_pending:
+                return
+            self._file_pending = False
+            self.path, self._fd = self._open_unique_file()
         if not self._header_written:
             self._write_lines([self.header()])
             self._header_written = True
@@ -372,6 +382,7 @@ class Recorder:
     def abandon(self) -> None:
         """Forget this recorder in a forked child: the parent owns the file and thread."""
         self._closed = True
+        self._file_pending = False
         fd, self._fd = self._fd, None
         if fd is not None:
             try:
@@ -622,6 +633,7 @@ def _restart_in_forked_child() -> None:
         return
     parent.abandon()
     _recorder = Recorder(parent.out_dir, run_id=parent.run_id, ppid=parent.pid,
-                         ranks=parent.ranks, replay_sample=parent.replay_sample)
+                         ranks=parent.ranks, replay_sample=parent.replay_sample,
+                         lazy_file=True)
     _recorder.probes = list(parent.probes)
     _recorder.started()
