@@ -97,7 +97,7 @@ def trace_dirs(path: str | Path) -> list[Path]:
         return [root]
     found = []
     base_depth = len(root.parts)
-    for here, subdirs, files in os.walk(root):
+    for here, subdirs, files in os.walk(root, followlinks=True):  # depth-bounded
         if any(f == "run.json" or (f.startswith("p") and f.endswith(".jsonl")) for f in files):
             found.append(Path(here))
         subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
