@@ -2,9 +2,10 @@
 one run by report, check and diff; `merge` writes one directory that reads the same;
 a world size with a rank that no host traced is named by the report.
 
-The hosts are real: each `mlatrace run` runs in its own UTS namespace (`unshare -u`,
-root only) with its own host name, so the headers carry different hosts. Without
-unshare the directories still differ and share the run id, on this machine's name.
+The hosts are real: each `mlatrace run` runs in its own UTS and pid namespaces
+(`unshare -upf`, root only), as in containers: its own host name, and pids that start
+at 1 on every host, so they clash across hosts as they do in pods. Without unshare the
+directories still differ and share the run id, on this machine's name and pids.
 """
 
 from __future__ import annotations
@@ -23,9 +24,12 @@ SERVE = ["-m", "mlatrace.reference.serve", "--device", "cpu", "--steps", "3", "-
          "--layers", "2", "--graph", "full"]
 
 
+UNSHARE_ARGV = ["unshare", "-u", "-p", "-f", "--mount-proc"]
+
+
 def _unshare_works() -> bool:
     try:
-        return subprocess.run(["unshare", "-u", "sh", "-c", "hostname mlt-probe-host"],
+        return subprocess.run([*UNSHARE_ARGV, "sh", "-c", "hostname mlt-probe-host"],
                               capture_output=True, timeout=10).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
@@ -38,7 +42,7 @@ def run_on_host(host: str, out: Path, run_id: str, cmd: list[str], env: dict) ->
     """`mlatrace run --run-id` as host `host`; returns the host name the headers carry."""
     traced = [*MLATRACE, "run", "--run-id", run_id, "--out", str(out), "--", *cmd]
     if UNSHARE:
-        traced = ["unshare", "-u", "sh", "-c", f'hostname {host} && exec "$@"', "sh", *traced]
+        traced = [*UNSHARE_ARGV, "sh", "-c", f'hostname {host} && exec "$@"', "sh", *traced]
     done = subprocess.run(traced, env=dict(os.environ, **env), capture_output=True, text=True,
                           timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -84,10 +88,17 @@ def test_host_dirs_of_one_run_read_as_one(two_hosts) -> None:
         assert all(f.startswith(("mlt-node-a/", "mlt-node-b/")) for f in files), files
         # lineage per host: each host's root process is its own root
         assert sum(p["root"] for p in data["processes"]) == 2
+        if UNSHARE:  # pids clash across the two hosts: the second host's are aliased
+            real = {p["file"].split("/")[0]: p for p in data["processes"] if p["root"]}
+            assert real["mlt-node-b"]["pid"] == 10_000_000 + real["mlt-node-a"]["pid"]
+            assert any("mlt-node-b has pids another host has too" in p["reason"]
+                       for p in data["problems"])
     if UNSHARE:
         headers = [json.loads(f.read_text().splitlines()[0]) for f in root.glob("*/p*.jsonl")]
         assert {h["host"] for h in headers} == set(hosts) == {"mlt-node-a", "mlt-node-b"}
         assert {h["run_id"] for h in headers} == {"run-two-hosts"}
+        pids = {h["host"]: h["pid"] for h in headers if h["ppid"] == 1}  # the launcher is pid 1
+        assert pids["mlt-node-a"] == pids["mlt-node-b"]
 
     check = cli("check", root)
     assert check.returncode == 1
@@ -176,3 +187,20 @@ def test_missing_rank_is_named(three_of_four: Path) -> None:
                    "trust branch (issue 15); remove this mark when both are merged")
 def test_missing_rank_makes_check_blind(three_of_four: Path) -> None:
     assert cli("check", three_of_four).returncode == 3
+
+
+def test_perfetto_of_two_hosts_says_the_clocks_are_not_shared(two_hosts, tmp_path: Path) -> None:
+    root, hosts = two_hosts
+    out = tmp_path / "timeline.json"
+    done = cli("export", root, "--perfetto", out)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(out.read_text())
+    assert doc["otherData"]["hosts"] == sorted(set(hosts))
+    names = [e["args"]["name"] for e in doc["traceEvents"] if e.get("name") == "process_name"]
+    assert {e["args"]["name"].split(" · ")[0] for e in doc["traceEvents"]
+            if e.get("name") == "process_name"} >= ({"mlt-node-a", "mlt-node-b"} if UNSHARE
+                                                     else set()), names
+    if UNSHARE:
+        assert "not align" in doc["otherData"]["clock"]
+    assert len({e["pid"] for e in doc["traceEvents"] if e.get("name") == "process_name"}) == \
+        len(names)  # one track per process, even where two hosts share a pid

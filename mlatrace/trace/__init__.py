@@ -70,6 +70,8 @@ class ProcessFile:
     dropped: int = 0
     records_read: int = 0
     label: str | None = None         # the name shown for it: its path from the run's root
+    # fields that replace the header's (pids of a host whose pids another host has too)
+    header_overrides: dict[str, Any] | None = None
     _header_line_ok: bool = field(default=False, repr=False)
     _header_problem: bool = field(default=False, repr=False)
 
@@ -83,6 +85,8 @@ class ProcessFile:
     def pid(self) -> int | None:
         if self.header and isinstance(self.header.get("pid"), int):
             return self.header["pid"]
+        if self.header_overrides and isinstance(self.header_overrides.get("pid"), int):
+            return self.header_overrides["pid"]
         stem = self.path.name.split(".", 1)[0]
         return int(stem[1:]) if stem[1:].isdigit() else None
 
@@ -110,6 +114,8 @@ class ProcessFile:
         reason = check_schema(record.get("schema"))
         if reason:
             self._problem(1, reason)
+        if self.header_overrides:
+            record.update(self.header_overrides)
         self.header = record
         self._header_line_ok = True
 

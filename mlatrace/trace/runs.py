@@ -92,7 +92,7 @@ def trace_dirs(path: str | Path) -> list[Path]:
     """`path` and the directories below it (MAX_DEPTH levels) that hold a trace."""
     root = Path(path)
     if not root.exists():
-        raise TraceError(f"{root}: no such file or directory")
+        raise TraceError(f"{root}: not a trace directory (no such file or directory)")
     if root.is_file():
         return [root]
     found = []
@@ -179,20 +179,42 @@ def combine(run: RunInfo) -> Trace:
                  dirs=[t.root for t in run.traces], runs=[t.run for t in run.traces if t.run])
 
 
+PID_HOST_STRIDE = 10_000_000  # above Linux's largest pid (2**22): host N's pid p is N*stride+p
+
+
 def _pid_clashes(processes: list[ProcessFile], problems: list[Problem]) -> None:
-    """The same pid on two hosts: say so (the analysis keys processes by pid)."""
-    by_pid: dict[int, ProcessFile] = {}
+    """Give processes of a host whose pids another host also has (containers: every pod
+    starts at pid 1) pids of their own: host N's pid p (and ppid) read as N*10,000,000 + p,
+    the real pid kept in the header's `host_pid`. The analysis, the report and the
+    exports key processes by pid; lineage stays within each host."""
+    by_host: dict[str, list[ProcessFile]] = {}
     for proc in processes:
-        pid = proc.pid
-        if pid is None:
-            continue
-        host = (proc.header or {}).get("host")
-        other = by_pid.setdefault(pid, proc)
-        if other is not proc and (other.header or {}).get("host") != host:
-            problems.append(Problem(proc.name, 1, f"pid {pid} is also {other.name} (host "
-                                    f"{(other.header or {}).get('host')}): graphs of the two "
-                                    "may be counted as one process's; report each host's "
-                                    "directory on its own to separate them"))
+        if proc.header is not None and isinstance(proc.header.get("pid"), int):
+            by_host.setdefault(str(proc.header.get("host")), []).append(proc)
+    taken: set[int] = set()
+    for index, host in enumerate(sorted(by_host)):
+        procs = by_host[host]
+        pids = {p.header["pid"] for p in procs}
+        if pids & taken:
+            for proc in procs:
+                proc.header_overrides = alias_pids(proc.header, index)
+                proc.header.update(proc.header_overrides)
+            problems.append(Problem(procs[0].name.rsplit("/", 1)[0] if "/" in procs[0].name
+                                    else procs[0].name, 0,
+                                    f"host {host} has pids another host has too: its pids "
+                                    f"read as {index}*{PID_HOST_STRIDE:,} + pid (the real "
+                                    "pid is the header's host_pid)"))
+            pids = {p.header["pid"] for p in procs}
+        taken |= pids
+
+
+def alias_pids(header: dict[str, Any], index: int) -> dict[str, Any]:
+    """The header fields that give host number `index` its own pids."""
+    out: dict[str, Any] = {"host_pid": header["pid"],
+                           "pid": index * PID_HOST_STRIDE + header["pid"]}
+    if isinstance(header.get("ppid"), int):
+        out["ppid"] = index * PID_HOST_STRIDE + header["ppid"]
+    return out
 
 
 def open_run(paths: list[str | Path] | str | Path,
