@@ -204,3 +204,31 @@ def test_perfetto_of_two_hosts_says_the_clocks_are_not_shared(two_hosts, tmp_pat
         assert "not align" in doc["otherData"]["clock"]
     assert len({e["pid"] for e in doc["traceEvents"] if e.get("name") == "process_name"}) == \
         len(names)  # one track per process, even where two hosts share a pid
+
+
+REMOTE_CHILD = """
+import subprocess, sys
+from mlatrace.reference import policies
+policies.num_kv_splits('legacy', 1, 1, 16, 1)
+# a process of this run starting on another host (as a Ray worker would): same environment
+code = "from mlatrace.reference import policies; policies.num_kv_splits('legacy', 1, 1, 16, 9000)"
+subprocess.run([*sys.argv[1:], 'sh', '-c', 'hostname mlt-remote && exec "$@"', 'sh',
+                sys.executable, '-c', code], check=True)
+"""
+
+
+@pytest.mark.skipif(not UNSHARE, reason="needs unshare (root) for a second host name")
+def test_process_on_another_host_writes_under_its_host(tmp_path: Path) -> None:
+    out = tmp_path / "trace"
+    done = subprocess.run([*MLATRACE, "run", "--out", str(out), "--", sys.executable, "-c",
+                           REMOTE_CHILD, *UNSHARE_ARGV], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    [remote] = list((out / "mlt-remote").glob("p*.jsonl"))
+    header = json.loads(remote.read_text().splitlines()[0])
+    run = json.loads((out / "run.json").read_text())
+    assert header["host"] == "mlt-remote" and header["run_id"] == run["run_id"]
+    data = report_json(out)  # the launcher's directory and the host's below it: one run
+    assert sorted(p["file"] for p in data["processes"] if "mlt-remote/" in p["file"]) == \
+        [f"mlt-remote/{remote.name}"]
+    assert len(data["processes"]) == 2
