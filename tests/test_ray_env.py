@@ -40,3 +40,12 @@ def test_merge_gives_back_a_runtime_env() -> None:
     merged, _ = merge_runtime_env(user, tracing_env_vars(TRACED))
     assert isinstance(merged, runtime_env.RuntimeEnv)
     assert merged["env_vars"]["A"] == "1" and merged["env_vars"]["MLATRACE_OUT"] == "/runs/t"
+
+
+def test_a_submitted_jobs_own_variables_are_left_to_it() -> None:
+    from mlatrace.probe.handlers.ray import submitted_job_env_vars
+
+    job = '{"runtime_env": {"env_vars": {"PYTHONPATH": "/job", "X": "1"}}}'
+    assert submitted_job_env_vars({"RAY_JOB_CONFIG_JSON_ENV_VAR": job}) == {"PYTHONPATH", "X"}
+    assert submitted_job_env_vars({"RAY_JOB_CONFIG_JSON_ENV_VAR": "not json"}) == set()
+    assert submitted_job_env_vars({}) == set()

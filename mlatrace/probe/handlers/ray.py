@@ -27,6 +27,8 @@ from mlatrace import record
 from mlatrace.probe.handlers import Handler
 
 PYTHONPATH_OF_NODE = "${PYTHONPATH}"
+# Set by Ray's job manager for a driver started with `ray job submit`: the job's runtime env.
+JOB_CONFIG_VAR = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 
 
 def tracing_env_vars(environ: dict[str, str] | os._Environ | None = None) -> dict[str, str]:
@@ -72,6 +74,21 @@ def merge_runtime_env(user: Any, ours: dict[str, str]) -> tuple[Any, list[str]]:
     return merged, added
 
 
+def submitted_job_env_vars(environ: dict[str, str] | os._Environ | None = None) -> set[str]:
+    """Env var names the submitted job's runtime env sets (`ray job submit`): ray.init
+    refuses a runtime_env that sets one of them again, so those are left to the job."""
+    raw = (os.environ if environ is None else environ).get(JOB_CONFIG_VAR)
+    if not raw:
+        return set()
+    import json
+
+    try:
+        env_vars = (json.loads(raw).get("runtime_env") or {}).get("env_vars") or {}
+    except (ValueError, AttributeError):
+        return set()
+    return set(env_vars) if isinstance(env_vars, dict) else set()
+
+
 class RayInitRuntimeEnv(Handler):
     """`ray.init(...)`: add the run's settings to the job's runtime_env (keyword-only)."""
 
@@ -79,11 +96,14 @@ class RayInitRuntimeEnv(Handler):
         ours = tracing_env_vars()
         if not ours:
             return None
+        taken = submitted_job_env_vars()
+        kept_for_job = sorted(taken & set(ours))
+        ours = {k: v for k, v in ours.items() if k not in taken}
         merged, added = merge_runtime_env(view.kwargs.get("runtime_env"), ours)
         view.kwargs["runtime_env"] = merged  # the very dict the call is made with
         address = view.arg("address")
         record.emit("ray.init", address=address if isinstance(address, str) else None,
-                    env_vars=sorted(added))
+                    env_vars=sorted(added), left_to_job=kept_for_job)
         return None
 
 
