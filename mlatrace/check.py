@@ -111,12 +111,13 @@ def _finding_text(f: Finding) -> str:
     return "\n".join(lines)
 
 
-def main(trace: str, fail_on: str | None = "error", rules: list[str] | None = None,
+def main(trace: str | list[str], fail_on: str | None = "error", rules: list[str] | None = None,
          config: str | None = None, junit: str | None = None,
-         expect: list[str] | None = None) -> int:
-    """Analyse TRACE and return an ExitCode: 0 clean, 1 findings at/above fail_on,
-    2 unusable, 3 blind."""
+         expect: list[str] | None = None, run_id: str | None = None) -> int:
+    """Analyse TRACE (one or several paths: one run) and return an ExitCode: 0 clean,
+    1 findings at/above fail_on, 2 unusable, 3 blind."""
     err = make_console(stderr=True)
+    paths, trace = trace, trace if isinstance(trace, str) else " ".join(trace)
     try:
         cfg = resolve_config(config, trace, expect)
     except ConfigError as exc:
@@ -133,7 +134,7 @@ def main(trace: str, fail_on: str | None = "error", rules: list[str] | None = No
                   f"(known: {', '.join(RULES)})")
         return 2
     try:
-        opened, result = load(trace, cfg, selected or None)
+        opened, result = load(paths, cfg, selected or None, run_id=run_id)
     except Unusable as exc:
         err.print(f"[red]error:[/] {exc}", soft_wrap=True)
         return 2

@@ -47,10 +47,15 @@ def main() -> None:
 @click.option("--watch", "watch", is_flag=True,
               help="Show the live watch view while CMD runs; CMD's output goes to cmd.log "
                    "in the trace dir.")
+@click.option("--run-id", "run_id", default=None,
+              help="Join a run traced on several hosts: give every host's `mlatrace run` the "
+                   "same id (default: a new one; the default --out is then "
+                   "./mlatrace-trace/<run-id>/<host>).")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(out: str | None, ranks: str | None, probes: tuple[str, ...], replay_sample: int | None,
         launch_sample: int | None, sample: int | None, replay_timing: str | None,
         graph_nodes: bool, otlp: str | None, no_packs: tuple[str, ...], watch: bool,
+        run_id: str | None,
         cmd: tuple[str, ...]) -> None:
     """Run CMD with probes in every Python process it starts: mlatrace run -- CMD..."""
     from mlatrace.inject import launcher
@@ -58,7 +63,8 @@ def run(out: str | None, ranks: str | None, probes: tuple[str, ...], replay_samp
     sys.exit(launcher.run(list(cmd), out=out, ranks=ranks, probes=list(probes),
                           replay_sample=replay_sample, launch_sample=launch_sample,
                           graph_nodes=graph_nodes, otlp=otlp, no_packs=list(no_packs),
-                          sample=sample, replay_timing=replay_timing, watch=watch))
+                          sample=sample, replay_timing=replay_timing, watch=watch,
+                          run_id=run_id))
 
 
 @main.command()
@@ -76,7 +82,7 @@ def watch(trace: str | None, once: bool, as_json: bool, config: str | None) -> N
 
 
 @main.command()
-@click.argument("trace", type=click.Path())
+@click.argument("trace", nargs=-1, required=True, type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (stable schema).")
 @click.option("-v", "--verbose", is_flag=True, help="Show the evidence of each finding.")
 @click.option("--config", type=click.Path(exists=True, dir_okay=False), default=None,
@@ -84,9 +90,18 @@ def watch(trace: str | None, once: bool, as_json: bool, config: str | None) -> N
 @click.option("--expect", "expect", multiple=True, metavar="KIND",
               help="A record kind (attn.call, ...) or graphs/replays/attention/launches the "
                    "run must contain; the coverage section says whether it did. Repeatable.")
-def report(trace: str, as_json: bool, verbose: bool, config: str | None,
-           expect: tuple[str, ...]) -> None:
-    """Summarise a trace: processes, coverage, graphs, frozen topology, replays, findings.
+@click.option("--run", "run_id", default=None,
+              help="Of several runs under TRACE, this run_id (default: the newest).")
+@click.option("--list", "list_runs", is_flag=True,
+              help="List the runs under TRACE (run_id, start, argv, hosts, processes).")
+def report(trace: tuple[str, ...], as_json: bool, verbose: bool, config: str | None,
+           expect: tuple[str, ...], run_id: str | None, list_runs: bool) -> None:
+    """Summarise a run: processes, coverage, graphs, frozen topology, replays, findings.
+
+    \b
+    TRACE: a trace directory, several (one per host), or a parent holding them;
+    directories sharing a run_id are one run (a parent of several runs: the
+    newest, said on stderr; --list lists them).
 
     \b
     A capture unit is a root graph and the graphs captured inside it: gid 1>2-4
@@ -102,8 +117,8 @@ def report(trace: str, as_json: bool, verbose: bool, config: str | None,
     """
     from mlatrace import report as report_mod
 
-    sys.exit(report_mod.main(trace, as_json=as_json, verbose=verbose, config=config,
-                             expect=list(expect)))
+    sys.exit(report_mod.main(list(trace), as_json=as_json, verbose=verbose, config=config,
+                             expect=list(expect), run_id=run_id, list_runs=list_runs))
 
 
 @main.command()
@@ -138,7 +153,7 @@ def whatif(trace: str, device: str, save: bool, lengths: str | None, replays: in
 
 
 @main.command()
-@click.argument("trace", type=click.Path())
+@click.argument("trace", nargs=-1, required=True, type=click.Path())
 @click.option("--fail-on", type=click.Choice(["error", "warning"]), default=None,
               help="Lowest severity that fails (default: the config's fail_on, else error).")
 @click.option("--rule", "rules", multiple=True, help="Only these rule ids (repeatable).")
@@ -150,8 +165,11 @@ def whatif(trace: str, device: str, save: bool, lengths: str | None, replays: in
               help="Exit 3 unless the run recorded this: a record kind (attn.call, "
                    "kernel.launch, ...) or graphs, replays, attention, launches. Repeatable; "
                    "adds to `expect = [...]` in the config.")
-def check(trace: str, fail_on: str | None, rules: tuple[str, ...], config: str | None,
-          junit: str | None, expect: tuple[str, ...]) -> None:
+@click.option("--run", "run_id", default=None,
+              help="Of several runs under TRACE, this run_id (default: the newest).")
+def check(trace: tuple[str, ...], fail_on: str | None, rules: tuple[str, ...],
+          config: str | None, junit: str | None, expect: tuple[str, ...],
+          run_id: str | None) -> None:
     """CI verdict over findings and coverage.
 
     \b
@@ -166,14 +184,30 @@ def check(trace: str, fail_on: str | None, rules: tuple[str, ...], config: str |
       know (e.g. mlatrace/9 from a newer mlatrace): no verdict on records it may
       misread; `mlatrace report` still shows a best-effort view.
 
+    TRACE: as for report (several directories of one run, or a parent).
+
     Output is plain lines, never wrapped: problems (warning: ...), one line per
     finding starting with its id, its evidence and fix, coverage lines, then the
     verdict.
     """
     from mlatrace import check as check_mod
 
-    sys.exit(check_mod.main(trace, fail_on=fail_on, rules=list(rules), config=config,
-                            junit=junit, expect=list(expect)))
+    sys.exit(check_mod.main(list(trace), fail_on=fail_on, rules=list(rules), config=config,
+                            junit=junit, expect=list(expect), run_id=run_id))
+
+
+
+@main.command()
+@click.argument("dirs", nargs=-1, required=True, type=click.Path())
+@click.option("-o", "--out", "out", required=True, type=click.Path(file_okay=False),
+              help="The directory to write (must not exist or be empty).")
+@click.option("--run", "run_id", default=None,
+              help="Of several runs under DIRS, this run_id (default: the newest).")
+def merge(dirs: tuple[str, ...], out: str, run_id: str | None) -> None:
+    """Copy one run's trace directories (one per host) into one directory, for archiving."""
+    from mlatrace.trace import merge as merge_mod
+
+    sys.exit(merge_mod.main(list(dirs), out, run_id=run_id))
 
 
 @main.command()

@@ -206,7 +206,10 @@ def render(console: Any, data: dict[str, Any]) -> None:
 
 
 def main(a: str, b: str, as_json: bool = False) -> int:
-    """Print the differences A -> B; 0 when made, 2 when a trace is unusable."""
+    """Print the differences A -> B; 0 when made, 2 when a trace is unusable.
+
+    A and B are each a run: a trace directory, or a parent holding one run's host
+    directories (of several runs there, the newest, as `report` says)."""
     err = make_console(stderr=True)
     results = []
     try:

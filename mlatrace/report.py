@@ -596,20 +596,53 @@ def render_findings(console: Any, data: dict[str, Any], verbose: bool) -> None:
                       "config's allow-list")
 
 
-def main(trace: str, as_json: bool = False, verbose: bool = False,
-         config: str | None = None, expect: list[str] | None = None) -> int:
-    """Print the report of TRACE; 0 when made, 2 when the trace (or config) is unusable."""
+def main(trace: str | list[str], as_json: bool = False, verbose: bool = False,
+         config: str | None = None, expect: list[str] | None = None,
+         run_id: str | None = None, list_runs: bool = False) -> int:
+    """Print the report of TRACE (one or several paths: one run); 0 when made, 2 when the
+    trace (or config) is unusable. `list_runs`: the runs under the paths instead."""
     err = make_console(stderr=True)
+    if list_runs:
+        return print_runs(trace, as_json)
     try:
         cfg = resolve_config(config, trace, expect)
-        _trace, result = load(trace, cfg)
+        opened, result = load(trace, cfg, run_id=run_id)
     except (Unusable, ConfigError) as exc:
         err.print(f"[red]error:[/] {exc}", highlight=False)
         return 2
-    data = report_dict(trace, result, run=_trace.run)
+    shown = trace if isinstance(trace, str) else " ".join(trace)
+    data = report_dict(shown, result, run=opened.run)
     if as_json:
         print_warnings(err, data["problems"])
         sys.stdout.write(json.dumps(data, indent=1, default=str) + "\n")
         return 0
     render(make_console(), data, verbose)
+    return 0
+
+
+def print_runs(paths: str | list[str], as_json: bool = False) -> int:
+    """`report --list`: one line per run under the paths (run_id, start, argv, hosts, processes)."""
+    from mlatrace.trace import TraceError, find_runs
+    from mlatrace.trace.runs import describe_start
+
+    try:
+        runs = find_runs([paths] if isinstance(paths, str) else paths)
+    except TraceError as exc:
+        make_console(stderr=True).print(f"[red]error:[/] {exc}", highlight=False)
+        return 2
+    if as_json:
+        sys.stdout.write(json.dumps({"schema": "mlatrace.runs/1",
+                                     "runs": [r.to_dict() for r in runs]}, indent=1) + "\n")
+        return 0
+    from rich.table import Table
+
+    table = Table(title=f"{len(runs)} run(s), oldest first", title_justify="left",
+                  show_edge=False)
+    for col in ("run_id", "start", "argv", "hosts", "processes", "directories"):
+        table.add_column(col, overflow="fold")
+    for r in runs:
+        table.add_row(str(r.run_id), describe_start(r.start_ns), " ".join(r.argv)[:60],
+                      ",".join(r.hosts) or "-", str(r.processes),
+                      ", ".join(str(d) for d in r.dirs))
+    make_console().print(table)
     return 0

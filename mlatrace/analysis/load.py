@@ -6,6 +6,7 @@ finding the rules config, so every command reads traces the same way.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from mlatrace.analysis import Analysis, analyze
@@ -16,21 +17,27 @@ class Unusable(Exception):
     """The trace cannot be opened or has no readable record at all (exit 2)."""
 
 
-def load(trace_path: str, config: Config | None = None,
-         rules: list[str] | None = None) -> tuple[Any, Analysis]:
-    """Open and analyse a trace; Unusable when nothing in it can be used."""
-    from mlatrace.trace import TraceError, open_trace
+def load(trace_path: str | list[str], config: Config | None = None,
+         rules: list[str] | None = None, run_id: str | None = None) -> tuple[Any, Analysis]:
+    """Open and analyse the run at `trace_path` (one or several paths, see
+    `mlatrace.trace.open_run`); Unusable when nothing in it can be used. Which run was
+    opened, when a parent holds several, is said on stderr."""
+    from mlatrace.trace import TraceError, open_run
 
+    paths = [trace_path] if isinstance(trace_path, str) else list(trace_path)
+    shown = " ".join(paths)
     try:
-        trace = open_trace(trace_path)
+        trace, _run, note = open_run(paths, run_id)
     except TraceError as exc:
         raise Unusable(str(exc)) from exc
     except OSError as exc:
-        raise Unusable(f"{trace_path}: {exc.strerror or exc}") from exc
+        raise Unusable(f"{shown}: {exc.strerror or exc}") from exc
+    if note:
+        sys.stderr.write(f"note: {note}\n")
     result = analyze(trace, config, rules)
     if not any(p.records for p in result.model.processes):
         reasons = "; ".join(str(p) for p in trace.problems[:5])
-        raise Unusable(f"{trace_path}: no usable records" + (f" ({reasons})" if reasons else ""))
+        raise Unusable(f"{shown}: no usable records" + (f" ({reasons})" if reasons else ""))
     return trace, result
 
 

@@ -40,11 +40,12 @@ def _build_parallel(trace: Any, groups: list[list], workers: int) -> list[TraceM
     import concurrent.futures
     import multiprocessing
 
-    buckets: list[list[str]] = [[] for _ in range(workers)]
+    buckets: list[list[tuple[str, str, Any]]] = [[] for _ in range(workers)]
     sizes = [0] * workers
     for group in sorted(groups, key=lambda g: -sum(_size(p) for p in g)):
         i = sizes.index(min(sizes))
-        buckets[i].extend(str(p.path) for p in group)
+        buckets[i].extend((str(p.path), p.name, getattr(p, "header_overrides", None))
+                          for p in group)
         sizes[i] += sum(_size(p) for p in group)
     buckets = [b for b in buckets if b]
     # fork only: spawn/forkserver would re-import the caller's __main__ (a script, the CLI);
@@ -66,17 +67,23 @@ def _size(proc: Any) -> int:
         return 0
 
 
-def _build_partial(paths: list[str]) -> TraceModel:
-    """Worker: open each process file on its own and stream it into a partial model."""
+def _build_partial(paths: list[tuple[str, str, Any]]) -> TraceModel:
+    """Worker: open each process file on its own, named and with the header as the parent
+    read it (a run of several host directories names files by their path, and may give a
+    host's processes pids of their own), and stream it into a partial model."""
     from mlatrace.analysis.builder import _stream_process
     from mlatrace.trace import open_trace
 
     model = TraceModel(root="")
     started = time.process_time()
     gc.disable()
-    for path in paths:
+    for path, name, overrides in paths:
         trace = open_trace(path)
         for proc_file in trace.processes:
+            proc_file.label = name
+            proc_file.header_overrides = overrides
+            proc_file.problems.clear()
+            proc_file.read_header()  # header problems under the parent's name
             model.processes.append(_stream_process(model, proc_file))
         model.problems = list(trace.problems) + model.problems
     model.worker_cpu_s = [time.process_time() - started]

@@ -39,13 +39,15 @@ def main(trace: str, otlp: str | None = None, protocol: str = "http/protobuf",
     if not otlp and not perfetto:
         _say("error: nothing to export to: give --otlp URL and/or --perfetto OUT.json")
         return 2
-    from mlatrace.trace import TraceError, open_trace
+    from mlatrace.trace import TraceError, open_run
 
     try:
-        opened = open_trace(trace)
+        opened, _run, note = open_run(trace)
     except TraceError as exc:
         _say(f"error: {exc}")
         return 2
+    if note:
+        _say(f"note: {note}")
     if service_name == "mlatrace":  # the default: the standard variable may name the service
         service_name = os.environ.get("OTEL_SERVICE_NAME") or service_name
     findings = load_findings(opened)

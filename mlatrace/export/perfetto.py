@@ -9,6 +9,13 @@ attention metadata's seq_len_max is a counter, and findings are global markers
 placed at their first evidence record. Timestamps are microseconds since the
 earliest process start of the trace (its epoch ns is `otherData.origin_wall_ns`).
 
+Clocks: each process's records are placed by its header's wall clock (time.time_ns at
+start) plus its own monotonic offsets. Processes of one host share that host's clock;
+hosts' clocks are not aligned by mlatrace, so order across hosts is only as good as
+their NTP/PTP sync (`otherData.clock` says so). In a run of several hosts each process
+track is named with its host (pids that clash across hosts are aliased by the reader,
+`mlatrace.trace.runs`, so every process keeps a track of its own).
+
 Events are streamed in record order (a thread's records are in time order), so a
 trace of any size is written in constant memory. Standard library, and msgspec's
 encoder when it is installed.
@@ -72,6 +79,7 @@ class _Timeline:
         self.where: dict[tuple[str, int], tuple[float, int, int]] = {}  # (file, seq) -> ts,pid,tid
         self.end_ts = 0.0
         self.first_pid = 0
+        self.hosts: list[str] = []             # shown in track names when there are several
 
     def process_events(self, proc: Any) -> Iterator[dict]:
         """Every event of one process, in record order, monotonic per track.
@@ -82,13 +90,15 @@ class _Timeline:
         """
         header = proc.header
         pid = header.get("pid") if isinstance(header.get("pid"), int) else (proc.pid or 0)
+        real_pid = header.get("host_pid", pid)  # a host whose pids clash reads them aliased
         wall_ns = int(header.get("wall_ns") or 0)
         argv = [str(a) for a in header.get("argv") or []]
         label = " ".join([os.path.basename(argv[0]), *argv[1:4]]) if argv else ""
         rank = header.get("rank")
+        host = f"{header.get('host')} · " if len(self.hosts) > 1 else ""
         yield {"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
-               "args": {"name": (f"rank {rank} · " if rank is not None else "")
-                        + f"pid {pid} {label}".strip()}}
+               "args": {"name": host + (f"rank {rank} · " if rank is not None else "")
+                        + f"pid {real_pid} {label}".strip()}}
         if isinstance(rank, int):
             yield {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
                    "args": {"sort_index": rank}}
@@ -189,11 +199,29 @@ def events(trace: Any, findings: Sequence[Any] = ()) -> Iterator[dict]:
     origin = min((int(p.header.get("wall_ns") or 0) for p in procs), default=0)
     wanted = {(e.file, e.seq) for f in findings for e in f.evidence}
     timeline = _Timeline(origin, wanted)
+    timeline.hosts = hosts_of(trace)
     if procs and isinstance(procs[0].header.get("pid"), int):
         timeline.first_pid = procs[0].header["pid"]
     for proc in procs:
         yield from timeline.process_events(proc)
     yield from timeline.finding_events(findings)
+
+
+def hosts_of(trace: Any) -> list[str]:
+    return sorted({str(p.header.get("host")) for p in trace.processes
+                   if p.header and p.header.get("host")})
+
+
+def other_data(trace: Any) -> dict[str, Any]:
+    """The document's otherData: time origin, hosts and what the clocks are."""
+    hosts = hosts_of(trace)
+    clock = ("each process placed by its host's wall clock at its start plus monotonic "
+             "offsets")
+    if len(hosts) > 1:
+        clock += (f"; {len(hosts)} hosts whose clocks mlatrace does not align: order across "
+                  "hosts is as good as their NTP/PTP sync")
+    return {"origin_wall_ns": origin_wall_ns(trace), "generator": "mlatrace", "hosts": hosts,
+            "clock": clock}
 
 
 def origin_wall_ns(trace: Any) -> int:
@@ -204,7 +232,7 @@ def origin_wall_ns(trace: Any) -> int:
 def build(trace: Any, findings: Sequence[Any] = ()) -> dict:
     """The whole trace-event document as a dict (small traces, tests)."""
     return {"traceEvents": list(events(trace, findings)), "displayTimeUnit": "ns",
-            "otherData": {"origin_wall_ns": origin_wall_ns(trace), "generator": "mlatrace"}}
+            "otherData": other_data(trace)}
 
 
 def _encoder() -> Any:
@@ -229,7 +257,7 @@ def write(trace: Any, out: str, findings: Sequence[Any] = ()) -> int:
                 f.write(b",\n")
             f.write(encode(event))
             count += 1
-        other = {"origin_wall_ns": origin_wall_ns(trace), "generator": "mlatrace"}
+        other = other_data(trace)
         f.write(b'],"displayTimeUnit":"ns","otherData":' + encode(other) + b"}\n")
     os.replace(tmp, out)
     return count

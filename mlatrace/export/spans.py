@@ -268,7 +268,10 @@ class ProcessSpans:
         pid, rank = header.get("pid"), header.get("rank")
         name = f"process {pid}" + (f" rank {rank}" if rank is not None else "")
         attrs = {"mlatrace.rank": rank, "mlatrace.probes": attr_value(header.get("probes") or None),
-                 "mlatrace.run_id": header.get("run_id")}
+                 "mlatrace.run_id": header.get("run_id"),
+                 # span times are this host's wall clock; hosts' clocks are not aligned
+                 "mlatrace.clock": f"wall clock of host {header.get('host')} at process "
+                                   "start + monotonic offsets (not aligned across hosts)"}
         self.process = tracer.start_span(
             name, context=parent, kind=SpanKind.INTERNAL, start_time=self.last_ts,
             attributes={k: v for k, v in attrs.items() if v is not None})

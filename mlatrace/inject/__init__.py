@@ -78,11 +78,18 @@ def _flush_before_os_exit() -> None:
 
 
 def _flush_before_exec() -> None:
-    """An exec replaces the image without atexit: flush first; the new image traces itself."""
+    """An exec replaces the image without atexit: flush first; the new image traces itself.
+
+    os.execvp and friends try execve on every PATH entry: a path that cannot be executed
+    fails without a flush, so the search does not cut the trace into one file per try.
+    """
     for name in ("execv", "execve"):
         real = getattr(os, name)
 
         def wrapper(*args, _real=real):  # type: ignore[no-untyped-def]
+            path = args[0] if args else None
+            if isinstance(path, (str, bytes, os.PathLike)) and not os.access(path, os.X_OK):
+                return _real(*args)  # raises as it would have
             record.stop("exec")
             try:
                 return _real(*args)

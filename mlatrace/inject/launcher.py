@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -26,8 +28,15 @@ FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 STRAGGLER_WAIT_S = 5.0
 
 
-def default_out_dir() -> Path:
-    """./mlatrace-trace/<timestamp>, unique within the second."""
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def default_out_dir(run_id: str | None = None) -> Path:
+    """./mlatrace-trace/<timestamp>, unique within the second; for a run joined on several
+    hosts (--run-id), ./mlatrace-trace/<run-id>/<host>, so that copying every host's
+    ./mlatrace-trace/<run-id> to one place gathers the run."""
+    if run_id:
+        return Path("mlatrace-trace") / run_id / socket.gethostname()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = Path("mlatrace-trace") / stamp
     path, n = base, 1
@@ -54,6 +63,8 @@ def child_env(out_dir: Path, run_id: str, *, ranks: str | None, probes: list[str
     env["MLATRACE_RUN_ID"] = run_id
     env["MLATRACE_HOME"] = str(Path(mlatrace.__file__).resolve().parent.parent)
     env["MLATRACE_LAUNCHER_PID"] = str(os.getpid())
+    # Processes that start on another host (a Ray worker) write under <out>/<their host>.
+    env["MLATRACE_HOST"] = socket.gethostname()
     env["MLATRACE_GRAPH_NODES"] = "1" if graph_nodes else "0"
     for name, value in (("MLATRACE_RANKS", ranks),
                         ("MLATRACE_PROBES", os.pathsep.join(str(Path(p).resolve()) for p in probes)),
@@ -115,11 +126,12 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
         launch_sample: int | None = None, graph_nodes: bool = True,
         otlp: str | None = None, sample: int | None = None,
         no_packs: list[str] | None = None, replay_timing: str | None = None,
-        watch: bool = False) -> int:
+        watch: bool = False, run_id: str | None = None) -> int:
     """Run `cmd` traced; return its exit code (2 for a usage error, 127 if not found).
 
     With `watch`, CMD's output goes to `cmd.log` in the trace dir and the watch view
     (`mlatrace.watch`) follows the trace until CMD exits, then prints the final report.
+    `run_id`: join a run traced on several hosts (each host's launcher given the same id).
     """
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
@@ -140,7 +152,11 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
         print(f"mlatrace run: --replay-timing wants N:M (first N replays per graph, then 1 in "
               f"M; M >= 1) or off, got {replay_timing!r}", file=sys.stderr)
         return 2
-    out_dir = (Path(out) if out else default_out_dir()).resolve()
+    if run_id is not None and not RUN_ID.fullmatch(run_id):
+        print(f"mlatrace run: --run-id wants 1-64 letters, digits, '.', '_' or '-', "
+              f"got {run_id!r}", file=sys.stderr)
+        return 2
+    out_dir = (Path(out) if out else default_out_dir(run_id)).resolve()
     if out_dir.exists() and any(out_dir.glob("p*.jsonl")):
         print(f"mlatrace run: {out_dir} already holds a trace; choose another --out",
               file=sys.stderr)
@@ -149,7 +165,7 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
     if problem:
         print(f"mlatrace run: cannot write the trace to {out_dir}: {problem}", file=sys.stderr)
         return 2
-    run_id = uuid.uuid4().hex[:12]
+    run_id = run_id or uuid.uuid4().hex[:12]
     info = {
         "schema": mlatrace.SCHEMA,
         "run_id": run_id,
@@ -160,6 +176,7 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
         "exit_code": None,
         "signal": None,
         "launcher_pid": os.getpid(),
+        "host": socket.gethostname(),
         "mlatrace": mlatrace.__version__,
         "env": allowed_env(os.environ),
         "options": {"ranks": ranks, "probes": list(probes or []), "replay_sample": replay_sample,

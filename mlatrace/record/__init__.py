@@ -231,6 +231,7 @@ class Recorder:
         replay_sample: int | None = None,
         max_pending: int = MAX_PENDING,
         flush_interval: float = FLUSH_INTERVAL_S,
+        lazy_file: bool = False,
     ) -> None:
         self.out_dir = out_dir
         self.run_id = run_id
@@ -272,7 +273,13 @@ class Recorder:
         self.wall_ns = time.time_ns()
         self.t0 = time.perf_counter_ns()
         os.makedirs(out_dir, exist_ok=True)
-        self.path, self._fd = self._open_unique_file()
+        # lazy_file (a forked child): the file is made at the first write, so a child that
+        # execs a program at once (subprocess with preexec_fn: Ray's raylet, GCS) leaves none.
+        self.path: str | None = None
+        self._fd: int | None = None
+        self._file_pending = lazy_file
+        if not lazy_file:
+            self.path, self._fd = self._open_unique_file()
         self._thread = threading.Thread(target=self._flush_loop, name="mlatrace-flush", daemon=True)
         self._thread.start()
 
@@ -399,7 +406,10 @@ class Recorder:
 
     def _flush_locked(self) -> None:
         if self._fd is None:
-            return
+            if not self._file_pending:
+                return
+            self._file_pending = False
+            self.path, self._fd = self._open_unique_file()
         if not self._header_written:
             self._write_lines([self.header()])
             self._header_written = True
@@ -522,6 +532,7 @@ class Recorder:
     def abandon(self) -> None:
         """Forget this recorder in a forked child: the parent owns the file and thread."""
         self._closed = True
+        self._file_pending = False
         fd, self._fd = self._fd, None
         if fd is not None:
             try:
@@ -779,12 +790,34 @@ def stop(reason: str = "exit") -> None:
             _recorder = None
 
 
+def host_out_dir(out: str, run_id: str | None = None) -> str:
+    """This host's trace directory: `out` on the launcher's host (MLATRACE_HOST), `out/<host>`
+    on any other (a Ray worker on another node writes there, on its own disk). Where that
+    cannot be made, `$TMPDIR/mlatrace-trace/<run_id>/<host>`, said once on stderr."""
+    host = socket.gethostname()
+    launcher_host = os.environ.get("MLATRACE_HOST")
+    if launcher_host and launcher_host != host:
+        out = os.path.join(out, host)
+    try:
+        os.makedirs(out, exist_ok=True)
+        if os.access(out, os.W_OK):
+            return out
+    except OSError:
+        pass
+    fallback = os.path.join(os.environ.get("TMPDIR") or "/tmp", "mlatrace-trace",
+                            run_id or "no-run-id", host)
+    sys.stderr.write(f"mlatrace: cannot write {out} on {host}; pid {os.getpid()} traces "
+                     f"into {fallback}\n")
+    return fallback
+
+
 def start_from_env() -> Recorder | None:
     """Start recording as configured by MLATRACE_* (the bootstrap of every traced process)."""
     config = settings()
     if config["disabled"] or not config["out"]:
         return None
-    recorder = start(config["out"], run_id=config["run_id"], ranks=config["ranks"],
+    out = host_out_dir(config["out"], config["run_id"])
+    recorder = start(out, run_id=config["run_id"], ranks=config["ranks"],
                      replay_sample=config["replay_sample"], hold_header=True)
     global _hooks_registered
     if not _hooks_registered:
@@ -802,6 +835,7 @@ def _restart_in_forked_child() -> None:
         return
     parent.abandon()
     _recorder = Recorder(parent.out_dir, run_id=parent.run_id, ppid=parent.pid,
-                         ranks=parent.ranks, replay_sample=parent.replay_sample)
+                         ranks=parent.ranks, replay_sample=parent.replay_sample,
+                         lazy_file=True)
     _recorder.probes = list(parent.probes)
     _recorder.started()

@@ -69,19 +69,25 @@ class ProcessFile:
     gaps: int = 0
     dropped: int = 0
     records_read: int = 0
-    label: str | None = None  # the name problems and evidence use (default: the file name)
+    label: str | None = None         # the name shown for it: its path from the run's root
+    # fields that replace the header's (pids of a host whose pids another host has too)
+    header_overrides: dict[str, Any] | None = None
     _header_line_ok: bool = field(default=False, repr=False)
     _header_problem: bool = field(default=False, repr=False)
     _last_seq: int | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
+        """How problems and evidence name this file: `p<pid>.jsonl`, or `<host dir>/p<pid>.jsonl`
+        when the run spans several trace directories."""
         return self.label or self.path.name
 
     @property
     def pid(self) -> int | None:
         if self.header and isinstance(self.header.get("pid"), int):
             return self.header["pid"]
+        if self.header_overrides and isinstance(self.header_overrides.get("pid"), int):
+            return self.header_overrides["pid"]
         stem = self.path.name.split(".", 1)[0]
         return int(stem[1:]) if stem[1:].isdigit() else None
 
@@ -114,6 +120,8 @@ class ProcessFile:
         reason = check_schema(record.get("schema"))
         if reason:
             self._problem(1, reason)
+        if self.header_overrides:
+            record.update(self.header_overrides)
         self.header = record
         self._header_line_ok = True
 
@@ -197,6 +205,10 @@ class Trace:
     run: dict[str, Any] | None
     processes: list[ProcessFile]
     problems: list[Problem]
+    # A run read from several directories (one per host): the directories, and every
+    # directory's run.json (the launcher of each host that ran `mlatrace run`).
+    dirs: list[Path] = field(default_factory=list)
+    runs: list[dict[str, Any]] = field(default_factory=list)
 
     def records(self) -> Iterator[tuple[ProcessFile, dict[str, Any]]]:
         """Every record of every process, file by file."""
@@ -242,7 +254,10 @@ def open_trace(path: str | Path) -> Trace:
         proc = ProcessFile(file, problems)
         proc.read_header()
         processes.append(proc)
-    return Trace(root, run, processes, problems)
+    return Trace(root, run, processes, problems, dirs=[root], runs=[run] if run else [])
 
 
-__all__ = ["Problem", "ProcessFile", "Trace", "TraceError", "check_schema", "open_trace"]
+from mlatrace.trace.runs import RunInfo, find_runs, open_run  # noqa: E402  (uses the above)
+
+__all__ = ["Problem", "ProcessFile", "RunInfo", "Trace", "TraceError", "check_schema",
+           "find_runs", "open_run", "open_trace"]

@@ -1,0 +1,85 @@
+"""`mlatrace merge DIR... -o OUT`: one run's trace directories copied into one, for archiving.
+
+OUT gets one subdirectory per source directory, named by the host whose processes it
+holds (`OUT/<host>/run.json`, `OUT/<host>/p<pid>.jsonl`), and `OUT/merge.json`, which
+says where each came from. Files are copied byte for byte (a truncated last line stays
+truncated, to be reported the same way), so OUT reads as the sources read together:
+`mlatrace report OUT` is the same run, with the same processes, ranks and findings.
+
+Exit codes: 0 merged, 2 no trace under DIRS, OUT not empty, or a copy failed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from mlatrace.trace import Trace, TraceError
+from mlatrace.trace.runs import RunInfo, find_runs, select_run
+
+MERGE_SCHEMA = "mlatrace.merge/1"
+
+
+def _dir_name(trace: Trace, taken: set[str]) -> str:
+    hosts = sorted({str(p.header["host"]) for p in trace.processes
+                    if p.header and p.header.get("host")})
+    if not hosts and trace.run and trace.run.get("host"):
+        hosts = [str(trace.run["host"])]
+    base = hosts[0] if len(hosts) == 1 else trace.root.resolve().name
+    base = "".join(c if c.isalnum() or c in "._-" else "_" for c in base) or "trace"
+    name, n = base, 1
+    while name in taken:
+        n += 1
+        name = f"{base}-{n}"
+    taken.add(name)
+    return name
+
+
+def merge(paths: list[str], out: str | Path, run_id: str | None = None
+          ) -> tuple[RunInfo, str | None, Path]:
+    """Copy the run under `paths` into `out`; returns (the run, a note on which run, out)."""
+    target = Path(out)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise TraceError(f"{target}: exists and is not an empty directory")
+    runs = find_runs(paths)
+    run, note = select_run(runs, run_id, " ".join(paths))
+    target.mkdir(parents=True, exist_ok=True)
+    taken: set[str] = set()
+    sources = []
+    for trace in sorted(run.traces, key=lambda t: str(t.root.resolve())):
+        name = _dir_name(trace, taken)
+        dest = target / name
+        dest.mkdir()
+        files = [p.path for p in trace.processes]
+        if (trace.root / "run.json").exists():
+            files.insert(0, trace.root / "run.json")
+        for f in files:
+            shutil.copyfile(f, dest / f.name)
+        sources.append({"dir": str(trace.root.resolve()), "as": name,
+                        "files": len(files)})
+    manifest = {"schema": MERGE_SCHEMA, "run_id": run.run_id, "hosts": run.hosts,
+                "sources": sources}
+    (target / "merge.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    return run, note, target
+
+
+def main(paths: list[str], out: str, run_id: str | None = None) -> int:
+    """`mlatrace merge`: 0 merged, 2 when there is nothing to merge or it cannot be written."""
+    try:
+        run, note, target = merge(paths, out, run_id)
+    except TraceError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
+    except OSError as exc:
+        sys.stderr.write(f"error: cannot write {out}: {exc.strerror or exc}\n")
+        return 2
+    if note:
+        sys.stderr.write(f"note: {note}\n")
+    print(f"merged run {run.run_id}: {run.processes} process files from {len(run.dirs)} "
+          f"directories (hosts {', '.join(run.hosts) or '-'}) into {target}")
+    return 0
+
+
+__all__ = ["MERGE_SCHEMA", "main", "merge"]
