@@ -25,8 +25,13 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import json
+import os
+import signal
+import subprocess
 import sys
-from dataclasses import dataclass
+import tempfile
+from dataclasses import asdict, dataclass
 
 from mlatrace.common import installed_version
 from mlatrace.probe.engine import Drift, InheritedError, resolve, split_target
@@ -105,11 +110,20 @@ def list_packs(extra: list[str] | None = None) -> int:
     return 2 if problems or broken else 0
 
 
-def _module_status(module_name: str, cache: dict[str, tuple[object | None, str, str]]
+def _module_status(module_name: str, cache: dict[str, tuple[object | None, str, str]],
+                   skip: dict[str, str] | None = None, progress: int | None = None
                    ) -> tuple[object | None, str, str]:
-    """(module, status, detail) for a target's module; imports it at most once."""
+    """(module, status, detail) for a target's module; imports it at most once.
+
+    `skip`: modules not to import (module -> why); `progress`: an fd that is told each
+    module before its import (the isolated check learns from it which import crashed)."""
     if module_name in cache:
         return cache[module_name]
+    if skip and module_name in skip:
+        cache[module_name] = (None, "not importable", skip[module_name])
+        return cache[module_name]
+    if progress is not None:
+        os.write(progress, f"importing {module_name}\n".encode())
     top = module_name.split(".")[0]
     if importlib.util.find_spec(top) is None:
         result: tuple[object | None, str, str] = (None, "not installed", f"no module {top}")
@@ -127,8 +141,9 @@ def _module_status(module_name: str, cache: dict[str, tuple[object | None, str, 
     return result
 
 
-def check(packs: list[Pack]) -> list[TargetStatus]:
-    """Check every target of every probe against what is installed."""
+def check(packs: list[Pack], skip: dict[str, str] | None = None,
+          progress: int | None = None) -> list[TargetStatus]:
+    """Check every target of every probe against what is installed (in this process)."""
     results: list[TargetStatus] = []
     cache: dict[str, tuple[object | None, str, str]] = {}
     for pack in packs:
@@ -140,7 +155,8 @@ def check(packs: list[Pack]) -> list[TargetStatus]:
             probe_results = []
             for target in spec.targets:
                 module_name, _ = split_target(target)
-                module, status, detail = _module_status(module_name, cache)
+                module, status, detail = _module_status(module_name, cache, skip,
+                                                        progress)
                 if module is not None:
                     try:
                         resolve(target, module, spec.params, spec.arg_names, spec.inherited)
@@ -189,6 +205,48 @@ def check_static(packs: list[Pack], found: dict[str, dict]) -> list[TargetStatus
     return results
 
 
+MAX_CRASHES = 16
+
+
+def check_isolated(extra: list[str]) -> list[TargetStatus]:
+    """check() in a child interpreter, started again past any target module whose import
+    kills it: two native builds of one extension that register the same torch library
+    abort the process (vLLM's ROCm platform module importing `vllm._C` after the CPU
+    platform loaded `vllm._C_AVX512`). Such a module is reported not importable and every
+    other target is still checked; doctor itself never dies of a target."""
+    crashed: dict[str, str] = {}
+    while True:
+        with tempfile.NamedTemporaryFile("r", suffix=".mlatrace-doctor") as log:
+            env = dict(os.environ, MLATRACE_DOCTOR_LOG=log.name,
+                       MLATRACE_DOCTOR_SKIP=json.dumps(crashed))
+            proc = subprocess.run([sys.executable, "-c", "from mlatrace.probe.commands "
+                                   "import _check_child; _check_child()", *extra],
+                                  env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  text=True)
+            lines = log.read().splitlines()
+        if proc.returncode == 0 and lines and lines[-1].startswith("results "):
+            found = [TargetStatus(**r) for r in json.loads(lines[-1][len("results "):])]
+            return found
+        importing = [line[len("importing "):] for line in lines if line.startswith("importing ")]
+        if not importing or importing[-1] in crashed or len(crashed) >= MAX_CRASHES:
+            tail = (proc.stderr or "").strip().splitlines()[-1:] or ["no output"]
+            raise RuntimeError(f"the checking interpreter exited with {proc.returncode}: "
+                               f"{tail[0][:200]}")
+        code = proc.returncode
+        how = (f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}")
+        crashed[importing[-1]] = f"importing it ended the interpreter ({how}; native clash?)"
+
+
+def _check_child() -> None:
+    """The child side of check_isolated: packs as the parent loads them, results as JSON."""
+    packs, _problems, _broken = _load(sys.argv[1:])
+    skip = json.loads(os.environ.get("MLATRACE_DOCTOR_SKIP") or "{}")
+    fd = os.open(os.environ["MLATRACE_DOCTOR_LOG"], os.O_WRONLY | os.O_APPEND)
+    results = check(packs, skip, progress=fd)
+    os.write(fd, ("results " + json.dumps([asdict(r) for r in results]) + "\n").encode())
+    os.close(fd)
+
+
 def doctor(extra: list[str] | None = None, source: str | None = None) -> int:
     """Print which targets exist and match and what is wrong with a pack; exit 1 on drift
     or a pack problem, 2 when a pack or a handler does not load (the other packs are
@@ -207,7 +265,11 @@ def doctor(extra: list[str] | None = None, source: str | None = None) -> int:
         targets = [t for pack in packs for spec in pack.probes for t in spec.targets]
         results = check_static(packs, signatures(source, targets))
     else:
-        results = check(packs)
+        try:
+            results = check_isolated(list(extra or []))
+        except RuntimeError as exc:
+            print(f"probes doctor: {exc}", file=sys.stderr)
+            return 2
     counts: dict[str, int] = {}
     for result in results:
         counts[result.status] = counts.get(result.status, 0) + 1

@@ -28,6 +28,10 @@ from mlatrace.probe.handlers import Handler
 
 
 class Decision(Handler):
+    """Record a host.decision computed by a known formula from the recorded inputs."""
+
+    OPTIONS = {"formula": str, "name": str, "unless_input": str}
+
     def __init__(self, spec: Any) -> None:
         super().__init__(spec)
         self.formula = str(self.options.get("formula", ""))

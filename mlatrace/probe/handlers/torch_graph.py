@@ -117,6 +117,8 @@ class GraphReplay(Handler):
     reported once (probe.error, "<probe> (replay timing)") and timing stops; counting goes on.
     """
 
+    OPTIONS = {"timing": str}   # "cuda" (events, default) or "host"
+
     def __init__(self, spec: Any) -> None:
         super().__init__(spec)
         self.clock = str(self.options.get("timing", "cuda"))
