@@ -178,6 +178,6 @@ def render_coverage_lines(out: Any, coverage: Any) -> None:
             else "probe coverage not recorded")
     state = "blind" if coverage.blind else "not blind"
     out.print(f"coverage: {head}, {coverage.probes_errored} errored; {state}",
-              highlight=False)
+              highlight=False, soft_wrap=True)
     for reason in coverage.reasons:
-        out.print(f"  blind: {escape(reason)}", highlight=False)
+        out.print(f"  blind: {escape(reason)}", highlight=False, soft_wrap=True)
