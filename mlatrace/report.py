@@ -393,39 +393,42 @@ def render_coverage(console: Any, data: dict[str, Any], verbose: bool) -> None:
     cov = data.get("coverage")
     if not cov:
         return
+
+    def say(text: str) -> None:  # one line each, never folded mid-sentence by rich
+        console.print(text, highlight=False, soft_wrap=True)
+
+    def listed(values: list) -> str:
+        return ", ".join(map(str, values)) or "none"
+
     attached = cov["probes_attached"]
     head = (f"{_plural(attached, 'probe')} attached" if attached is not None
             else "not recorded by this trace (older mlatrace: no coverage in process.end)")
     verdict = ("[bold red]BLIND: the trace cannot support a clean verdict[/]" if cov["blind"]
                else "[green]no blind spot found[/]")
-    console.print(f"coverage: {head}, {cov['probes_errored']} errored; {verdict}",
-                  highlight=False)
+    say(f"coverage: {head}, {cov['probes_errored']} errored; {verdict}")
     for reason in cov["reasons"]:
-        console.print(f"  [red]blind:[/] {escape(reason)}", highlight=False)
+        say(f"  [red]blind:[/] {escape(reason)}")
     if cov["engines"]:
-        console.print("  engines in the headers: " + ", ".join(
-            f"{name} {version}" for name, version in cov["engines"].items()), highlight=False)
+        say("  engines in the headers: "
+            + ", ".join(f"{name} {version}" for name, version in cov["engines"].items()))
     ranks = cov["ranks"]
     if ranks["world_size"]:
-        def listed(values: list) -> str:
-            return ", ".join(map(str, values)) or "none"
-
         kept = f"; kept by --ranks: {listed(ranks['kept'])}" if ranks["kept"] is not None else ""
         missing = f"; [red]missing: {listed(ranks['missing'])}[/]" if ranks["missing"] else ""
-        console.print(f"  ranks: world size {ranks['world_size']}, seen {listed(ranks['seen'])}"
-                      f"{kept}{missing}", highlight=False)
+        say(f"  ranks: world size {ranks['world_size']}, seen {listed(ranks['seen'])}"
+            f"{kept}{missing}")
     for e in cov["expect"]:
         state = "met" if e["met"] else "[red]NOT met[/]"
-        console.print(f"  expect {escape(e['what'])}: {e['records']} record(s), {state}",
-                      highlight=False)
+        say(f"  expect {escape(e['what'])}: {e['records']} record(s), {state}")
     records = ", ".join(f"{kind} {n}" for kind, n in cov["records"].items()
                         if kind not in ("process", "process.end"))
-    console.print(f"  records: {escape(records) or 'none beyond headers'}", highlight=False)
+    say(f"  records: {escape(records) or 'none beyond headers'}")
     quiet = 0
     for p in cov["processes"]:
-        active = (p["packs_attached"] or p["probe_errors"] or p["targets"]["missing"]
-                  or p["targets"]["drifted"] or p["targets"]["failed"]
-                  or any(k not in ("process", "process.end") for k in p["records"]))
+        t = p["targets"]
+        active = (p["packs_attached"] or p["probe_errors"] or t["missing"] or t["drifted"]
+                  or t["failed"] or any(k not in ("process", "process.end")
+                                        for k in p["records"]))
         if not active and not verbose:
             quiet += 1
             continue
@@ -434,31 +437,28 @@ def render_coverage(console: Any, data: dict[str, Any], verbose: bool) -> None:
         if not p["recorded"]:
             why = ("older trace: no coverage in process.end" if p["ended"]
                    else "no process.end: the process was killed before writing it")
-            console.print(f"{where} packs installed {', '.join(p['packs']) or 'none'} "
-                          f"(per-target coverage not recorded: {why})", highlight=False)
+            say(f"{where} packs installed {listed(p['packs'])} "
+                f"(per-target coverage not recorded: {why})")
             continue
-        t = p["targets"]
-        skipped = p["packs_skipped"]
-        reasons: dict[str, list[str]] = {}
-        for pack, why in skipped.items():
-            reasons.setdefault(why, []).append(pack)
-        skipped_text = "; ".join(
-            f"{', '.join(packs) if verbose or len(packs) <= 3 else _plural(len(packs), 'pack')}"
-            f" ({why})" for why, packs in reasons.items()) or "none"
+        by_reason: dict[str, list[str]] = {}
+        for pack, why in p["packs_skipped"].items():
+            by_reason.setdefault(why, []).append(pack)
+        skipped = "; ".join(
+            f"{listed(packs) if verbose or len(packs) <= 3 else _plural(len(packs), 'pack')}"
+            f" ({why})" for why, packs in by_reason.items()) or "none"
         counts = [f"{t['patched']} patched", f"{t['not_imported']} not imported"]
         counts += [f"{len(t[name])} {name}" for name in ("missing", "drifted", "failed")
                    if t[name]]
-        console.print(f"{where} packs attached {', '.join(p['packs_attached']) or 'none'}; skipped "
-                      f"{escape(skipped_text)}; targets {', '.join(counts)}", highlight=False)
+        say(f"{where} packs attached {listed(p['packs_attached'])}; skipped "
+            f"{escape(skipped)}; targets {', '.join(counts)}")
         for name in ("missing", "drifted", "failed"):
             for target in t[name]:
-                console.print(f"    {name}: {escape(target)}", highlight=False)
+                say(f"    {name}: {escape(target)}")
         if verbose and p["hits"]:
-            console.print("    hits: " + ", ".join(f"{q} {n}" for q, n in p["hits"].items()),
-                          highlight=False)
+            say("    hits: " + ", ".join(f"{q} {n}" for q, n in p["hits"].items()))
     if quiet:
-        console.print(f"  +{_plural(quiet, 'process', 'processes')} with no probe activity "
-                      "(-v lists them)", highlight=False)
+        say(f"  +{_plural(quiet, 'process', 'processes')} with no probe activity "
+            "(-v lists them)")
 
 
 def render_processes(console: Any, data: dict[str, Any], verbose: bool) -> None:

