@@ -314,16 +314,17 @@ def test_every_option_has_help() -> None:
 # ------------------------------------------------------------ shutdown
 
 
-def test_sigterm_writes_process_end_before_a_sigkill(tmp_path: Path) -> None:
-    """A parent SIGKILLs the process while its own SIGTERM handler is still shutting down
-    (vLLM's API server does that to its Worker): process.end is already on disk."""
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_sigterm_writes_process_end_before_a_sigkill(tmp_path: Path, signum: int) -> None:
+    """A parent SIGKILLs the process while its own SIGTERM (or Ctrl-C) handler is still
+    shutting down (vLLM's API server does that to its Worker): process.end is on disk."""
     out = tmp_path / "t"
     launcher = subprocess.Popen([*MLATRACE, "run", "--out", str(out), "--", sys.executable,
                                  str(PROGS / "sleeper.py")], stdout=subprocess.PIPE, text=True,
                                 env=dict(os.environ, SLEEPER_SIGTERM="slow"))
     child = int(launcher.stdout.readline())
     time.sleep(0.5)
-    os.kill(child, signal.SIGTERM)
+    os.kill(child, signum)
     time.sleep(0.3)
     os.kill(child, signal.SIGKILL)
     assert launcher.wait(timeout=30) == 128 + signal.SIGKILL
@@ -331,7 +332,7 @@ def test_sigterm_writes_process_end_before_a_sigkill(tmp_path: Path) -> None:
     (proc,) = trace.processes
     records = list(proc.records())
     assert not trace.problems, [str(p) for p in trace.problems]
-    assert proc.end is not None and proc.end["reason"] == "SIGTERM"
+    assert proc.end is not None and proc.end["reason"] == signal.Signals(signum).name
     ticks = [r for r in records if r["k"] == "mark" and r["name"] == "tick"]
     assert len(ticks) >= 10 and proc.end["events"] >= ticks[-1]["seq"]
 
