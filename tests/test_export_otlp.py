@@ -189,7 +189,7 @@ def test_usage_errors(tmp_path: Path) -> None:
     write_fixture(tmp_path / "t")
     assert export(str(tmp_path / "t")).returncode == 2  # no destination
     done = export(str(tmp_path / "nothing"), "--otlp", "http://127.0.0.1:1")
-    assert done.returncode == 2 and "not a trace" in done.stderr
+    assert done.returncode == 2 and "does not exist" in done.stderr
 
 
 def test_grpc_protocol(tmp_path: Path) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import pty
@@ -10,10 +9,8 @@ import re
 import select
 import shutil
 import signal
-import struct
 import subprocess
 import sys
-import termios
 import time
 from pathlib import Path
 
@@ -99,14 +96,24 @@ def test_diff_table_never_splits_a_word() -> None:
         assert "num_kv_splits" in narrow.output
 
 
-def _run_in_pty(args: list[str], width: int) -> str:
-    """Run `mlatrace ARGS` on a pseudo-terminal of `width` columns (no COLUMNS set)."""
+TTY_CHILD = """
+import fcntl, struct, sys, termios
+from mlatrace import report
+for width in map(int, sys.argv[2:]):
+    fcntl.ioctl(1, termios.TIOCSWINSZ, struct.pack("HHHH", 50, width, 0, 0))
+    print(f"=== {width}", flush=True)
+    report.main(sys.argv[1])
+    sys.stdout.flush()
+"""
+
+
+def _report_in_pty(trace: Path, widths: tuple[int, ...]) -> dict[int, str]:
+    """`mlatrace report TRACE` on a pseudo-terminal resized to each width (no COLUMNS)."""
     master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, width, 0, 0))
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     env["TERM"] = "xterm"
-    proc = subprocess.Popen([*MLATRACE, *args], stdin=slave, stdout=slave, stderr=slave,
-                            env=env, close_fds=True)
+    proc = subprocess.Popen([sys.executable, "-c", TTY_CHILD, str(trace), *map(str, widths)],
+                            stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True)
     os.close(slave)
     chunks = []
     deadline = time.monotonic() + 120
@@ -124,17 +131,21 @@ def _run_in_pty(args: list[str], width: int) -> str:
             break
     proc.wait(timeout=30)
     os.close(master)
-    return ANSI.sub("", b"".join(chunks).decode(errors="replace")).replace("\r\n", "\n")
+    text = ANSI.sub("", b"".join(chunks).decode(errors="replace")).replace("\r\n", "\n")
+    parts = re.split(r"^=== (\d+)$", text, flags=re.M)
+    return {int(w): body for w, body in zip(parts[1::2], parts[2::2], strict=True)}
 
 
-@pytest.mark.parametrize("width", WIDTHS)
-def test_report_tables_fit_a_real_terminal(width: int) -> None:
-    trace = SAMPLES / "gpu_serve_legacy"
+@pytest.mark.parametrize("trace", GPU_TRACES, ids=lambda p: p.name)
+def test_report_tables_fit_a_real_terminal(trace: Path) -> None:
     wide = cli("report", trace, columns=1000).output
-    narrow = _run_in_pty(["report", str(trace)], width)
-    assert "MLT001" in narrow, narrow
-    _assert_fits(narrow, wide, width, f"tty {trace.name}")
-    assert max(len(line) for line in narrow.splitlines()) > width - 10  # the terminal's width
+    rendered = _report_in_pty(trace, WIDTHS)
+    assert sorted(rendered) == list(WIDTHS), rendered
+    for width, narrow in rendered.items():
+        assert "graphs" in narrow, narrow
+        _assert_fits(narrow, wide, width, f"tty {trace.name}")
+        widest = max(len(line) for line in narrow.splitlines())
+        assert widest > min(width, 100) - 10  # rendered at the terminal's width, not 80
 
 
 def test_fit_columns_drops_the_least_important_first_and_never_below_a_word() -> None:
@@ -303,16 +314,17 @@ def test_every_option_has_help() -> None:
 # ------------------------------------------------------------ shutdown
 
 
-def test_sigterm_writes_process_end_before_a_sigkill(tmp_path: Path) -> None:
-    """A parent SIGKILLs the process while its own SIGTERM handler is still shutting down
-    (vLLM's API server does that to its Worker): process.end is already on disk."""
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_sigterm_writes_process_end_before_a_sigkill(tmp_path: Path, signum: int) -> None:
+    """A parent SIGKILLs the process while its own SIGTERM (or Ctrl-C) handler is still
+    shutting down (vLLM's API server does that to its Worker): process.end is on disk."""
     out = tmp_path / "t"
     launcher = subprocess.Popen([*MLATRACE, "run", "--out", str(out), "--", sys.executable,
                                  str(PROGS / "sleeper.py")], stdout=subprocess.PIPE, text=True,
                                 env=dict(os.environ, SLEEPER_SIGTERM="slow"))
     child = int(launcher.stdout.readline())
     time.sleep(0.5)
-    os.kill(child, signal.SIGTERM)
+    os.kill(child, signum)
     time.sleep(0.3)
     os.kill(child, signal.SIGKILL)
     assert launcher.wait(timeout=30) == 128 + signal.SIGKILL
@@ -320,7 +332,7 @@ def test_sigterm_writes_process_end_before_a_sigkill(tmp_path: Path) -> None:
     (proc,) = trace.processes
     records = list(proc.records())
     assert not trace.problems, [str(p) for p in trace.problems]
-    assert proc.end is not None and proc.end["reason"] == "SIGTERM"
+    assert proc.end is not None and proc.end["reason"] == signal.Signals(signum).name
     ticks = [r for r in records if r["k"] == "mark" and r["name"] == "tick"]
     assert len(ticks) >= 10 and proc.end["events"] >= ticks[-1]["seq"]
 

@@ -101,15 +101,19 @@ def _flush_before_exec() -> None:
         setattr(os, name, wrapper)
 
 
+ENDING_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
 def _flush_on_sigterm() -> None:
-    """Flush on SIGTERM, whoever handles it.
+    """Write the end of the trace on SIGTERM or SIGINT, whoever handles it.
 
     Default SIGTERM kills without atexit, and serving engines install their own
     handlers (and reset them to the default on shutdown, just before a parent
-    SIGKILLs them). So `signal.signal` is wrapped: a SIGTERM handler the program
-    installs runs after the records and a `process.end` are written (the exit
-    writes the final one if the process gets that far), and the default becomes
-    flush-then-die. The program still sees its own handler through
+    SIGKILLs them: vLLM's API server kills its engine's tree ~20 ms after the
+    SIGTERM, Ctrl-C included). So `signal.signal` is wrapped: a handler the program
+    installs for either signal runs after the records and a `process.end` are
+    written (the exit writes the final one if the process gets that far), and the
+    default becomes flush-then-die. The program still sees its own handler through
     `signal.signal`/`getsignal`.
     """
     if threading.current_thread() is not threading.main_thread():
@@ -117,24 +121,26 @@ def _flush_on_sigterm() -> None:
     real_signal, real_getsignal = signal.signal, signal.getsignal
     originals: dict[object, object] = {}
 
-    def flushing(handler: object) -> object:
-        def on_sigterm(signum: int, frame: object) -> None:
+    def ending(signalnum: int, handler: object) -> object:
+        reason = signal.Signals(signalnum).name
+
+        def on_signal(signum: int, frame: object) -> None:
             if handler is signal.SIG_DFL:
-                record.stop("SIGTERM")
-                real_signal(signal.SIGTERM, signal.SIG_DFL)
-                os.kill(os.getpid(), signal.SIGTERM)
+                record.stop(reason)
+                real_signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
                 return
-            # A parent may SIGKILL this process right after its SIGTERM (vLLM's shutdown:
-            # ~20 ms), long before the handler's shutdown path reaches atexit.
-            record.end_now("SIGTERM")
+            # A parent may SIGKILL this process right after the signal, long before the
+            # handler's shutdown path reaches atexit.
+            record.end_now(reason)
             handler(signum, frame)  # type: ignore[operator]
 
-        originals[on_sigterm] = handler
-        return on_sigterm
+        originals[on_signal] = handler
+        return on_signal
 
     def mlatrace_signal(signalnum: int, handler: object) -> object:
-        if signalnum == signal.SIGTERM and (handler is signal.SIG_DFL or callable(handler)):
-            handler = flushing(handler)
+        if signalnum in ENDING_SIGNALS and (handler is signal.SIG_DFL or callable(handler)):
+            handler = ending(signalnum, handler)
         previous = real_signal(signalnum, handler)
         return originals.get(previous, previous)
 
@@ -143,9 +149,10 @@ def _flush_on_sigterm() -> None:
         return originals.get(current, current)
 
     try:
-        current = real_getsignal(signal.SIGTERM)
-        if current is signal.SIG_DFL or callable(current):
-            real_signal(signal.SIGTERM, flushing(current))
+        for signalnum in ENDING_SIGNALS:
+            current = real_getsignal(signalnum)
+            if current is signal.SIG_DFL or callable(current):
+                real_signal(signalnum, ending(signalnum, current))
     except (ValueError, OSError):
         return
     mlatrace_signal.__wrapped__ = real_signal  # type: ignore[attr-defined]

@@ -130,9 +130,9 @@ def load(port: int, model: Path, requests: int, concurrency: int,
         return list(pool.map(lambda p: complete(port, model, p, max_tokens), prompts))
 
 
-def stop(proc: subprocess.Popen, timeout_s: float = 60.0) -> int:
+def stop(proc: subprocess.Popen, timeout_s: float = 60.0, signum: int = signal.SIGTERM) -> int:
     """SIGTERM the launcher (it forwards to the server's group); SIGKILL the group as a last resort."""
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     try:
         return proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -325,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="instead of the three prompts, send N requests from --concurrency "
                          "clients, then SIGTERM at once (checks every process's process.end)")
     ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--stop-signal", choices=["TERM", "INT"], default="TERM",
+                    help="signal sent to stop the server (INT: as Ctrl-C does)")
     ap.add_argument("--serve-arg", action="append", default=[],
                     help="extra vllm serve argument (repeatable), e.g. --serve-arg=--attention-backend=CPU_MLA")
     args = ap.parse_args(argv)
@@ -357,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
                     time.sleep(args.settle)
             finally:
                 t_stop = time.monotonic()
-                res.exit_code = stop(proc)
+                res.exit_code = stop(proc, signum=signal.Signals[f"SIG{args.stop_signal}"])
                 res.stop_s = round(time.monotonic() - t_stop, 1)
         res.server_log = log_path.read_text(errors="replace")[-20000:]
     res.total_s = round(time.monotonic() - t_start, 1)

@@ -2,7 +2,7 @@
 
 SLEEPER_SIGTERM=handler installs the program's own SIGTERM handler (raises SystemExit,
 as vLLM's engine core does); =reset installs one, then resets SIGTERM to the default;
-=slow installs one that takes 30 s to shut down (a parent SIGKILLs it first, as vLLM's
+=slow installs one (for SIGINT too) that takes 30 s to shut down (a parent SIGKILLs it first, as vLLM's
 API server does to its Worker).
 """
 
@@ -28,6 +28,7 @@ def slow_shutdown(signum, frame):
 mode = os.environ.get("SLEEPER_SIGTERM", "")
 if mode == "slow":
     signal.signal(signal.SIGTERM, slow_shutdown)
+    signal.signal(signal.SIGINT, slow_shutdown)
 if mode in ("handler", "reset"):
     signal.signal(signal.SIGTERM, on_sigterm)
     assert signal.getsignal(signal.SIGTERM) is on_sigterm  # the program sees its own handler
