@@ -125,6 +125,8 @@ class _ProcessBuilder:
         self.replaying: set[Any] = set()
         self.eager_decisions: dict[Any, dict[str, dict]] = {}  # tid -> name -> latest eager record
         self.pending_syncs: dict[Any, list[dict]] = {}  # tid -> syncs since its last replay
+        # replay input ranges are only read for captured decisions, which precede replays
+        self.track_inputs = False
 
     # -- helpers -------------------------------------------------------------
     def _ref(self, rec: dict, kind: str) -> Ref:
@@ -388,6 +390,7 @@ class _ProcessBuilder:
             self.eager_decisions.setdefault(rec.get("tid"), {})[name] = rec
             return
         graph = self._graph(gid)
+        self.track_inputs = True
         value, inputs = rec.get("value"), _dict(rec.get("inputs"))
         layer = hashable(rec.get("layer"))
         for d in graph.decisions:
@@ -494,7 +497,7 @@ class _ProcessBuilder:
         if md is None:
             return
         stats.with_metadata += 1
-        if md is not stats.last_md:  # a wrapper and its torch graph share one build
+        if self.track_inputs and md is not stats.last_md:  # a wrapper and its graph share a build
             stats.last_md = md
             self._replay_inputs(stats, md)
         stats.latest_md = md

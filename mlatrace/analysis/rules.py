@@ -573,6 +573,7 @@ def frozen_host_decision(model: TraceModel, config: Config) -> list[Finding]:
                 details={"key": model.effective_key(graph), "op": d.op, "value": "num_kv_splits",
                          "captured": d.num_kv_splits, "at_replay": wanted,
                          "replay_seq_len_max": longest}))
+            break  # one finding per (rule, process, graph)
         if split_known:
             continue  # the hint's effect is visible in the split decision (MLT001 / (a) above)
         # (b) a captured length hint far below the replayed lengths (not max_seq_len: MLT002)
@@ -599,6 +600,9 @@ def frozen_host_decision(model: TraceModel, config: Config) -> list[Finding]:
                              "captured": value, "at_replay": replay_value,
                              "replay_seq_len_max": longest}))
                 break
+            else:
+                continue
+            break  # one finding per (rule, process, graph)
     return findings
 
 
