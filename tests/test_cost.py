@@ -246,3 +246,11 @@ def test_otlp_replay_spans_carry_the_timed_replays():
     assert on_spans == len(timed) == 22
     assert max(s["attrs"].get("mlatrace.replay.gpu_ns.max", 0) for s in replays) == \
         max(r["gpu_ns"] for r in timed)
+
+
+def test_whatif_bad_arguments_exit_2():
+    for lengths in ("8k", "0", ","):
+        run = mlatrace("whatif", str(LEGACY), "--lengths", lengths)
+        assert run.returncode == 2 and "--lengths" in run.stderr
+    run = mlatrace("whatif", str(REPO / "no-such-trace"))
+    assert run.returncode == 2 and run.stderr.startswith("mlatrace whatif: ")
