@@ -1,7 +1,8 @@
 """`mlatrace merge DIR... -o OUT`: one run's trace directories copied into one, for archiving.
 
 OUT gets one subdirectory per source directory, named by the host whose processes it
-holds (`OUT/<host>/run.json`, `OUT/<host>/p<pid>.jsonl`), and `OUT/merge.json`, which
+holds (`OUT/<host>/run.json`, `OUT/<host>/p<pid>.jsonl`; by its path from the sources'
+common parent when hosts do not tell the sources apart), and `OUT/merge.json`, which
 says where each came from. Files are copied byte for byte (a truncated last line stays
 truncated, to be reported the same way), so OUT reads as the sources read together:
 `mlatrace report OUT` is the same run, with the same processes, ranks and findings.
@@ -12,6 +13,7 @@ Exit codes: 0 merged, 2 no trace under DIRS, OUT not empty, or a copy failed.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -22,19 +24,38 @@ from mlatrace.trace.runs import RunInfo, find_runs, select_run
 MERGE_SCHEMA = "mlatrace.merge/1"
 
 
-def _dir_name(trace: Trace, taken: set[str]) -> str:
+def _hosts(trace: Trace) -> list[str]:
     hosts = sorted({str(p.header["host"]) for p in trace.processes
                     if p.header and p.header.get("host")})
     if not hosts and trace.run and trace.run.get("host"):
         hosts = [str(trace.run["host"])]
-    base = hosts[0] if len(hosts) == 1 else trace.root.resolve().name
-    base = "".join(c if c.isalnum() or c in "._-" else "_" for c in base) or "trace"
-    name, n = base, 1
-    while name in taken:
-        n += 1
-        name = f"{base}-{n}"
-    taken.add(name)
-    return name
+    return hosts
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name).strip(".") or "trace"
+
+
+def dir_names(traces: list[Trace]) -> list[str]:
+    """The subdirectory of OUT for each source: its host when every source holds one host
+    of its own; otherwise its path from the sources' common parent, as the reader names
+    their files, so the merged run reads with the same file names."""
+    hosts = [_hosts(t) for t in traces]
+    if all(len(h) == 1 for h in hosts) and len({h[0] for h in hosts}) == len(hosts):
+        return [_safe(h[0]) for h in hosts]
+    roots = [t.root.resolve() for t in traces]
+    common = Path(os.path.commonpath(roots))
+    names, taken = [], set()
+    for root in roots:
+        rel = root.relative_to(common).as_posix()
+        base = _safe(rel.replace("/", "_")) if rel != "." else _safe(root.name)
+        name, n = base, 1
+        while name in taken:
+            n += 1
+            name = f"{base}-{n}"
+        taken.add(name)
+        names.append(name)
+    return names
 
 
 def merge(paths: list[str], out: str | Path, run_id: str | None = None
@@ -46,10 +67,9 @@ def merge(paths: list[str], out: str | Path, run_id: str | None = None
     runs = find_runs(paths)
     run, note = select_run(runs, run_id, " ".join(paths))
     target.mkdir(parents=True, exist_ok=True)
-    taken: set[str] = set()
     sources = []
-    for trace in sorted(run.traces, key=lambda t: str(t.root.resolve())):
-        name = _dir_name(trace, taken)
+    traces = sorted(run.traces, key=lambda t: str(t.root.resolve()))
+    for trace, name in zip(traces, dir_names(traces), strict=True):
         dest = target / name
         dest.mkdir()
         files = [p.path for p in trace.processes]
