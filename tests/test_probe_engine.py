@@ -554,5 +554,5 @@ def test_written_lines_are_what_the_json_encoder_gives(tmp_modules, tmp_path):
     assert parsed[2]["t"] != 5 and parsed[2]["attrs"] == {"a": [1, 2]}
     assert sorted(parsed[3]["attrs"]["set"]) == [1, 2]
     assert parsed[4]["error"].startswith("ValueError('Circular reference detected')")
-    assert all(a["t"] <= b["t"] for a, b in zip(parsed, parsed[1:]))
+    assert all(a["t"] <= b["t"] for a, b in zip(parsed, parsed[1:], strict=False))
     assert [p["seq"] for p in parsed] == [1, 2, 3, 4, 5]
