@@ -15,6 +15,7 @@ N is MLATRACE_SAMPLE (default 1, `mlatrace run --sample N`); 0 keeps every recor
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
@@ -134,6 +135,19 @@ def forget(samplers: list[Sampler]) -> None:
         for sampler in samplers:
             if sampler in _samplers:
                 _samplers.remove(sampler)
+
+
+def _forget_in_forked_child() -> None:
+    """A forked child has its own trace: its counts and runs start afresh."""
+    for sampler in _samplers:
+        for state, _ in sampler.open.values():
+            state.run = 0
+            state.last = None
+        sampler.open.clear()
+        sampler.sampled = 0
+
+
+os.register_at_fork(after_in_child=_forget_in_forked_child)
 
 
 def limit() -> int:
