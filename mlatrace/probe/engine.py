@@ -411,7 +411,7 @@ def _make_function(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
 
         return _like(call_probe, original)
 
-    around = _recorder_around(runtime, info, extract, note)
+    around = _recorder_around(runtime, info, extract, note, 1 if method else 0)
 
     def return_probe(*args: Any, **kwargs: Any) -> Any:
         if runtime.disabled or not state.active or local.inside:
@@ -434,26 +434,33 @@ def _like(replacement: Callable, original: Callable) -> Callable:
 
 
 def _recorder_around(runtime: ProbeRuntime, info: TargetInfo, extract: Callable[..., dict],
-                     note: Callable[[dict], None]) -> Callable:
+                     note: Callable[[dict], None], offset: int) -> Callable:
     """Run the call and record its fields once it returned (when = return | both)."""
     target = info.target
     both = runtime.spec.when == "both"
-
-    entries = dict(getattr(runtime.spec.extract, "entries", None) or ())
+    program = runtime.spec.extract
+    entries = dict(getattr(program, "entries", None) or ())
     names = list(entries) if entries else (
-        runtime.spec.extract.names() if hasattr(runtime.spec.extract, "names") else [])
+        program.names() if hasattr(program, "names") else [])
     # when = both: the capture state is taken at call time (the call may change it).
     early_capturing = both and "capturing" in names
     early_gid = both and "gid" in names
     capturing, current_gid = graphs.capturing, graphs.current_gid
-    cap_fn = entries.get("capturing") == ("call0", "capturing") if entries else False
-    gid_fn = entries.get("gid") == ("call0", "gid") if entries else False
+    cap_fn = entries.get("capturing") == ("call0", "capturing")
+    gid_fn = entries.get("gid") == ("call0", "gid")
+    late = extract
+    if both and cap_fn and gid_fn and hasattr(program, "bind"):
+        # The fields read after the call, without the capture state read before it.
+        late = program.bind(info.positions, info.defaults, offset, last="layer",
+                            skip=("capturing", "gid"))
 
     def around(call: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
         early = None
         if both:
             try:
-                if (early_capturing and not cap_fn) or (early_gid and not gid_fn):
+                if late is not extract:
+                    early = {"capturing": capturing(), "gid": current_gid()}
+                elif (early_capturing and not cap_fn) or (early_gid and not gid_fn):
                     early = extract(instance, args, kwargs, None)
                 else:
                     early = {}
@@ -467,7 +474,7 @@ def _recorder_around(runtime: ProbeRuntime, info: TargetInfo, extract: Callable[
         result = call(*args, **kwargs)
         if not runtime.disabled:
             try:
-                fields = extract(instance, args, kwargs, result)
+                fields = late(instance, args, kwargs, result)
                 if early:
                     if "capturing" in early:
                         fields["capturing"] = early["capturing"]
@@ -526,7 +533,7 @@ def _make_wrapper(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
 
         return call_wrapper
 
-    around = _recorder_around(runtime, info, extract, note)
+    around = _recorder_around(runtime, info, extract, note, 0)
 
     def return_wrapper(wrapped, instance, args, kwargs):
         if runtime.disabled or not state.active or local.inside:

@@ -614,16 +614,17 @@ class FieldsProgram:
         return self._by_view(view.instance, view, None, view.result)
 
     def bind(self, positions: dict[str, int], defaults: dict[str, Any],
-             offset: int = 0, last: str | None = None
+             offset: int = 0, last: str | None = None, skip: tuple[str, ...] = ()
              ) -> Callable[[Any, tuple, dict, Any], dict[str, Any]]:
         """The extraction for a target whose parameters sit at positions (+offset in args).
 
         Straight-line code generated for this target (``_generate``); the closure chain
         of ``_assemble`` where generation does not apply. ``last`` names a top-level
-        field put last in the output (the engine's sampling pops and re-adds it).
+        field put last in the output (the engine's sampling pops and re-adds it);
+        ``skip`` names top-level fields left out (the caller sets them).
         """
         binding = _Binding(positions, defaults, offset)
-        entries = self.entries
+        entries = tuple(e for e in self.entries if e[0] not in skip)
         if last is not None and any(name == last for name, _ in entries):
             entries = tuple(e for e in entries if e[0] != last) + tuple(
                 e for e in entries if e[0] == last)

@@ -15,6 +15,7 @@ N is MLATRACE_SAMPLE (default 1, `mlatrace run --sample N`); 0 keeps every recor
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
@@ -74,13 +75,19 @@ class Sampler:
         """The record's place in its run (1, 2, ...) when it is to be recorded; 0 when
         it only counts. `key` is what must match (a record's fields without `layer`);
         it is kept as given, so the caller must not change it afterwards."""
-        if state.last is not None and state.epoch == graphs.EPOCH.value and key == state.last:
+        epoch = graphs.EPOCH.value
+        if state.epoch == epoch and key == state.last and state.last is not None:
             n = state.run = state.run + 1
-            if layer is not NO_LAYER and len(state.layers) < MAX_LAYERS:
-                state.layers[layer] = None
+            if layer is not NO_LAYER:
+                layers = state.layers
+                if layers is None:
+                    layers = state.layers = {}
+                if len(layers) < MAX_LAYERS:
+                    layers[layer] = None
             if n <= self.limit:
                 return n
             if n == self.limit + 1:
+                state.tid = threading.get_ident()     # the run's thread: this one
                 self.open[id(state)] = (state, name)
             self.sampled += 1
             return 0
@@ -88,9 +95,8 @@ class Sampler:
             self.close(state, name)
         state.last = key
         state.run = 1
-        state.epoch = graphs.EPOCH.value
-        state.layers = {} if layer is NO_LAYER else {layer: None}
-        state.tid = threading.get_ident()
+        state.epoch = epoch
+        state.layers = None if layer is NO_LAYER else {layer: None}
         return 1
 
     def close(self, state: RunState, name: str = "") -> None:
@@ -129,6 +135,19 @@ def forget(samplers: list[Sampler]) -> None:
         for sampler in samplers:
             if sampler in _samplers:
                 _samplers.remove(sampler)
+
+
+def _forget_in_forked_child() -> None:
+    """A forked child has its own trace: its counts and runs start afresh."""
+    for sampler in _samplers:
+        for state, _ in sampler.open.values():
+            state.run = 0
+            state.last = None
+        sampler.open.clear()
+        sampler.sampled = 0
+
+
+os.register_at_fork(after_in_child=_forget_in_forked_child)
 
 
 def limit() -> int:

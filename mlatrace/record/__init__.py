@@ -317,17 +317,24 @@ class Recorder:
         """The queue is full: wait for the writer (bounded), else drop and count.
 
         The producer gives the writer the GIL and waits until it has drained the queue
-        to half, at most BACKPRESSURE_S; a writer that made no room in that time is
-        stalled (its disk, say), and records then drop without waiting until it drains.
+        to half, as long as the writer makes progress; a writer that made no room in
+        BACKPRESSURE_S is stalled (its disk, say), and records then drop without waiting
+        until it drains.
         """
         if not self._stalled and threading.get_ident() != self._writer_ident \
                 and self._thread.is_alive():
-            self._drained.clear()
-            self._wake.set()
-            self._drained.wait(BACKPRESSURE_S)
             self.waits += 1
-            if len(self._pending) < self.max_pending:
-                return True
+            before = len(self._pending)
+            while True:
+                self._drained.clear()
+                self._wake.set()
+                self._drained.wait(BACKPRESSURE_S)
+                now = len(self._pending)
+                if now < self.max_pending:
+                    return True
+                if now >= before:       # no progress in BACKPRESSURE_S: a stalled writer
+                    break
+                before = now
             self._stalled = True
         next(self._seq)  # the gap in seq is how readers see the drop
         self.dropped += 1

@@ -1,0 +1,116 @@
+"""Eager run-length sampling loses no rule input, and process.end counts stay exact.
+
+Each reference program runs twice under `mlatrace run` (real subprocesses, CPU): with
+sampling off (`--sample 0`, every record) and with the default. Both traces must give
+the same findings, the same exact count of every record kind in `process.end`, and the
+sampled trace must account for every call it left out (`sampled`, `sample.run`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from mlatrace.analysis import analyze  # noqa: E402
+from mlatrace.trace import open_trace  # noqa: E402
+
+SERVE = ["--device", "cpu", "--ctx", "2048", "--steps", "4", "--batch", "2", "--layers", "3",
+         "--hidden", "64"]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def traced_serve(out: Path, sample: str | None, *args: str) -> list[dict]:
+    options = [] if sample is None else ["--sample", sample]
+    cmd = [sys.executable, "-m", "mlatrace", "run", "--out", str(out), *options, "--",
+           sys.executable, "-m", "mlatrace.reference.serve", *SERVE, *args]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    env.pop("MLATRACE_SAMPLE", None)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (path,) = out.glob("p*.jsonl")
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def findings(out: Path) -> list[tuple]:
+    result = analyze(open_trace(out))
+    return sorted((f.id, f.severity, f.gid, f.message) for f in result.findings)
+
+
+@pytest.mark.parametrize("args, expected", [
+    (("--policy", "legacy"), {"MLT001"}),                         # the seed-002 bug
+    (("--policy", "bucketed"), {"MLT001"}),                       # bucketed frozen at capture
+    (("--policy", "bucketed", "--graph", "breakable"), set()),    # eager MLA per layer
+    (("--policy", "device", "--graph", "none"), set()),           # all eager
+])
+def test_sampling_keeps_findings_and_exact_counts(tmp_path, args, expected):
+    full = traced_serve(tmp_path / "all", "0", *args)
+    sampled = traced_serve(tmp_path / "sampled", None, *args)
+
+    assert findings(tmp_path / "all") == findings(tmp_path / "sampled")
+    assert {f[0] for f in findings(tmp_path / "sampled")} == expected
+
+    end_all, end = full[-1], sampled[-1]
+    assert end_all["k"] == end["k"] == "process.end"
+    assert end["dropped"] == end_all["dropped"] == 0
+    # Exact counts per kind, sampling or not (sample.run exists only when sampling).
+    counts = {k: n for k, n in end["counts"].items() if k != "sample.run"}
+    assert counts == end_all["counts"]
+    written: dict[str, int] = {}
+    for rec in sampled[1:-1]:
+        written[rec["k"]] = written.get(rec["k"], 0) + 1
+    for kind, n in end["counts"].items():
+        assert written.get(kind, 0) + end["sampled"].get(kind, 0) == n, kind
+    # What was left out is accounted for run by run.
+    runs = [r for r in sampled if r["k"] == "sample.run"]
+    for kind, n in end["sampled"].items():
+        assert sum(r["sampled"] for r in runs if r["of"] == kind) == n, kind
+    # Captures and replays are never sampled; eager paths are.
+    for kind in ("graph.capture.begin", "graph.replay", "graph.nodes"):
+        assert written.get(kind, 0) == end_all["counts"].get(kind, 0)
+    assert all(not r["capturing"] for r in sampled if "repeat" in r and "capturing" in r)
+    if "--graph" in args:
+        assert end["sampled"], "the eager calls of a decode loop are sampled"
+        assert len(sampled) < len(full)
+
+
+def test_every_change_is_recorded_and_runs_are_exact(tmp_path, monkeypatch):
+    """In-process: each change of a call's fields starts a recorded run; the rest of a
+    run is counted; a capture beginning ends the runs."""
+    from mlatrace import probe, record
+    from mlatrace.probe import graphs
+    from mlatrace.reference import policies
+
+    monkeypatch.setenv("MLATRACE_SAMPLE", "2")
+    out = tmp_path / "trace"
+    record.start(str(out))
+    probe.install([ROOT / "probes" / "reference.toml"])
+    try:
+        calls = [1000] * 5 + [2000] * 3 + [1000] * 4
+        for n in calls:
+            policies.num_kv_splits("legacy", 4, 1, 16, n)
+        graphs.push_capture(graphs.next_gid(), "test")       # a capture begins ...
+        policies.num_kv_splits("legacy", 4, 1, 16, 1000)      # ... recorded, captured
+        graphs.pop_capture()
+        policies.num_kv_splits("legacy", 4, 1, 16, 1000)      # a new eager run
+    finally:
+        probe.uninstall()
+        record.stop()
+    (path,) = out.glob("p*.jsonl")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    splits = [(r["min_kv_seq_len"], r.get("repeat"), r["capturing"])
+              for r in rows if r["k"] == "kernel.split"]
+    assert splits == [(1000, 1, False), (1000, 2, False), (2000, 1, False), (2000, 2, False),
+                      (1000, 1, False), (1000, 2, False), (1000, None, True), (1000, 1, False)]
+    runs = [(r["repeat"], r["sampled"]) for r in rows if r["k"] == "sample.run"]
+    assert runs == [(5, 3), (3, 1), (4, 2)]
+    end = rows[-1]
+    assert end["counts"]["kernel.split"] == len(calls) + 2
+    assert end["sampled"] == {"kernel.split": 6}
