@@ -255,7 +255,7 @@ def test_decision_probes_record_host_decision(tmp_path):
         [pack]
         name = "t"
         library = "mlatrace"
-        versions = ["test"]
+        checked = ["test"]
 
         [[probe]]
         name = "declared"
@@ -319,7 +319,7 @@ def test_static_signatures_and_drift(tmp_path):
     assert compare(["x", "y"], ["y"], found["lib.mod:free"])[0] == "ok"
     assert compare(["x", "z"], [], found["lib.mod:free"])[0] == "drift"
     pack = tmp_path / "p.toml"
-    pack.write_text('[pack]\nname = "t"\nlibrary = "lib"\nversions = ["x"]\n\n'
+    pack.write_text('[pack]\nname = "t"\nlibrary = "lib"\nchecked = ["x"]\n\n'
                     '[[probe]]\nname = "p"\ntargets = ["lib.mod:free"]\nparams = ["x", "z"]\n'
                     'kind = "attn.call"\n')
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -113,7 +113,7 @@ def test_a_mistyped_option_is_named_by_doctor_and_reported_by_run(shop):
 
     doctor = sh("mlatrace probes doctor --probes shop_pack.toml", shop)
     assert doctor.returncode == 1, doctor.stdout + doctor.stderr
-    assert "1 pack problem(s)" in doctor.stdout.splitlines()[0]
+    assert doctor.stdout.splitlines()[0].endswith("-> 1 pack problem"), doctor.stdout
     assert f"PROBLEM shop_pack.toml:{line}: probe 'checkout': unknown option 'currncy'" in doctor.stdout
 
     done, records = traced_checkout(shop, "--probes", "shop_pack.toml")
