@@ -267,9 +267,12 @@ def bench() -> None:
 
 
 @bench.command("record")
-@click.option("--events", type=int, default=500_000)
-@click.option("--repeats", type=click.IntRange(min=1), default=3)
-@click.option("--json-out", type=click.Path(dir_okay=False), default=None)
+@click.option("--events", type=int, default=500_000, show_default=True,
+              help="Events each traced loop records (marks, probed calls).")
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Alternating traced/untraced runs of each workload (medians are kept).")
+@click.option("--json-out", type=click.Path(dir_okay=False), default=None,
+              help="Also write the results as JSON to this file.")
 def bench_record(events: int, repeats: int, json_out: str | None) -> None:
     """All-in cost per recorded event (mark and a probed call) and the recorder's drops."""
     from mlatrace.bench import record_bench
@@ -311,10 +314,12 @@ def bench_splits(out: str, quick: bool) -> None:
 
 
 @bench.command("overhead")
-@click.option("--steps", type=int, default=300)
+@click.option("--steps", type=int, default=300, show_default=True,
+              help="Decode steps per run (at most 40 without CUDA).")
 @click.option("--graph", "graph_modes", default="full",
               help="Graph modes of the reference engine, comma-separated: full, breakable, none.")
-@click.option("--rounds", type=click.IntRange(min=1), default=3)
+@click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Alternating traced/untraced rounds per graph mode (medians are kept).")
 @click.option("--sample", type=click.IntRange(min=0), default=None,
               help="MLATRACE_SAMPLE of the traced runs (default: mlatrace's, 8).")
 @click.option("--json-out", type=click.Path(dir_okay=False), default="bench-overhead.json",

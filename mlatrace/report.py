@@ -82,7 +82,7 @@ from mlatrace.analysis import Analysis, ConfigError
 from mlatrace.analysis.load import Unusable, load, resolve_config
 from mlatrace.analysis.model import MAX_MARKS
 from mlatrace.analysis.summary import root_graphs, units
-from mlatrace.tables import Column, make_console, print_table
+from mlatrace.tables import Column, make_console, print_line, print_table
 
 __all__ = ["Unusable", "load", "main", "render", "report_dict", "resolve_config"]
 
@@ -394,8 +394,8 @@ def render_coverage(console: Any, data: dict[str, Any], verbose: bool) -> None:
     if not cov:
         return
 
-    def say(text: str) -> None:  # one line each, never folded mid-sentence by rich
-        console.print(text, highlight=False, soft_wrap=True)
+    def say(text: str) -> None:  # fits the width, wrapped between words and indented
+        print_line(console, text)
 
     def listed(values: list) -> str:
         return ", ".join(map(str, values)) or "none"
@@ -559,8 +559,8 @@ def render_marks(console: Any, data: dict[str, Any], verbose: bool) -> None:
 
 FINDING_COLUMNS = [
     Column("id", wrap=True),
-    Column("severity"),
-    Column("count", priority=2, justify="right"),
+    Column("severity", priority=2),   # left out before the message folds a long path
+    Column("count", priority=3, justify="right"),
     Column("ranks", priority=1, wrap=True),
     Column("message", wrap=True, want=40),
 ]
@@ -568,6 +568,8 @@ FINDING_COLUMNS = [
 
 def render_findings(console: Any, data: dict[str, Any], verbose: bool) -> None:
     """Findings grouped by rule; -v adds each one's evidence and fix hint."""
+    from rich.markup import escape
+
     if data["findings"]:
         rows = []
         for f in group_findings(data["findings"]):
@@ -579,7 +581,7 @@ def render_findings(console: Any, data: dict[str, Any], verbose: bool) -> None:
         if costs:
             console.print("cost (GPU time of the graph's replays):", highlight=False)
             for line in costs:
-                console.print(f"  {line}", highlight=False)
+                print_line(console, f"  {escape(line)}")
         if verbose:
             for f in group_findings(data["findings"]):
                 console.print(f"\n[bold]{f['id']} {f['name']}[/] (pid {_fmt(f['pids'])}, "

@@ -152,3 +152,20 @@ def print_table(console: Any, columns: list[Column], rows: list[list[str]], *,
     if dropped:
         console.print(f"(not shown at {console.width} columns: {', '.join(dropped)}; "
                       "see --json)", highlight=False)
+
+
+def print_line(console: Any, markup: str, hang: int = 2) -> None:
+    """Print one line of prose (rich markup) that fits `console.width`: wrapped between
+    words, each continuation indented `hang` cells past the line's own indent, so a
+    wrapped line never starts at column 0 or reads as a new item."""
+    from rich.text import Text
+
+    text = Text.from_markup(markup)
+    body = text.plain.lstrip(" ")
+    lead = len(text.plain) - len(body)
+    text = text[lead:]
+    width = max(console.width - lead - hang, 20)
+    for i, line in enumerate(text.wrap(console, width, overflow="fold")):
+        line.rstrip()
+        pad = " " * (lead if i == 0 else lead + hang)
+        console.print(Text(pad) + line, highlight=False, soft_wrap=True)

@@ -92,7 +92,7 @@ def trace_dirs(path: str | Path) -> list[Path]:
     """`path` and the directories below it (MAX_DEPTH levels) that hold a trace."""
     root = Path(path)
     if not root.exists():
-        raise TraceError(f"{root}: not a trace directory (no such file or directory)")
+        raise TraceError(f"{root}: does not exist")
     if root.is_file():
         return [root]
     found = []
