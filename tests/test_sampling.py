@@ -96,9 +96,10 @@ def test_every_change_is_recorded_and_runs_are_exact(tmp_path, monkeypatch):
         calls = [1000] * 5 + [2000] * 3 + [1000] * 4
         for n in calls:
             policies.num_kv_splits("legacy", 4, 1, 16, n)
-        graphs.push_capture(graphs.next_gid(), "test")       # a capture begins ...
+        gid = graphs.next_gid()
+        graphs.push_capture(gid, "test")                      # a capture begins ...
         policies.num_kv_splits("legacy", 4, 1, 16, 1000)      # ... recorded, captured
-        graphs.pop_capture()
+        graphs.remove_capture(gid)
         policies.num_kv_splits("legacy", 4, 1, 16, 1000)      # a new eager run
     finally:
         probe.uninstall()
