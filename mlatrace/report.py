@@ -608,7 +608,7 @@ def main(trace: str | list[str], as_json: bool = False, verbose: bool = False,
         cfg = resolve_config(config, trace, expect)
         opened, result = load(trace, cfg, run_id=run_id)
     except (Unusable, ConfigError) as exc:
-        err.print(f"[red]error:[/] {exc}", highlight=False)
+        err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
         return 2
     shown = trace if isinstance(trace, str) else " ".join(trace)
     data = report_dict(shown, result, run=opened.run)
@@ -639,7 +639,8 @@ def print_runs(paths: str | list[str], as_json: bool = False) -> int:
     try:
         runs = find_runs([paths] if isinstance(paths, str) else paths)
     except TraceError as exc:
-        make_console(stderr=True).print(f"[red]error:[/] {exc}", highlight=False)
+        make_console(stderr=True).print(f"[red]error:[/] {exc}", highlight=False,
+                                            soft_wrap=True)
         return 2
     if as_json:
         sys.stdout.write(json.dumps({"schema": "mlatrace.runs/1",
