@@ -610,7 +610,7 @@ def main(trace: str | list[str], as_json: bool = False, verbose: bool = False,
         cfg = resolve_config(config, trace, expect)
         opened, result = load(trace, cfg, run_id=run_id)
     except (Unusable, ConfigError) as exc:
-        err.print(f"[red]error:[/] {exc}", highlight=False)
+        err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
         return 2
     shown = trace if isinstance(trace, str) else " ".join(trace)
     data = report_dict(shown, result, run=opened.run)
@@ -622,6 +622,17 @@ def main(trace: str | list[str], as_json: bool = False, verbose: bool = False,
     return 0
 
 
+# `report --list`: the run id and its directories are what `--run` and the paths need
+RUN_COLUMNS = [
+    Column("run_id"),
+    Column("start", priority=2),
+    Column("argv", priority=3, wrap=True, want=20),
+    Column("hosts", priority=1, wrap=True),
+    Column("processes", justify="right"),
+    Column("directories", wrap=True),
+]
+
+
 def print_runs(paths: str | list[str], as_json: bool = False) -> int:
     """`report --list`: one line per run under the paths (run_id, start, argv, hosts, processes)."""
     from mlatrace.trace import TraceError, find_runs
@@ -630,21 +641,15 @@ def print_runs(paths: str | list[str], as_json: bool = False) -> int:
     try:
         runs = find_runs([paths] if isinstance(paths, str) else paths)
     except TraceError as exc:
-        make_console(stderr=True).print(f"[red]error:[/] {exc}", highlight=False)
+        make_console(stderr=True).print(f"[red]error:[/] {exc}", highlight=False,
+                                            soft_wrap=True)
         return 2
     if as_json:
         sys.stdout.write(json.dumps({"schema": "mlatrace.runs/1",
                                      "runs": [r.to_dict() for r in runs]}, indent=1) + "\n")
         return 0
-    from rich.table import Table
-
-    table = Table(title=f"{len(runs)} run(s), oldest first", title_justify="left",
-                  show_edge=False)
-    for col in ("run_id", "start", "argv", "hosts", "processes", "directories"):
-        table.add_column(col, overflow="fold")
-    for r in runs:
-        table.add_row(str(r.run_id), describe_start(r.start_ns), " ".join(r.argv)[:60],
-                      ",".join(r.hosts) or "-", str(r.processes),
-                      ", ".join(str(d) for d in r.dirs))
-    make_console().print(table)
+    rows = [[str(r.run_id), describe_start(r.start_ns), " ".join(r.argv)[:60],
+             ", ".join(r.hosts) or "-", str(r.processes), ", ".join(str(d) for d in r.dirs)]
+            for r in runs]
+    print_table(make_console(), RUN_COLUMNS, rows, title=f"{len(runs)} run(s), oldest first")
     return 0

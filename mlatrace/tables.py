@@ -5,7 +5,9 @@ half ("3283" / "1"). Here each column says how important it is and whether its
 text may wrap between words; `fit_table` then drops the least important columns
 until the rest fit at their minimum width (the longest word of a prose column,
 the whole value of any other), a column that is empty in every row going first,
-then narrows the widest columns to fit, and names the columns it left out. Every table of `report`, `diff` and `check` goes through
+then narrows the widest columns to fit, and names the columns it left out. Only
+when even the required columns do not fit at their minimum does a prose column
+fold inside a word. Every table of `report`, `diff` and `check` goes through
 it, so a new column only has to declare its priority.
 """
 
@@ -18,6 +20,7 @@ from typing import Any
 
 # Columns are dropped highest number first; REQUIRED ones are never dropped.
 REQUIRED = 0
+MIN_FOLDED = 8             # a prose column folded inside its words keeps this many cells
 DEFAULT_PIPE_WIDTH = 160   # stdout is not a terminal and COLUMNS is unset (CI logs, pipes)
 
 
@@ -109,6 +112,11 @@ def fit_columns(columns: list[Column], rows: list[list[str]], width: int
         worst = max(candidates, key=lambda i: (empty[i], columns[i].priority, i))
         shown.remove(worst)
         dropped.append(worst)
+    # even the columns left do not fit whole: the prose ones fold inside their words,
+    # never an id or a number (rich, left to it, cuts every column alike)
+    folded = [min(m, max(MIN_FOLDED, _longest_word(col.header))) if col.wrap else m
+              for col, m in zip(columns, minimum, strict=True)]
+    widths = _shrink(widths, folded, width, total)
     return sorted(dropped), widths
 
 

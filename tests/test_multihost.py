@@ -1,6 +1,6 @@
 """One run traced on several hosts (issue 20): host directories sharing a run_id read as
 one run by report, check and diff; `merge` writes one directory that reads the same;
-a world size with a rank that no host traced is named by the report.
+a world size with a rank that no host traced is named by the report (coverage: blind).
 
 The hosts are real: each `mlatrace run` runs in its own UTS and pid namespaces
 (`unshare -upf`, root only), as in containers: its own host name, and pids that start
@@ -180,13 +180,18 @@ def test_missing_rank_is_named(three_of_four: Path) -> None:
     done = cli("report", three_of_four)
     assert done.returncode == 0, done.stderr
     line = " ".join(done.stdout.split())
-    assert "3 of world size 4 traced; missing rank(s) 2" in line
+    assert "ranks: world size 4, seen 0, 1, 3; missing: 2" in line  # pooled over the hosts
+    assert "blind: rank(s) 2 of world size 4 missing (ranks seen: 0, 1, 3)" in line
+    ranks = report_json(three_of_four)["coverage"]["ranks"]
+    assert ranks["world_size"] == 4 and ranks["seen"] == [0, 1, 3] and ranks["missing"] == [2]
+    one_host = report_json(three_of_four / "node0")["coverage"]["ranks"]
+    assert one_host["seen"] == [0] and one_host["missing"] == [1, 2, 3]
 
 
-@pytest.mark.xfail(strict=True, reason="check exit 3 (blind) for missing ranks comes with the "
-                   "trust branch (issue 15); remove this mark when both are merged")
 def test_missing_rank_makes_check_blind(three_of_four: Path) -> None:
-    assert cli("check", three_of_four).returncode == 3
+    done = cli("check", three_of_four)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "rank(s) 2 of world size 4 missing" in " ".join(done.stdout.split())
 
 
 def test_perfetto_of_two_hosts_says_the_clocks_are_not_shared(two_hosts, tmp_path: Path) -> None:
