@@ -80,8 +80,9 @@ def _follow_piecewise(src: Path, dst: Path, seed: int, cuts: int = 7,
             assert [f.to_dict() for f in live.analysis.findings] == \
                 [f.to_dict() for f in batch.findings], f"{src.name}: prefix after {name} piece {i}"
             shutil.rmtree(prefix)
-    if (src / "run.json").exists():
-        shutil.copy(src / "run.json", dst / "run.json")
+    for side in ("run.json", "whatif.json"):  # written beside the trace after the run
+        if (src / side).exists():
+            shutil.copy(src / side, dst / side)
     return live
 
 

@@ -6,6 +6,7 @@ import gc
 import json
 import os
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 from mlatrace.analysis.model import (
@@ -45,6 +46,20 @@ def _flush_ptr_run(stats: ReplayStats) -> None:
     stats.ptr_run_count = 0
 
 
+
+
+def _add_step_syncs(sites: dict, pid: int | None, file: str, records: Iterable[dict]) -> None:
+    """Count sync records into per-(pid, op, where) sites (at most MAX_SYNC_SITES * 4)."""
+    for rec in records:
+        op, where = _text(rec.get("op")), rec.get("where")
+        key = (pid, op, hashable(where))
+        site = sites.get(key)
+        if site is not None:
+            site.count += 1
+        elif len(sites) < MAX_SYNC_SITES * 4:
+            seq = rec.get("seq")
+            sites[key] = SyncSite(Ref(file, seq if isinstance(seq, int) else -1, "sync"),
+                                  op, where, False, None)
 
 
 def _text(value: Any) -> str | None:
@@ -125,6 +140,9 @@ class _ProcessBuilder:
         self.replaying: set[Any] = set()
         self.eager_decisions: dict[Any, dict[str, dict]] = {}  # tid -> name -> latest eager record
         self.pending_syncs: dict[Any, list[dict]] = {}  # tid -> syncs since its last replay
+        # this process's decode-step syncs, confirmed by a later replay; finish() publishes
+        # them with the pending ones into model.step_syncs
+        self.step_syncs: dict[tuple[int | None, Any, Any], SyncSite] = {}
         # replay input ranges are only read for captured decisions, which precede replays
         self.track_inputs = False
 
@@ -456,14 +474,23 @@ class _ProcessBuilder:
 
     def _flush_syncs(self, tid: Any) -> None:
         """Syncs between replays that no capture followed: the decode step path (MLT004)."""
-        for rec in self.pending_syncs.pop(tid, ()):
-            op, where = _text(rec.get("op")), rec.get("where")
-            key = (self.pid, op, hashable(where))
-            site = self.model.step_syncs.get(key)
-            if site is not None:
-                site.count += 1
-            elif len(self.model.step_syncs) < MAX_SYNC_SITES * 4:
-                self.model.step_syncs[key] = SyncSite(self._ref(rec, "sync"), op, where, False, None)
+        _add_step_syncs(self.step_syncs, self.pid, self.file, self.pending_syncs.pop(tid, ()))
+
+    def _publish_syncs(self) -> None:
+        """model.step_syncs of this process: the confirmed sites plus the pending syncs.
+
+        Pending syncs are counted as they would be if the file ended here, without
+        consuming them: a capture that begins later still claims them as its set-up.
+        """
+        model_syncs = self.model.step_syncs
+        for key in [k for k in model_syncs if k[0] == self.pid]:
+            del model_syncs[key]
+        sites = self.step_syncs
+        if any(self.pending_syncs.values()):
+            sites = {key: replace(site) for key, site in sites.items()}
+            for pending in self.pending_syncs.values():
+                _add_step_syncs(sites, self.pid, self.file, pending)
+        model_syncs.update(sites)
 
     def replay(self, rec: dict) -> None:
         # the hottest path of a trace (one or two per decode step): keep it lean
@@ -543,18 +570,19 @@ class _ProcessBuilder:
         stats.ptr_run, stats.ptr_run_count = ptrs, 0
 
     def finish(self, proc_file: Any) -> ProcessModel:
-        for tid in list(self.pending_syncs):
-            self._flush_syncs(tid)
+        """Close the per-process aggregates as of the records fed so far.
+
+        It runs again at every snapshot of a trace still being written, so it only
+        derives: nothing it does changes what later records will do.
+        """
+        self._publish_syncs()
         for graph in self.model.graphs.values():
-            graph.replays.last_md = None
-            stats = graph.replays
-            if graph.pid == self.pid:
-                _flush_ptr_run(stats)
-                stats.fold_timed()
             if graph.pid != self.pid:
                 continue
-            # finish runs again at every snapshot of a trace still being written: resolve
-            # whichever record changed since the last one
+            stats = graph.replays
+            _flush_ptr_run(stats)
+            stats.fold_timed()
+            # resolve whichever record changed since the last snapshot
             if stats.seq_len_max_md is not None:
                 stats.seq_len_max_ref = self._ref(stats.seq_len_max_md, "attn.metadata")
                 stats.seq_len_max_md = None
