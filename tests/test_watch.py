@@ -285,6 +285,17 @@ def test_newest_run_picks_the_latest_start(tmp_path: Path) -> None:
         (tmp_path / name / "run.json").write_text(json.dumps({"start_ns": start}))
     (tmp_path / "empty").mkdir()
     assert newest_run(tmp_path) == [tmp_path / "b"]
+    # a run over two hosts: run.json above the host directories, one run_id (found as
+    # report finds it); the tailing reader follows the host directories from the top one
+    multi = tmp_path / "d"
+    for host in ("h1", "h2"):
+        (multi / host).mkdir(parents=True)
+        (multi / host / "p100.jsonl").write_text(json.dumps(
+            {"k": "process", "t": 0, "seq": 0, "schema": "mlatrace/1", "pid": 100,
+             "host": host, "run_id": "R", "wall_ns": 10}) + "\n")
+    (multi / "run.json").write_text(json.dumps({"start_ns": 11, "run_id": "R"}))
+    assert newest_run(tmp_path) == [multi]
+    assert newest_run(multi / "h2") == [multi / "h2"]
     assert newest_run(tmp_path / "c") == [tmp_path / "c"]
     assert newest_run(tmp_path / "empty") == []
 
