@@ -480,3 +480,29 @@ def test_a_backlog_is_read_in_chunks_and_caught_up(tmp_path: Path) -> None:
     assert not live.tail.behind
     assert [f.to_dict() for f in live.close().findings] == \
         [f.to_dict() for f in analyze(open_trace(src)).findings]
+
+
+def test_watch_coverage_is_the_reports(tmp_path: Path) -> None:
+    """The view's coverage line and --json coverage are analysis.coverage's judgement."""
+    from rich.console import Console
+
+    from mlatrace.watch.view import render, snapshot_dict
+
+    proc = SynthProcess(tmp_path, 7)
+    proc.emit("probe.error", probe="vllm.attn", target="vllm.x.forward", reason="drift",
+              error="signature drift: forward(self, q)")
+    proc.write(end=False)
+    live = LiveRun([tmp_path])
+    live.poll()
+    live.refresh()
+    batch = analyze(open_trace(tmp_path)).coverage
+    snap = snapshot_dict(live)["coverage"]
+    assert snap["blind"] and snap["reasons"] == batch.reasons
+    assert snap["packs"] == ["reference"] and snap["attached"] is None  # no process.end yet
+    assert snap["probe_errors"] == [{"file": "p7.jsonl", "probe": "vllm.attn",
+                                     "target": "vllm.x.forward",
+                                     "error": "signature drift: forward(self, q)"}]
+    console = Console(width=200, record=True, color_system=None)
+    console.print(render(live))
+    text = console.export_text()
+    assert "probe errors: 1" in text and f"blind so far: {batch.reasons[0]}" in text

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -610,12 +610,10 @@ class IncrementalBuilder:
     independent (gids are per process): pieces of different files may interleave.
     """
 
-    def __init__(self, root: str = "",
-                 extra_handlers: dict[str, Callable[[Any, dict], None]] | None = None) -> None:
+    def __init__(self, root: str = "") -> None:
         self.model = TraceModel(root=root)
         self.problems: list[Problem] = []   # what the builder itself found (bad field types)
         self._builders: dict[int, tuple[Any, _ProcessBuilder, dict[str, Any]]] = {}
-        self._extra = extra_handlers or {}
 
     def feed(self, proc_file: Any, records: Iterable[dict]) -> int:
         """Apply `records` (the next ones of `proc_file`, in file order); returns how many."""
@@ -626,8 +624,6 @@ class IncrementalBuilder:
             if isinstance(header, dict):
                 builder.header(header)
             handlers = builder.handlers()
-            for kind, extra in self._extra.items():
-                handlers[kind] = _with_extra(handlers.get(kind), extra, proc_file)
             entry = self._builders[id(proc_file)] = (proc_file, builder, handlers)
             self.model.processes.append(builder.proc)
         _, builder, handlers = entry
@@ -655,14 +651,6 @@ class IncrementalBuilder:
             self.model.processes.sort(key=lambda p: by_proc.get(id(p), len(rank)))
         self.model.problems = list(reader_problems) + self.problems
         return _finish_model(self.model, None, None)
-
-
-def _with_extra(handler: Any, extra: Callable[[Any, dict], None], proc_file: Any) -> Any:
-    def both(rec: dict) -> None:
-        extra(proc_file, rec)
-        if handler is not None:
-            handler(rec)
-    return both
 
 
 def _feed(builder: _ProcessBuilder, handlers: dict[str, Any], records: Iterable[dict],

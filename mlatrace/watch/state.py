@@ -91,7 +91,6 @@ class LiveRun:
     builder: IncrementalBuilder = field(init=False)
     analysis: Analysis | None = field(default=None, init=False)
     log: dict[tuple, LoggedFinding] = field(default_factory=dict, init=False)
-    probe_errors: list[tuple[str, dict]] = field(default_factory=list, init=False)
     records: int = field(default=0, init=False)
     started: float = field(init=False)
     closed: bool = field(default=False, init=False)
@@ -101,13 +100,8 @@ class LiveRun:
 
     def __post_init__(self) -> None:
         self.tail = TailReader(self.roots)
-        self.builder = IncrementalBuilder(root=str(self.roots[0]),
-                                          extra_handlers={"probe.error": self._probe_error})
+        self.builder = IncrementalBuilder(root=str(self.roots[0]))
         self.started = self.clock()
-
-    def _probe_error(self, proc_file: Any, rec: dict) -> None:
-        if len(self.probe_errors) < 100:
-            self.probe_errors.append((proc_file.name, rec))
 
     # -- feeding -----------------------------------------------------------------
     def poll(self) -> int:
