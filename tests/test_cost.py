@@ -216,7 +216,11 @@ def test_fold_timed_leaves_out_replays_with_missing_segments():
     stats.fold_timed()
     pct = stats.percentiles()
     assert pct["samples"] == 3 and pct["p50"] == pct["max"] == 4000
-    assert stats.gpu_by_n is None
+    stats.fold_timed()                     # finish again (a live snapshot): the same histogram
+    assert stats.percentiles() == pct
+    stats.add_timed(4, 3000)               # the segment's time arrives after that snapshot
+    stats.fold_timed()
+    assert stats.percentiles()["samples"] == 4 and stats.gpu_sum == 16000
 
 
 def test_closing_hook_records_reach_the_file_before_process_end(tmp_path):

@@ -80,8 +80,9 @@ def _follow_piecewise(src: Path, dst: Path, seed: int, cuts: int = 7,
             assert [f.to_dict() for f in live.analysis.findings] == \
                 [f.to_dict() for f in batch.findings], f"{src.name}: prefix after {name} piece {i}"
             shutil.rmtree(prefix)
-    if (src / "run.json").exists():
-        shutil.copy(src / "run.json", dst / "run.json")
+    for side in ("run.json", "whatif.json"):  # written beside the trace after the run
+        if (src / side).exists():
+            shutil.copy(src / side, dst / side)
     return live
 
 
@@ -284,6 +285,17 @@ def test_newest_run_picks_the_latest_start(tmp_path: Path) -> None:
         (tmp_path / name / "run.json").write_text(json.dumps({"start_ns": start}))
     (tmp_path / "empty").mkdir()
     assert newest_run(tmp_path) == [tmp_path / "b"]
+    # a run over two hosts: run.json above the host directories, one run_id (found as
+    # report finds it); the tailing reader follows the host directories from the top one
+    multi = tmp_path / "d"
+    for host in ("h1", "h2"):
+        (multi / host).mkdir(parents=True)
+        (multi / host / "p100.jsonl").write_text(json.dumps(
+            {"k": "process", "t": 0, "seq": 0, "schema": "mlatrace/1", "pid": 100,
+             "host": host, "run_id": "R", "wall_ns": 10}) + "\n")
+    (multi / "run.json").write_text(json.dumps({"start_ns": 11, "run_id": "R"}))
+    assert newest_run(tmp_path) == [multi]
+    assert newest_run(multi / "h2") == [multi / "h2"]
     assert newest_run(tmp_path / "c") == [tmp_path / "c"]
     assert newest_run(tmp_path / "empty") == []
 
@@ -468,3 +480,29 @@ def test_a_backlog_is_read_in_chunks_and_caught_up(tmp_path: Path) -> None:
     assert not live.tail.behind
     assert [f.to_dict() for f in live.close().findings] == \
         [f.to_dict() for f in analyze(open_trace(src)).findings]
+
+
+def test_watch_coverage_is_the_reports(tmp_path: Path) -> None:
+    """The view's coverage line and --json coverage are analysis.coverage's judgement."""
+    from rich.console import Console
+
+    from mlatrace.watch.view import render, snapshot_dict
+
+    proc = SynthProcess(tmp_path, 7)
+    proc.emit("probe.error", probe="vllm.attn", target="vllm.x.forward", reason="drift",
+              error="signature drift: forward(self, q)")
+    proc.write(end=False)
+    live = LiveRun([tmp_path])
+    live.poll()
+    live.refresh()
+    batch = analyze(open_trace(tmp_path)).coverage
+    snap = snapshot_dict(live)["coverage"]
+    assert snap["blind"] and snap["reasons"] == batch.reasons
+    assert snap["packs"] == ["reference"] and snap["attached"] is None  # no process.end yet
+    assert snap["probe_errors"] == [{"file": "p7.jsonl", "probe": "vllm.attn",
+                                     "target": "vllm.x.forward",
+                                     "error": "signature drift: forward(self, q)"}]
+    console = Console(width=200, record=True, color_system=None)
+    console.print(render(live))
+    text = console.export_text()
+    assert "probe errors: 1" in text and f"blind so far: {batch.reasons[0]}" in text

@@ -5,7 +5,8 @@ from __future__ import annotations
 import gc
 import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 from mlatrace.analysis.model import (
@@ -45,6 +46,20 @@ def _flush_ptr_run(stats: ReplayStats) -> None:
     stats.ptr_run_count = 0
 
 
+
+
+def _add_step_syncs(sites: dict, pid: int | None, file: str, records: Iterable[dict]) -> None:
+    """Count sync records into per-(pid, op, where) sites (at most MAX_SYNC_SITES * 4)."""
+    for rec in records:
+        op, where = _text(rec.get("op")), rec.get("where")
+        key = (pid, op, hashable(where))
+        site = sites.get(key)
+        if site is not None:
+            site.count += 1
+        elif len(sites) < MAX_SYNC_SITES * 4:
+            seq = rec.get("seq")
+            sites[key] = SyncSite(Ref(file, seq if isinstance(seq, int) else -1, "sync"),
+                                  op, where, False, None)
 
 
 def _text(value: Any) -> str | None:
@@ -125,6 +140,9 @@ class _ProcessBuilder:
         self.replaying: set[Any] = set()
         self.eager_decisions: dict[Any, dict[str, dict]] = {}  # tid -> name -> latest eager record
         self.pending_syncs: dict[Any, list[dict]] = {}  # tid -> syncs since its last replay
+        # this process's decode-step syncs, confirmed by a later replay; finish() publishes
+        # them with the pending ones into model.step_syncs
+        self.step_syncs: dict[tuple[int | None, Any, Any], SyncSite] = {}
         # replay input ranges are only read for captured decisions, which precede replays
         self.track_inputs = False
 
@@ -456,14 +474,23 @@ class _ProcessBuilder:
 
     def _flush_syncs(self, tid: Any) -> None:
         """Syncs between replays that no capture followed: the decode step path (MLT004)."""
-        for rec in self.pending_syncs.pop(tid, ()):
-            op, where = _text(rec.get("op")), rec.get("where")
-            key = (self.pid, op, hashable(where))
-            site = self.model.step_syncs.get(key)
-            if site is not None:
-                site.count += 1
-            elif len(self.model.step_syncs) < MAX_SYNC_SITES * 4:
-                self.model.step_syncs[key] = SyncSite(self._ref(rec, "sync"), op, where, False, None)
+        _add_step_syncs(self.step_syncs, self.pid, self.file, self.pending_syncs.pop(tid, ()))
+
+    def _publish_syncs(self) -> None:
+        """model.step_syncs of this process: the confirmed sites plus the pending syncs.
+
+        Pending syncs are counted as they would be if the file ended here, without
+        consuming them: a capture that begins later still claims them as its set-up.
+        """
+        model_syncs = self.model.step_syncs
+        for key in [k for k in model_syncs if k[0] == self.pid]:
+            del model_syncs[key]
+        sites = self.step_syncs
+        if any(self.pending_syncs.values()):
+            sites = {key: replace(site) for key, site in sites.items()}
+            for pending in self.pending_syncs.values():
+                _add_step_syncs(sites, self.pid, self.file, pending)
+        model_syncs.update(sites)
 
     def replay(self, rec: dict) -> None:
         # the hottest path of a trace (one or two per decode step): keep it lean
@@ -543,18 +570,19 @@ class _ProcessBuilder:
         stats.ptr_run, stats.ptr_run_count = ptrs, 0
 
     def finish(self, proc_file: Any) -> ProcessModel:
-        for tid in list(self.pending_syncs):
-            self._flush_syncs(tid)
+        """Close the per-process aggregates as of the records fed so far.
+
+        It runs again at every snapshot of a trace still being written, so it only
+        derives: nothing it does changes what later records will do.
+        """
+        self._publish_syncs()
         for graph in self.model.graphs.values():
-            graph.replays.last_md = None
-            stats = graph.replays
-            if graph.pid == self.pid:
-                _flush_ptr_run(stats)
-                stats.fold_timed()
             if graph.pid != self.pid:
                 continue
-            # finish runs again at every snapshot of a trace still being written: resolve
-            # whichever record changed since the last one
+            stats = graph.replays
+            _flush_ptr_run(stats)
+            stats.fold_timed()
+            # resolve whichever record changed since the last snapshot
             if stats.seq_len_max_md is not None:
                 stats.seq_len_max_ref = self._ref(stats.seq_len_max_md, "attn.metadata")
                 stats.seq_len_max_md = None
@@ -582,12 +610,10 @@ class IncrementalBuilder:
     independent (gids are per process): pieces of different files may interleave.
     """
 
-    def __init__(self, root: str = "",
-                 extra_handlers: dict[str, Callable[[Any, dict], None]] | None = None) -> None:
+    def __init__(self, root: str = "") -> None:
         self.model = TraceModel(root=root)
         self.problems: list[Problem] = []   # what the builder itself found (bad field types)
         self._builders: dict[int, tuple[Any, _ProcessBuilder, dict[str, Any]]] = {}
-        self._extra = extra_handlers or {}
 
     def feed(self, proc_file: Any, records: Iterable[dict]) -> int:
         """Apply `records` (the next ones of `proc_file`, in file order); returns how many."""
@@ -598,8 +624,6 @@ class IncrementalBuilder:
             if isinstance(header, dict):
                 builder.header(header)
             handlers = builder.handlers()
-            for kind, extra in self._extra.items():
-                handlers[kind] = _with_extra(handlers.get(kind), extra, proc_file)
             entry = self._builders[id(proc_file)] = (proc_file, builder, handlers)
             self.model.processes.append(builder.proc)
         _, builder, handlers = entry
@@ -627,14 +651,6 @@ class IncrementalBuilder:
             self.model.processes.sort(key=lambda p: by_proc.get(id(p), len(rank)))
         self.model.problems = list(reader_problems) + self.problems
         return _finish_model(self.model, None, None)
-
-
-def _with_extra(handler: Any, extra: Callable[[Any, dict], None], proc_file: Any) -> Any:
-    def both(rec: dict) -> None:
-        extra(proc_file, rec)
-        if handler is not None:
-            handler(rec)
-    return both
 
 
 def _feed(builder: _ProcessBuilder, handlers: dict[str, Any], records: Iterable[dict],

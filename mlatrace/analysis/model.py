@@ -199,9 +199,10 @@ class ReplayStats:
     inputs: dict[str, list] = field(default_factory=dict)
     last_md: Any = None
     gpu_sum: int = 0
-    # while streaming: replay n -> [GPU ns summed over the timed replays of this graph and the
-    # graphs nested in it with that n, how many]; folded into gpu_hist when the file ends
+    # replay n -> [GPU ns summed over the timed replays of this graph and the graphs nested
+    # in it with that n, how many]; fold_timed() puts the sums in gpu_hist at each finish
     gpu_by_n: dict[int, list] | None = None
+    timed_folded: list[int] | None = None  # the rounded sums the last fold_timed() added
 
     @property
     def count(self) -> int:
@@ -209,7 +210,8 @@ class ReplayStats:
             return max(self.exact, self.max_n, self.records)
         return max(self.max_n, self.records)
 
-    def add_gpu_ns(self, value: int) -> None:
+    def add_gpu_ns(self, value: int) -> int:
+        """Count one replay's GPU time; returns the value as the histogram keeps it."""
         shift = value.bit_length() - GPU_HIST_BITS
         if shift > 0:
             value = (value >> shift) << shift
@@ -217,6 +219,18 @@ class ReplayStats:
         hist[value] = hist.get(value, 0) + 1
         self.gpu_seen += 1
         self.gpu_sum += value
+        return value
+
+    def _remove_gpu_ns(self, value: int) -> None:
+        """Undo add_gpu_ns of an already rounded value."""
+        hist = self.gpu_hist
+        left = hist[value] - 1
+        if left:
+            hist[value] = left
+        else:
+            del hist[value]
+        self.gpu_seen -= 1
+        self.gpu_sum -= value
 
     def add_timed(self, n: int, gpu_ns: int) -> None:
         """One timed replay numbered n, of this graph or of a graph nested in it."""
@@ -235,14 +249,18 @@ class ReplayStats:
 
         A wrapper replay is the sum of the torch replays it caused (same n); an n for which
         fewer of them were timed than for the others is left out rather than undercounted.
+        A trace still being written is finished at every snapshot and a later record may
+        still add to an n, so the previous fold is taken back first: folding again gives
+        the histogram that one fold at the end gives.
         """
-        by_n, self.gpu_by_n = self.gpu_by_n, None
+        for value in self.timed_folded or ():
+            self._remove_gpu_ns(value)
+        self.timed_folded = None
+        by_n = self.gpu_by_n
         if not by_n:
             return
         most = max(count for _ns, count in by_n.values())
-        for ns, count in by_n.values():
-            if count == most:
-                self.add_gpu_ns(ns)
+        self.timed_folded = [self.add_gpu_ns(ns) for ns, count in by_n.values() if count == most]
 
     def percentiles(self) -> dict[str, int] | None:
         """GPU-time percentiles of the replays that carried gpu_ns (rounded down, <0.8%)."""

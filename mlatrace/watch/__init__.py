@@ -94,7 +94,7 @@ def print_final(live: LiveRun, console: Any, interrupted: bool = False) -> None:
     console.rule("final report" + (" (interrupted: the run may still be going)"
                                    if interrupted else ""))
     data = report_dict(str(live.roots[0]), analysis)
-    render_report(console, data, analysis.problems, verbose=False)
+    render_report(console, data, verbose=False)
 
 
 def main(path: str | None, once: bool = False, config: str | None = None,

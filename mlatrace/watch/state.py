@@ -24,54 +24,32 @@ from typing import Any
 from mlatrace.analysis import Analysis, Config, Finding, analyze_model
 from mlatrace.analysis.builder import IncrementalBuilder
 from mlatrace.analysis.model import GraphModel, TraceModel
-from mlatrace.trace import ProcessFile
+from mlatrace.trace import ProcessFile, TraceError
+from mlatrace.trace.runs import find_runs
 from mlatrace.trace.tail import TailReader
 
 RATE_WINDOW_S = 5.0
 
 
 def newest_run(path: str | Path) -> list[Path]:
-    """The directories of the run to follow under `path` (the one place this is decided).
+    """The directories of the run to follow under `path`, as `report` resolves them.
 
-    `path` itself when it is a run (run.json or p*.jsonl in it); otherwise the newest run
-    among its subdirectories, newest by run.json's start (else the directory's mtime).
-    Empty when there is none. A run that spans several directories (one per host) lives
-    in one directory with per-host subdirectories, which the tailing reader follows.
+    The runs are the ones `mlatrace.trace.runs.find_runs` finds (directories sharing a
+    run_id are one run, a few levels down); of several, the newest. The tailing reader
+    follows each directory and its direct subdirectories, so a host directory inside
+    another directory of the run is not listed again. Empty when there is no trace
+    (or `path` is a file: a live run is a directory).
     """
     root = Path(path)
-    if _is_run(root):
-        return [root]
-    try:
-        candidates = [d for d in root.iterdir() if d.is_dir() and _is_run(d)]
-    except OSError:
+    if not root.is_dir():
         return []
-    if not candidates:
+    try:
+        runs = find_runs(root)
+    except TraceError:
         return []
-    return [max(candidates, key=_run_started)]
-
-
-def _is_run(path: Path) -> bool:
-    if (path / "run.json").is_file():
-        return True
-    try:
-        return any(e.name.startswith("p") and e.name.endswith(".jsonl") for e in os.scandir(path))
-    except OSError:
-        return False
-
-
-def _run_started(path: Path) -> tuple[int, str]:
-    import json
-
-    try:
-        start = json.loads((path / "run.json").read_text()).get("start_ns")
-        if isinstance(start, int):
-            return start, path.name
-    except (OSError, ValueError, AttributeError):
-        pass
-    try:
-        return path.stat().st_mtime_ns, path.name
-    except OSError:
-        return 0, path.name
+    dirs = runs[-1].dirs
+    listed = set(dirs)
+    return [d for d in dirs if d.parent not in listed]
 
 
 def finding_key(f: Finding) -> tuple:
@@ -113,7 +91,6 @@ class LiveRun:
     builder: IncrementalBuilder = field(init=False)
     analysis: Analysis | None = field(default=None, init=False)
     log: dict[tuple, LoggedFinding] = field(default_factory=dict, init=False)
-    probe_errors: list[tuple[str, dict]] = field(default_factory=list, init=False)
     records: int = field(default=0, init=False)
     started: float = field(init=False)
     closed: bool = field(default=False, init=False)
@@ -123,13 +100,8 @@ class LiveRun:
 
     def __post_init__(self) -> None:
         self.tail = TailReader(self.roots)
-        self.builder = IncrementalBuilder(root=str(self.roots[0]),
-                                          extra_handlers={"probe.error": self._probe_error})
+        self.builder = IncrementalBuilder(root=str(self.roots[0]))
         self.started = self.clock()
-
-    def _probe_error(self, proc_file: Any, rec: dict) -> None:
-        if len(self.probe_errors) < 100:
-            self.probe_errors.append((proc_file.name, rec))
 
     # -- feeding -----------------------------------------------------------------
     def poll(self) -> int:

@@ -1,7 +1,7 @@
 """The watch screen: one rich renderable built from a refreshed `LiveRun`.
 
 Sections, top to bottom: the run (directory, command, elapsed, where the command's output
-goes), coverage (packs attached, probe errors), the findings with the time each first
+goes), coverage (`report`'s: packs, probe errors, blind reasons), the findings with the time each first
 appeared (resolved ones stay listed, marked), processes with their state, graphs captured
 (key, mode, frozen split and grid) with replay counts, rates and the latest replay
 lengths, and the latest attention metadata lengths and calls. Plain text when printed to a pipe.
@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from mlatrace.analysis.coverage import Coverage
 from mlatrace.analysis.summary import root_graphs, topology
 from mlatrace.watch.state import LiveRun
 
@@ -171,18 +172,35 @@ def _attention(live: LiveRun) -> Any:
 
 
 def _coverage(live: LiveRun) -> Any:
+    """`report`'s coverage judgement (analysis.coverage) of the records read so far."""
     from rich.text import Text
 
+    cov = live.analysis.coverage
     text = Text("coverage: ")
-    text.append(f"packs attached: {', '.join(packs_attached(live)) or 'none seen yet'}; ")
-    errors = live.probe_errors
+    packs = coverage_packs(cov)
+    text.append(f"packs: {', '.join(packs['packs']) or 'none seen yet'}")
+    if packs["attached"] is not None:  # known from process.end: processes that ended
+        text.append(f" (attached: {', '.join(packs['attached']) or 'none'})")
+    errors = cov.records.get("probe.error", 0)
     if errors:
-        first = "; ".join(f"{f}: {r.get('probe')} {r.get('target')}: {str(r.get('error'))[:80]}"
-                          for f, r in errors[:3])
-        text.append(f"probe errors: {len(errors)} ({first})", style="yellow")
+        first = "; ".join(f"{e['file']}: {e.get('probe')} {e.get('target')}: "
+                          f"{str(e.get('error'))[:80]}" for e in cov.probe_errors[:3])
+        text.append(f"; probe errors: {errors} ({first})", style="yellow")
     else:
-        text.append("probe errors: 0")
+        text.append("; probe errors: 0")
+    if cov.blind:
+        text.append(f"\nblind so far: {cov.reasons[0]}"
+                    + (f" (+{len(cov.reasons) - 1} more reasons)" if len(cov.reasons) > 1 else ""),
+                    style="red")
     return text
+
+
+def coverage_packs(cov: Coverage) -> dict[str, list[str] | None]:
+    """Packs installed (headers) and, once a process ended, the packs that attached."""
+    recorded = [p.packs_attached for p in cov.processes if p.packs_attached is not None]
+    return {"packs": sorted({name for p in cov.processes for name in p.packs}),
+            "attached": sorted({name for names in recorded for name in names})
+            if recorded else None}
 
 
 def _findings(live: LiveRun) -> Any:
@@ -220,15 +238,6 @@ def latest_metadata(live: LiveRun, proc_file: Any) -> dict[str, dict]:
     return latest
 
 
-def packs_attached(live: LiveRun) -> list[str]:
-    packs: set[str] = set()
-    for proc in live.tail.processes():
-        probes = (proc.header or {}).get("probes")
-        if isinstance(probes, list):
-            packs.update(str(p) for p in probes)
-    return sorted(packs)
-
-
 def snapshot_dict(live: LiveRun, log_path: str | None = None) -> dict[str, Any]:
     """`watch --once --json`, schema `mlatrace.watch/1` (fields are only added):
 
@@ -239,12 +248,15 @@ def snapshot_dict(live: LiveRun, log_path: str | None = None) -> dict[str, Any]:
                        "status": "active" | "resolved", "resolved_why", "first_seen"}],
          "metadata": [{"file", "pid", "backend", "count",      # attn.metadata builds
                        "latest": {"seq_len_min", "seq_len_max", "num_reqs", "seq"}}],
-         "coverage": {"packs": [str], "probe_errors": [{"file", "probe", "target", "error"}]},
+         "coverage": {"packs": [str], "attached": [str] | null,   # report's coverage
+                      "blind": bool, "reasons": [str],                # (analysis.coverage)
+                      "probe_errors": [{"file", "probe", "target", "error"}]},
          "report": {...}}                    # report --json of the records read so far
     """
     from mlatrace.report import report_dict
 
     model = live.model
+    cov = live.analysis.coverage
     by_file = {p.file: p for p in model.processes}
     processes = []
     for ps in live.processes():
@@ -277,8 +289,8 @@ def snapshot_dict(live: LiveRun, log_path: str | None = None) -> dict[str, Any]:
         "processes": processes,
         "findings": findings,
         "metadata": metadata,
-        "coverage": {"packs": packs_attached(live), "probe_errors": [
-            {"file": f, "probe": r.get("probe"), "target": r.get("target"),
-             "error": r.get("error")} for f, r in live.probe_errors]},
+        "coverage": {**coverage_packs(cov), "blind": cov.blind, "reasons": list(cov.reasons),
+                     "probe_errors": [{k: e.get(k) for k in ("file", "probe", "target", "error")}
+                                      for e in cov.probe_errors]},
         "report": report_dict(str(live.roots[0]), live.analysis),
     }
