@@ -44,8 +44,8 @@ def evidence_ok(finding, root: Path) -> None:
 
 # -- decision functions -------------------------------------------------------------
 def test_triton_mla_splits_match_the_gpu_run():
-    # samples/gpu_backends/gpu_log.txt: vLLM 0.33's own _compute_num_kv_splits on 132 SMs
-    log = (GPU / "gpu_log.txt").read_text()
+    # samples/gpu_backends/measured_h200.txt: vLLM 0.33's own _compute_num_kv_splits on 132 SMs
+    log = (GPU / "measured_h200.txt").read_text()
     seen = {int(m[1]): int(m[2]) for m in re.finditer(r"capture=bucket len=(\d+) splits=(\d+)", log)}
     assert len(seen) == 8
     for length, splits in seen.items():
