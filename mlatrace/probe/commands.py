@@ -168,15 +168,19 @@ def check(packs: list[Pack], skip: dict[str, str] | None = None,
                     except LookupError as exc:
                         status, detail = "absent", str(exc).split(": ", 1)[-1]
                 probe_results.append(TargetStatus(pack.name, spec.name, target, status, detail))
-            importable = [r for r in probe_results if r.status not in ("not installed",
-                                                                       "not importable")]
-            if importable and not any(r.status in ("ok", "inherited") for r in importable):
-                for result in importable:
-                    if result.status == "absent":
-                        result.status = "drift"
-                        result.detail += " (no target of this probe exists here)"
+            _no_target_is_drift([r for r in probe_results
+                                 if r.status not in ("not installed", "not importable")])
             results.extend(probe_results)
     return results
+
+
+def _no_target_is_drift(checked: list[TargetStatus]) -> None:
+    """A probe none of whose checked targets exists has drifted (its library is there)."""
+    if checked and not any(r.status in ("ok", "inherited") for r in checked):
+        for result in checked:
+            if result.status == "absent":
+                result.status = "drift"
+                result.detail += " (no target of this probe exists here)"
 
 
 def check_static(packs: list[Pack], found: dict[str, dict]) -> list[TargetStatus]:
@@ -195,12 +199,7 @@ def check_static(packs: list[Pack], found: dict[str, dict]) -> list[TargetStatus
                 entry = found.get(target, {"status": "not in source", "detail": ""})
                 status, detail = compare(spec.params, spec.arg_names, entry)
                 probe_results.append(TargetStatus(pack.name, spec.name, target, status, detail))
-            covered = [r for r in probe_results if r.status != "not in source"]
-            if covered and not any(r.status in ("ok", "inherited") for r in covered):
-                for result in covered:
-                    if result.status == "absent":
-                        result.status = "drift"
-                        result.detail += " (no target of this probe exists here)"
+            _no_target_is_drift([r for r in probe_results if r.status != "not in source"])
             results.extend(probe_results)
     return results
 
