@@ -210,10 +210,6 @@ def _hex(value: Any) -> str:
     return hex(value) if isinstance(value, int) else str(value)
 
 
-def _ms(ns: int | None) -> str:
-    return "-" if ns is None else f"{ns / 1e6:.3g} ms"
-
-
 def gid_text(gid: int, nested: list[int]) -> str:
     """`1>2-4,6`: capture unit 1 and the graphs nested in it (runs of ids shortened)."""
     if not nested:

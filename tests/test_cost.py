@@ -224,12 +224,12 @@ def test_fold_timed_leaves_out_replays_with_missing_segments():
 
 
 def test_closing_hook_records_reach_the_file_before_process_end(tmp_path):
-    """Replay timing resolves its last events in the recorder's closing hook."""
+    """Replay timing resolves its last events in the recorder's close hook."""
     from mlatrace import record
 
     recorder = record.start(str(tmp_path))
-    recorder.add_closing(lambda r: r.add("graph.replay.time",
-                                         {"gid": 1, "n": 1, "gpu_ns": 5, "via": "host"}))
+    recorder.add_close_hook(lambda: recorder.add("graph.replay.time",
+                                                 {"gid": 1, "n": 1, "gpu_ns": 5, "via": "host"}))
     record.stop()
     kinds = [json.loads(line)["k"] for line in Path(recorder.path).read_text().splitlines()]
     assert kinds[-2:] == ["graph.replay.time", "process.end"]

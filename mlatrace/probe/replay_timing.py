@@ -5,7 +5,7 @@ count the recorder keeps per gid), so the torch segments of one wrapper replay a
 at the same ``n``. A timed replay records a start event before it and an end event after
 it, on the current stream (the one the replay is launched on). The pair waits in a
 bounded queue until ``query()`` says its end event completed: at a later replay on the
-same thread, or at process exit (the recorder's closing hook). Never ``synchronize()``,
+same thread, or at process exit (the recorder's close hook). Never ``synchronize()``,
 and never from the flush thread: an event query from another thread while some thread
 captures in global mode is illegal and would break that capture. A resolved pair becomes
 one ``graph.replay.time {gid, n, gpu_ns, via}`` record; a pair never resolved (the
@@ -21,6 +21,7 @@ its timer reads the host clock around the replay (``via: "host"``).
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections import deque
@@ -72,7 +73,7 @@ class CudaReplayTimer:
         pair[0].record(stream)
         recorder = record.current()
         if recorder is not None and recorder is not self.hooked:
-            recorder.add_closing(self.drain)
+            recorder.add_close_hook(functools.partial(self.drain, recorder))
             self.hooked = recorder
         return pair, stream, device
 
@@ -98,7 +99,7 @@ class CudaReplayTimer:
             self._emit(item)
 
     def drain(self, recorder: Any) -> None:
-        """At exit (the recorder's closing hook): resolve every pair whose end completed;
+        """At exit (the recorder's close hook): resolve every pair whose end completed;
         the others stay absent."""
         from mlatrace.probe import graphs
 

@@ -262,7 +262,6 @@ class Recorder:
         self._seq = itertools.count(1)
         self._pending: deque = deque()
         self._sinks: list[Sink] = []
-        self._closing: list[Callable[[Recorder], None]] = []
         self._wake = threading.Event()
         self._write_lock = threading.Lock()
         self._closed = False
@@ -377,12 +376,6 @@ class Recorder:
         """Stop handing batches to `sink` (a batch under way may still reach it)."""
         self._sinks = [s for s in self._sinks if s is not sink]
 
-    def add_closing(self, fn: Callable[[Recorder], None]) -> None:
-        """Run `fn(recorder)` once in close(), before the last flush, so that records it adds
-        (recorder.add) still reach the file; record.emit no longer reaches a stopped recorder."""
-        if fn not in self._closing:
-            self._closing.append(fn)
-
     def flush(self, timeout_s: float = -1) -> None:
         """Write everything queued so far (called by the flush thread, exit and signals).
 
@@ -401,8 +394,10 @@ class Recorder:
         self._flush_tasks.append(task)
 
     def add_close_hook(self, hook: Callable[[], None]) -> None:
-        """Run `hook()` once in close(), before the last flush (it may add records)."""
-        self._close_hooks.append(hook)
+        """Run `hook()` once in close(), before the last flush, so that records it adds
+        (recorder.add) still reach the file; record.emit no longer reaches a stopped recorder."""
+        if hook not in self._close_hooks:
+            self._close_hooks.append(hook)
 
     def _run_tasks(self) -> None:
         for task in self._flush_tasks:
@@ -510,11 +505,6 @@ class Recorder:
                 hook()
             except Exception:
                 self.task_errors += 1
-        for fn in self._closing:
-            try:
-                fn(self)
-            except Exception:
-                self.sink_errors += 1
         self._closed = True
         self._wake.set()
         if not self._write_lock.acquire(timeout=timeout_s):
