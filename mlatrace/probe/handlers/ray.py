@@ -130,9 +130,9 @@ class RayWorkerConnected(Handler):
                     node_ip=_str(lambda: ray.util.get_node_ip_address()))
 
 
-# How long a task's end waits for the flush thread, if it is mid-write, before leaving the
-# records to it: the task's result is held back at most this long.
-TASK_END_FLUSH_TIMEOUT_S = 0.05
+# How long a task's end waits for the flush thread, if it is mid-write (a write takes well
+# under a millisecond; a loaded host can stretch it), before leaving the records to it.
+TASK_END_FLUSH_TIMEOUT_S = 1.0
 
 
 class RayTaskEnded(Handler):
