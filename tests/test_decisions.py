@@ -149,6 +149,9 @@ EXPECTED = {
     "vllm_28015_mla_mtp_decode": [],
     "sglang_34580_aiter_mla_one_split": [("MLT001", "error")],
     "sglang_34580_aiter_mla_capture_at_max": [],
+    "aiter_4555_mla_gluon_bh16_fixed_budget": [],
+    "aiter_4555_mla_gluon_bh16_batch_fills_budget": [],
+    "aiter_4555_mla_gluon_bh64_asserts": [],
 }
 
 
@@ -159,6 +162,37 @@ def test_upstream_thread_fixtures(name):
     assert [(f.id, f.severity) for f in found] == EXPECTED[name]
     for f in found:
         evidence_ok(f, root)
+
+
+def test_aiter_4555_fixed_budget_and_the_bh64_bound():
+    # ROCm/aiter @e4048607 mla_gluon.py: bh16 from the budget alone, bh64 still bounded
+    assert decisions.fixed_budget_splits(batch=8, nhead=16) == 32
+    assert decisions.fixed_budget_splits(batch=8, nhead=96, qlen=2) == 2
+    assert decisions.fixed_budget_splits(batch=256, nhead=16) == 1
+    assert decisions.legacy_splits(1, batch=8, nhead=16) == 1  # the pre-#4555 pin
+    assert decisions.gluon_bh64_splits(64, 64) == 4     # base grid 64 -> 4 splits
+    assert decisions.gluon_bh64_splits(64, 128) == 2    # two head blocks -> 128
+    assert decisions.gluon_bh64_splits(128, 128) == 1
+    assert decisions.gluon_bh64_min_kv_seq_len(4) == 784
+    assert decisions.gluon_bh64_min_kv_seq_len(2) == 388
+    # the healthy bh16 capture launched the budget's splits although min_kv_seq_len was 1
+    root = FIXTURES / "aiter_4555_mla_gluon_bh16_fixed_budget"
+    recs = [json.loads(line) for line in (root / "p3500.jsonl").read_text().splitlines()]
+    launch = next(r for r in recs if r["k"] == "kernel.launch" and r["name"] == "_mla_gluon")
+    assert launch["const"]["NUM_KV_SPLITS"] == 32 and launch["grid"] == [8, 32, 1]
+    # bh64: the capture raised on the assertion, nothing was replayed
+    root = FIXTURES / "aiter_4555_mla_gluon_bh64_asserts"
+    recs = [json.loads(line) for line in (root / "p3500.jsonl").read_text().splitlines()]
+    ends = [r for r in recs if r["k"] == "graph.capture.end"]
+    assert ends and all("min_kv_seq_len > 388" in r["error"] for r in ends)
+    assert not any(r["k"] in ("graph.replay", "kernel.launch") for r in recs)
+
+
+def test_one_split_that_the_batch_alone_explains_is_not_mlt001():
+    # the same trace at batch 8 with one split launched is MLT001: only the budget excuses it
+    root = FIXTURES / "sglang_34580_aiter_mla_one_split"
+    assert [f.id for f in findings(root)] == ["MLT001"]
+    assert findings(FIXTURES / "aiter_4555_mla_gluon_bh16_batch_fills_budget") == []
 
 
 def test_flashmla_scheduler_drift_names_both_buffers_in_one_finding():

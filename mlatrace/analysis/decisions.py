@@ -9,6 +9,12 @@ Formulas, each from the source named:
 
 - AITER legacy (`mla_gluon` before ROCm/aiter#4555):
   `max(1, min(256 // (batch*qlen*cdiv(nhead, 16)), cdiv(min_kv_seq_len, BLOCK_N)))`.
+- AITER after ROCm/aiter#4555 (first released in aiter v0.1.20; checked at ROCm/aiter
+  @e4048607 `aiter/ops/triton/gluon/mla_gluon.py`): bh16 regimes (nhead <= 96) use the fixed
+  budget `max(1, 256 // (batch*qlen*cdiv(nhead, 16)))`, independent of min_kv_seq_len; bh64
+  (nhead 64 or 128, batch a multiple of 64) picks `max(1, next_pow2(cdiv(256, base_grid)))`
+  with `base_grid = xcds * cdiv(nhead, 64) * qlen * (batch // xcds)` and still asserts
+  `min_kv_seq_len > splits * (3*64 + splits)`.
 - The bucketed ladder (seed 002's vLLM proposal): <=64 -> 1, <=4K -> 16, <=16K -> 48,
   <=64K -> 64, else 128, from `min_kv_seq_len`.
 - vLLM TRITON_MLA (vllm 0.33.0 `vllm/v1/attention/backends/mla/triton_mla.py`
@@ -66,6 +72,26 @@ def legacy_splits(min_kv_seq_len: int, *, batch: int = 1, qlen: int = 1, nhead: 
     """AITER mla_gluon's legacy host formula (collapses to 1 below one tile)."""
     budget = WORKGROUP_BUDGET // max(1, batch * max(1, qlen) * head_blocks(nhead, qlen))
     return max(1, min(budget, cdiv(max(1, min_kv_seq_len), block_n)))
+
+
+def fixed_budget_splits(*, batch: int = 1, qlen: int = 1, nhead: int = 16) -> int:
+    """AITER mla_gluon's bh16 split count after ROCm/aiter#4555: the same at every length."""
+    return max(1, WORKGROUP_BUDGET // max(1, batch * max(1, qlen) * head_blocks(nhead, qlen)))
+
+
+GLUON_BH64_BLOCK = 64
+GLUON_XCDS = 8  # MI350 / MI355X
+
+
+def gluon_bh64_splits(batch: int, nhead: int, qlen: int = 1, xcds: int = GLUON_XCDS) -> int:
+    """AITER mla_gluon's bh64 split count (nhead 64/128): fills ~256 workgroups."""
+    base = xcds * cdiv(nhead, GLUON_BH64_BLOCK) * max(1, qlen) * (batch // xcds)
+    return max(1, next_pow2(cdiv(WORKGROUP_BUDGET, max(1, base))))
+
+
+def gluon_bh64_min_kv_seq_len(splits: int) -> int:
+    """The bound bh64 asserts: min_kv_seq_len must exceed splits * (3*BLOCK_N + splits)."""
+    return splits * (3 * GLUON_BH64_BLOCK + splits)
 
 
 def bucketed_splits(min_kv_seq_len: int) -> int:
