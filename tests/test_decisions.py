@@ -152,6 +152,11 @@ EXPECTED = {
     "aiter_4555_mla_gluon_bh16_fixed_budget": [],
     "aiter_4555_mla_gluon_bh16_batch_fills_budget": [],
     "aiter_4555_mla_gluon_bh64_asserts": [],
+    "flashinfer_187_vllm_decode_replan": [],
+    "flashinfer_641_prefill_padded_batch_distribution": [("MLT007", "error")],
+    "flashinfer_641_prefill_padded_batch_bounded": [],
+    "sglang_37975_flashinfer_mla_kv_indptr": [("MLT003", "error")],
+    "sglang_37975_flashinfer_mla_graph_kv_indptr": [],
 }
 
 
@@ -186,6 +191,28 @@ def test_aiter_4555_fixed_budget_and_the_bh64_bound():
     ends = [r for r in recs if r["k"] == "graph.capture.end"]
     assert ends and all("min_kv_seq_len > 388" in r["error"] for r in ends)
     assert not any(r["k"] in ("graph.replay", "kernel.launch") for r in recs)
+
+
+def test_flashinfer_graph_padded_batch_size():
+    # scheduler.cuh: max(2 * SMs // kv_heads, query tiles); sglang#31349's H100 case: 2 KV
+    # heads -> grid x 132 although two requests need 2 tiles
+    assert decisions.flashinfer_split_budget(2, 66) == 66
+    assert decisions.flashinfer_graph_padded_batch_size([1, 1], num_kv_heads=2, group=8,
+                                                        cta_tile_q=16, num_sms=132) == 132
+    # flashinfer#641's example: 128 rows over 2 requests, cta_tile_q 64
+    ragged = decisions.flashinfer_tiles_q([63, 65], group=1, cta_tile_q=64, bounded=False)
+    even = decisions.flashinfer_tiles_q([64, 64], group=1, cta_tile_q=64, bounded=False)
+    assert (ragged, even) == (3, 2)
+    bound = decisions.flashinfer_tiles_q([64, 64], group=1, cta_tile_q=64, bounded=True)
+    assert bound == decisions.flashinfer_tiles_q([1, 127], group=1, cta_tile_q=64, bounded=True)
+    assert bound >= max(ragged, even)
+    (f,) = findings(FIXTURES / "flashinfer_641_prefill_padded_batch_distribution")
+    assert f.details["captured"] == 32 and f.details["eager"] and 32 not in f.details["eager"]
+
+
+def test_sglang_flashinfer_mla_drift_names_kv_indptr():
+    (f,) = findings(FIXTURES / "sglang_37975_flashinfer_mla_kv_indptr")
+    assert f.details["buffers"] == ["kv_indptr"] and f.details["drifted_replays"] == 12
 
 
 def test_one_split_that_the_batch_alone_explains_is_not_mlt001():
@@ -382,14 +409,14 @@ def test_static_check_leaves_out_a_pack_for_another_version(tmp_path):
 
 def test_shipped_packs_match_vllm_033_and_sglang_0523_snapshot():
     snapshot = json.loads((Path(__file__).parent / "probe_signatures.json").read_text())
-    assert snapshot["releases"] == {"vllm": "0.33.0", "sglang": "0.5.23"}
+    assert snapshot["releases"] == {"vllm": "0.33.0", "sglang": "0.5.23", "flashinfer": "0.7.4"}
     packs = [load_pack(p) for p in default_pack_paths()]
     results = check_static(packs, snapshot["targets"], snapshot["releases"])
     by_pack: dict[str, list] = {}
     for r in results:
         by_pack.setdefault(r.pack, []).append(r)
     for name in ("vllm_triton_mla", "vllm_flash_attn", "sglang_triton", "sglang_aiter",
-                 "vllm_mla", "vllm_cudagraph", "sglang"):
+                 "vllm_mla", "vllm_cudagraph", "sglang", "flashinfer", "sglang_flashinfer", "vllm_flashinfer"):
         drift = [r for r in by_pack[name] if r.status == "drift"]
         assert not drift, drift
         assert any(r.status == "ok" for r in by_pack[name])

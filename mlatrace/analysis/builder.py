@@ -136,6 +136,11 @@ class _ProcessBuilder:
         self.proc = ProcessModel(file=self.file, pid=pid)
         self.stacks: dict[Any, list[int]] = {}
         self.metadata: dict[Any, dict] = {}  # tid -> latest attn.metadata record
+        # tid -> {ptr name: (ptr, record)} of the step's earlier metadata records: one step
+        # may fill buffers in several builds (an engine's runner, then its attention backend,
+        # or the reverse); the replay after them sees every buffer named
+        self.step_ptrs: dict[Any, dict[str, tuple[Any, dict]]] = {}
+        self.md_since_replay: set[Any] = set()  # tids with metadata no replay has read yet
         self.by_gid: dict[Any, GraphModel] = {}
         self.replaying: set[Any] = set()
         self.eager_decisions: dict[Any, dict[str, dict]] = {}  # tid -> name -> latest eager record
@@ -313,7 +318,18 @@ class _ProcessBuilder:
 
     def attn_metadata(self, rec: dict) -> None:
         self._count_attention(rec, "attn.metadata", str(rec.get("backend")))
-        self.metadata[rec.get("tid")] = rec
+        tid = rec.get("tid")
+        prev = self.metadata.get(tid)
+        if tid in self.md_since_replay:
+            ptrs = prev.get("ptrs") if prev is not None else None
+            if ptrs and type(ptrs) is dict:
+                held = self.step_ptrs.setdefault(tid, {})
+                for name, ptr in ptrs.items():
+                    held[name] = (ptr, prev)
+        elif self.step_ptrs:
+            self.step_ptrs.pop(tid, None)  # a replay read them: a new step begins
+        self.md_since_replay.add(tid)
+        self.metadata[tid] = rec
         gid = self._capture_gid(rec) if rec.get("capturing") else None
         if gid is not None:
             ref = self._ref(rec, "attn.metadata")
@@ -538,11 +554,18 @@ class _ProcessBuilder:
             if stats.seq_len_min_min is None or smin < stats.seq_len_min_min:
                 stats.seq_len_min_min = smin
         ptrs = md.get("ptrs")
+        sources = None
+        self.md_since_replay.discard(tid)
+        held = self.step_ptrs.get(tid) if self.step_ptrs else None
+        if held:
+            own = ptrs if ptrs and type(ptrs) is dict else {}
+            sources = {name: entry[1] for name, entry in held.items() if name not in own}
+            ptrs = {**{name: entry[0] for name, entry in held.items()}, **own}
         if ptrs and type(ptrs) is dict:
             if ptrs == stats.ptr_run:  # the usual case: the same static buffers every step
                 stats.ptr_run_count += 1
             else:
-                self._count_ptrs(stats, ptrs, md)
+                self._count_ptrs(stats, ptrs, md, sources)
 
     def replay_time(self, rec: dict) -> None:
         """graph.replay.time: the GPU time of replay n of gid, and of each graph around it."""
@@ -555,18 +578,20 @@ class _ProcessBuilder:
             graph.replays.add_timed(n, gpu)
             graph = self.model.graph(self.pid, graph.parent)
 
-    def _count_ptrs(self, stats: ReplayStats, ptrs: dict, md: dict) -> None:
+    def _count_ptrs(self, stats: ReplayStats, ptrs: dict, md: dict,
+                    sources: dict[str, dict] | None = None) -> None:
         _flush_ptr_run(stats)
         seen_all = stats.ptrs
         for name, ptr in ptrs.items():
             seen = seen_all.get(name)
+            src = sources.get(name, md) if sources else md
             if seen is None:
                 if type(ptr) is int:
-                    seen_all[name] = {ptr: [1, self._ref(md, "attn.metadata")]}
+                    seen_all[name] = {ptr: [1, self._ref(src, "attn.metadata")]}
             elif ptr in seen:
                 seen[ptr][0] += 1
             elif type(ptr) is int and len(seen) < MAX_DISTINCT:
-                seen[ptr] = [1, self._ref(md, "attn.metadata")]
+                seen[ptr] = [1, self._ref(src, "attn.metadata")]
         stats.ptr_run, stats.ptr_run_count = ptrs, 0
 
     def finish(self, proc_file: Any) -> ProcessModel:

@@ -24,6 +24,14 @@ Formulas, each from the source named:
   otherwise the smallest split count within 85% of the best wave efficiency), capped by
   `max_num_splits` when vLLM passes one (`flash_attn_max_num_splits_for_cuda_graph`,
   default 32 in vllm 0.33.0 `vllm/config/attention.py`; 16 before vllm#25495).
+- FlashInfer's CUDA-graph padded batch size (flashinfer-python 0.7.4,
+  `include/flashinfer/attention/scheduler.cuh` `PrefillSplitQOKVIndptr`, which the
+  tensor-core decode path shares): `max(max_batch_size_if_split, total_num_tiles_q)` with
+  `max_batch_size_if_split = 2 * SMs // num_kv_heads`. Under CUDA graphs total_num_tiles_q
+  is bounded from the row count, `cdiv(total_rows * group, cta_tile_q) + batch - 1`, the
+  same at every re-plan of one graph; before flashinfer#641 it was the sum of
+  `cdiv(qo_len * group, cta_tile_q)` over the requests, which moves with the query-length
+  distribution.
 """
 
 from __future__ import annotations
@@ -152,6 +160,30 @@ def fa3_splits(seq_len_max: int, *, num_reqs: int = 1, num_heads_kv: int = 8,
         if eligible and eff >= 0.85 * best:
             return splits
     return 1
+
+
+FLASHINFER_BLOCKS_PER_SM = 2  # PrefillPlanImpl's num_blocks_per_sm
+
+
+def flashinfer_split_budget(num_kv_heads: int, num_sms: int = DEFAULT_SMS) -> int:
+    """FlashInfer's max_batch_size_if_split: the CTAs of two per SM, per KV head."""
+    return (FLASHINFER_BLOCKS_PER_SM * num_sms) // max(1, num_kv_heads)
+
+
+def flashinfer_tiles_q(qo_lens: list[int], *, group: int, cta_tile_q: int, bounded: bool) -> int:
+    """Query tiles of a FlashInfer plan: bounded from the row count (CUDA graphs since
+    flashinfer#641) or counted request by request (before it, and outside graphs)."""
+    if bounded:
+        return cdiv(sum(qo_lens) * group, cta_tile_q) + len(qo_lens) - 1
+    return sum(cdiv(q * group, cta_tile_q) for q in qo_lens)
+
+
+def flashinfer_graph_padded_batch_size(qo_lens: list[int], *, num_kv_heads: int, group: int,
+                                       cta_tile_q: int, bounded: bool = True,
+                                       num_sms: int = DEFAULT_SMS) -> int:
+    """plan_info[0] of a CUDA-graph FlashInfer plan: the grid x its capture freezes."""
+    return max(flashinfer_split_budget(num_kv_heads, num_sms),
+               flashinfer_tiles_q(qo_lens, group=group, cta_tile_q=cta_tile_q, bounded=bounded))
 
 
 # -- decisions by name ---------------------------------------------------------------
