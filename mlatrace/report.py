@@ -102,8 +102,10 @@ def problems_of(model: Any) -> list[dict[str, Any]]:
                 "process.end, evidence may be missing")})
         if p.end is None and p.records:
             out.append({"file": p.file, "line": 0, "reason": (
-                "no process.end record (killed, or still running); the trace stops at its "
-                "last flush")})
+                "no process.end: a Ray worker (Ray ends workers without exit handlers); "
+                "its trace holds every task it finished" if p.kinds.get("ray.worker")
+                else "no process.end record (killed, or still running); the trace stops at "
+                "its last flush")})
     return out
 
 

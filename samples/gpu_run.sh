@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Every GPU measurement of the project in one device call (see samples/GPU_NOTES.md).
 # Usage on the H200, from the repo root:  bash samples/gpu_run.sh [steps...]
+# (steps: env check capture doctor quicksplits quicktrace splits traces overhead probes
+# record cost; the default is "env check capture traces splits overhead probes record")
 # Writes $OUT/gpu_log.txt, $OUT/gpu_results.tgz (traces, tables, plots).
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/mlatrace-gpu}
+mkdir -p "$OUT"
 R=/tmp/mlatrace-gpu-results   # tarred into $OUT after every step (a timeout keeps what ran)
 mkdir -p "$R"
 LOG=$OUT/gpu_log.txt
@@ -37,6 +40,26 @@ for step in $steps; do
     overhead) run_step bench_overhead 300 python3 -m mlatrace bench overhead ;;
     probes) run_step bench_probes 180 python3 -m mlatrace bench probes ;;
     record) run_step bench_record 180 python3 -m mlatrace bench record ;;
+    cost)  # issue 18: timed serve traces, whatif, report/diff, the host cost of timing replays
+      SERVE="python3 -m mlatrace.reference.serve --graph full --device cuda --ctx 32768 --steps 64 --batch 2 --heads 16 --layers 4 --check --sync-debug"
+      for policy in legacy device; do
+        run_step "trace_${policy}_timed" 180 python3 -m mlatrace run --out "$R/gpu_serve_${policy}_timed" \
+          --replay-sample 4 --replay-timing 8:4 -- $SERVE --policy $policy
+      done
+      L=$R/gpu_serve_legacy_timed D=$R/gpu_serve_device_timed
+      run_step whatif 240 python3 -m mlatrace whatif "$L" --save
+      run_step whatif_lengths 240 python3 -m mlatrace whatif "$L" --lengths 8192,32768,100000
+      run_step report_legacy 60 python3 -m mlatrace report "$L"
+      run_step report_device 60 python3 -m mlatrace report "$D"
+      run_step diff 60 python3 -m mlatrace diff "$L" "$D"
+      run_step report_json 60 bash -c "python3 -m mlatrace report --json '$L' > '$R/report_legacy.json'"
+      BENCH="python3 -m mlatrace.reference.serve --device cuda --policy device --graph full --ctx 16384 --batch 4 --heads 16 --layers 8 --hidden 1024 --warmup 20 --bench --steps 400 --sync-debug"
+      for t in off 8:64 1000000:1 off 8:64 1000000:1; do
+        run_step "timing_cost_$t" 120 python3 -m mlatrace run --out "$R/cost_${t//:/_}_$RANDOM" \
+          --replay-timing "$t" -- $BENCH
+      done
+      rm -rf "$R"/cost_*
+      run_step pytest_gpu_timing 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_replay_timing_gpu.py ;;
   esac
 done
 ls -la "$OUT" | tee -a "$LOG"

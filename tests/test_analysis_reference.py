@@ -63,8 +63,7 @@ def test_gpu_samples(policy, expected):
     from mlatrace.trace import open_trace
 
     traces = _sample_traces(policy)
-    if not traces:
-        pytest.skip(f"no samples/**/*serve_{policy}*/ trace yet")
+    assert traces, f"samples/**/*serve_{policy}*/ is committed: a missing trace is a lost fixture"
     for trace in traces:
         result = analyze(open_trace(trace))
         assert {f.id for f in result.findings if f.severity == "error"} == expected, trace
@@ -88,8 +87,7 @@ def test_gpu_capture_triton_sample_has_no_length_evidence():
     from mlatrace.trace import open_trace
 
     trace = SAMPLES / "capture_triton"
-    if not (trace / "run.json").exists():
-        pytest.skip("no samples/capture_triton yet")
+    assert (trace / "run.json").exists(), "samples/capture_triton is a committed fixture"
     result = analyze(open_trace(trace))
     assert result.findings == []
     assert all(u["frozen"]["num_kv_splits"] for u in units(result.model))

@@ -67,6 +67,22 @@ def test_exit_code_passes_through(tmp_path: Path) -> None:
     assert run["exit_code"] == 3 and run["end_ns"] >= run["start_ns"]
 
 
+def test_bootstrap_loads_no_analysis_stage(tmp_path: Path) -> None:
+    """Every traced process pays for what the bootstrap imports: the probes and the
+    recorder, not the trace reader, the model or the rules (the decision handler needs
+    only mlatrace.analysis.decisions)."""
+    listing = tmp_path / "modules.txt"
+    code = run_traced(tmp_path / "t", sys.executable, "-c",
+                      "import sys; open(sys.argv[1], 'w').write(' '.join(sys.modules))",
+                      str(listing))
+    assert code == 0
+    loaded = set(listing.read_text().split())
+    assert "mlatrace.probe.engine" in loaded and "mlatrace.record" in loaded
+    heavy = {"mlatrace.analysis.builder", "mlatrace.analysis.model", "mlatrace.analysis.rules",
+             "mlatrace.trace", "mlatrace.report"}
+    assert not heavy & loaded, sorted(heavy & loaded)
+
+
 def test_command_not_found(tmp_path: Path) -> None:
     assert run_traced(tmp_path / "t", "/no/such/program") == 127
 

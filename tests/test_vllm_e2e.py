@@ -52,11 +52,12 @@ def tiny_model(vllm_venv: Path) -> Path:
     return MODEL
 
 
-def test_vllm_serve_traced_end_to_end(vllm_venv: Path, tiny_model: Path, tmp_path: Path) -> None:
-    out = tmp_path / "trace"
-    result_path = tmp_path / "result.json"
+def _run_e2e(vllm_venv: Path, model: Path, out: Path, *options: str) -> dict:
+    """Serve `model` traced into `out` with run_e2e.py (in the vLLM venv); its result,
+    after asserting that every check it made passed."""
+    result_path = out.parent / "result.json"
     proc = subprocess.run([str(vllm_venv / "bin" / "python"), str(HERE / "run_e2e.py"),
-                           "--model", str(tiny_model), "--out", str(out),
+                           "--model", str(model), "--out", str(out), *options,
                            "--json", str(result_path)],
                           capture_output=True, text=True, timeout=1200)
     print(proc.stdout)
@@ -66,6 +67,12 @@ def test_vllm_serve_traced_end_to_end(vllm_venv: Path, tiny_model: Path, tmp_pat
     assert not failed and proc.returncode == 0, (
         "failed checks:\n" + "\n".join(f"  {c['name']}: {c['detail']}" for c in failed)
         + "\n--- run_e2e output ---\n" + proc.stdout[-5000:] + proc.stderr[-3000:])
+    return result
+
+
+def test_vllm_serve_traced_end_to_end(vllm_venv: Path, tiny_model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "trace"
+    result = _run_e2e(vllm_venv, tiny_model, out)
 
     # The three requests' lengths really differ, and the server answered each fully.
     lengths = [r["prompt_tokens"] for r in result["requests"]]
@@ -100,6 +107,7 @@ def test_vllm_serve_traced_end_to_end(vllm_venv: Path, tiny_model: Path, tmp_pat
                            capture_output=True, text=True, timeout=300)
     assert check.returncode == 0, check.stdout + check.stderr
 
+
 def test_loaded_vllm_server_writes_every_process_end(vllm_venv: Path, tiny_model: Path,
                                                      tmp_path: Path) -> None:
     """32 requests of 48 tokens from 16 clients, then SIGTERM to `mlatrace run` at once.
@@ -108,19 +116,8 @@ def test_loaded_vllm_server_writes_every_process_end(vllm_venv: Path, tiny_model
     (shutdown timeout 0): before mlatrace wrote process.end when SIGTERM arrived, the
     Worker (and often EngineCore) had none under this load (issue 15)."""
     out = tmp_path / "trace"
-    result_path = tmp_path / "result.json"
-    proc = subprocess.run([str(vllm_venv / "bin" / "python"), str(HERE / "run_e2e.py"),
-                           "--model", str(tiny_model), "--out", str(out), "--load", "32",
-                           "--concurrency", "16", "--max-tokens", "48",
-                           "--json", str(result_path)],
-                          capture_output=True, text=True, timeout=1200)
-    print(proc.stdout)
-    assert result_path.exists(), proc.stdout + proc.stderr[-5000:]
-    result = json.loads(result_path.read_text())
-    failed = [c for c in result["checks"] if not c["ok"]]
-    assert not failed and proc.returncode == 0, (
-        "failed checks:\n" + "\n".join(f"  {c['name']}: {c['detail']}" for c in failed)
-        + "\n--- run_e2e output ---\n" + proc.stdout[-5000:] + proc.stderr[-3000:])
+    result = _run_e2e(vllm_venv, tiny_model, out, "--load", "32", "--concurrency", "16",
+                      "--max-tokens", "48")
     assert len(result["requests"]) == 32
     assert all(r["completion_tokens"] == 48 for r in result["requests"])
     ends = result["facts"]["process_end"]

@@ -7,81 +7,39 @@
     result.coverage            # Coverage: what the probes saw; .blind, .reasons (coverage.py)
 
 Imports only the standard library (no torch): a CI box analyses traces without a GPU stack.
+
+The package imports its modules on first use of a name (PEP 562): a traced process that
+needs only `mlatrace.analysis.decisions` (the decision handler) does not load the model,
+the rules and the trace reader at start-up.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import importlib
 from typing import Any
 
-from mlatrace.analysis.builder import build_model
-from mlatrace.analysis.config import Config, ConfigError, load_config
-from mlatrace.analysis.cost import attach_costs
-from mlatrace.analysis.coverage import Coverage, ExpectError, judge
-from mlatrace.analysis.findings import RULES, SEVERITY_ORDER, Evidence, Finding, at_or_above
-from mlatrace.analysis.model import GraphModel, TraceModel
-from mlatrace.analysis.rules import RULE_FUNCTIONS
+# name -> the module of this package that defines it
+_EXPORTS = {
+    "Analysis": "pipeline", "analyze": "pipeline", "analyze_model": "pipeline",
+    "build_model": "builder",
+    "Config": "config", "ConfigError": "config", "load_config": "config",
+    "Coverage": "coverage", "ExpectError": "coverage",
+    "RULES": "findings", "Evidence": "findings", "Finding": "findings",
+    "at_or_above": "findings",
+    "GraphModel": "model", "TraceModel": "model",
+}
 
-__all__ = [
-    "RULES", "Analysis", "Config", "ConfigError", "Coverage", "Evidence", "ExpectError",
-    "Finding", "GraphModel",
-    "TraceModel", "analyze", "analyze_model", "at_or_above", "build_model", "load_config",
-]
-
-
-@dataclass
-class Analysis:
-    model: TraceModel
-    findings: list[Finding] = field(default_factory=list)
-    suppressed: list[Finding] = field(default_factory=list)
-    config: Config = field(default_factory=Config)
-    coverage: Coverage = field(default_factory=Coverage)
-
-    @property
-    def problems(self) -> list:
-        return self.model.problems
-
-    def counts(self) -> dict[str, int]:
-        out = {"error": 0, "warning": 0}
-        for f in self.findings:
-            out[f.severity] = out.get(f.severity, 0) + 1
-        return out
+__all__ = sorted(_EXPORTS)
 
 
-def analyze_model(model: TraceModel, config: Config | None = None,
-                  rules: list[str] | None = None) -> Analysis:
-    """Run the enabled rules (or only `rules`) over a built model, applying the allow-list."""
-    config = config or Config()
-    wanted = {r.upper() for r in rules} if rules else None
-    findings, suppressed = [], []
-    seen: set[tuple] = set()
-    for rule_id, rule in RULE_FUNCTIONS.items():
-        if not config.enabled(rule_id) or (wanted is not None and rule_id not in wanted):
-            continue
-        for finding in rule(model, config):
-            if not finding.evidence:
-                continue  # no finding without evidence
-            identity = _identity(finding)
-            if identity in seen:
-                continue  # the same decision seen in a wrapper and in the graph nested in it
-            seen.add(identity)
-            if config.allow and config.allowed(finding, finding.details.get("key")):
-                suppressed.append(finding)
-            else:
-                findings.append(finding)
-    findings.sort(key=lambda f: (-SEVERITY_ORDER.get(f.severity, 0), f.id,
-                                 f.rank if f.rank is not None else -1, f.pid or 0, f.gid or 0))
-    attach_costs(model, findings + suppressed)
-    return Analysis(model=model, findings=findings, suppressed=suppressed, config=config,
-                    coverage=judge(model, config.expect))
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
 
 
-def _identity(f: Finding) -> tuple:
-    d = f.details
-    return (f.id, f.pid, f.gid, str(d.get("op")), str(d.get("buffer")), str(d.get("value")),
-            d.get("capturing"), f.message if f.gid is None else None)
-
-
-def analyze(trace: Any, config: Config | None = None, rules: list[str] | None = None) -> Analysis:
-    """Build the model of an opened trace (mlatrace.trace.open_trace) and run the rules."""
-    return analyze_model(build_model(trace), config, rules)
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

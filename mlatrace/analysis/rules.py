@@ -6,7 +6,7 @@ least one record (file, seq) to show for it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -535,15 +535,20 @@ def _prefill_decision(model: TraceModel, graph: GraphModel, mode: str) -> Findin
     return None
 
 
+def _replayed_graphs(model: TraceModel) -> Iterator[tuple[GraphModel, GraphModel]]:
+    """(captured graph, the graph its replays ran under) for every graph that was replayed."""
+    for graph in model.graphs.values():
+        rg = model.replay_graph(graph)
+        if rg is not None:
+            yield graph, rg
+
+
 # -- MLT006 frozen-host-decision -----------------------------------------------------
 def frozen_host_decision(model: TraceModel, config: Config) -> list[Finding]:
     """Another captured host value (split count, length hint) far from what replays saw."""
     findings = []
     covered = _one_split_graphs(model, config)
-    for graph in model.graphs.values():
-        rg = model.replay_graph(graph)
-        if rg is None:
-            continue
+    for graph, rg in _replayed_graphs(model):
         found = _frozen_decision(model, graph, rg, config, covered)
         if found is not None:
             findings.append(found)
@@ -660,7 +665,7 @@ def _frozen_decision(model: TraceModel, graph: GraphModel, rg: GraphModel, confi
         "MLT006", message, _FIX_006, evidence, pid=graph.pid, rank=model.rank_of(graph.pid),
         gid=rg.gid, severity=severity,
         details={"key": model.effective_key(graph), "captured_gid": graph.gid, "op": d.name,
-                 "value": d.name, "captured": d.value, "inputs": d.inputs,
+                 "value": d.value, "captured": d.value, "inputs": d.inputs,
                  "valid": v.valid, "input": v.input, "replay_input": v.replay_input,
                  "decision_at_replay": v.at_replay or None, "replays": rg.replays.count})
 
@@ -670,10 +675,7 @@ def decision_mismatch(model: TraceModel, config: Config) -> list[Finding]:
     """A decision made inside G's capture with X, and re-made eagerly before G's replays as Y != X."""
     findings = []
     covered = _one_split_graphs(model, config)
-    for graph in model.graphs.values():
-        rg = model.replay_graph(graph)
-        if rg is None:
-            continue
+    for graph, rg in _replayed_graphs(model):
         for d in graph.decisions:
             if _covered(graph, d, covered):
                 continue

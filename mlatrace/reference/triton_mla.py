@@ -130,18 +130,7 @@ def _mla_stage1_kernel(
                 qk = tl.dot(qn, tl.trans(latent))
                 qk += tl.dot(qp, tl.trans(rope))
             qk = tl.where(row_ok[None, :], qk * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(qk - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            if DOT_MODE == 1:
-                pv = tl.dot(p, latent, input_precision="ieee")
-            elif DOT_MODE == 2:
-                pv = tl.dot(p, latent, input_precision="tf32x3")
-            else:
-                pv = tl.dot(p.to(latent.dtype), latent)
-            acc = acc * alpha[:, None] + pv
-            m_i = m_new
+            m_i, l_i, acc = online_softmax_step(qk, latent, m_i, l_i, acc, DOT_MODE)
 
         nonempty = l_i > 0.0
         out = tl.where(nonempty[:, None], acc / tl.where(nonempty, l_i, 1.0)[:, None], 0.0)
@@ -214,6 +203,24 @@ def _mla_stage2_kernel(
             _merge_head(partial_out, partial_lse, o, lse_out, b, h, dblock, active,
                         stride_po_b, stride_po_s, stride_po_h, stride_pl_b, stride_pl_s,
                         stride_o_b, stride_o_h, nhead, BLOCK_S, BLOCK_DV, RETURN_LSE)
+
+
+@triton.jit
+def online_softmax_step(qk, values, m_i, l_i, acc, DOT_MODE: tl.constexpr):
+    """Fold one tile into a running softmax: `qk` holds the tile's scaled (log2) scores,
+    -inf where masked; `values` its rows (float32 already in DOT_MODE 1). Returns the new
+    (max, sum, accumulator): one home for the update both decode kernels make per tile."""
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(qk - m_new[:, None])
+    l_new = l_i * alpha + tl.sum(p, 1)
+    if DOT_MODE == 1:
+        pv = tl.dot(p, values, input_precision="ieee")
+    elif DOT_MODE == 2:
+        pv = tl.dot(p, values, input_precision="tf32x3")
+    else:
+        pv = tl.dot(p.to(values.dtype), values)
+    return m_new, l_new, acc * alpha[:, None] + pv
 
 
 @triton.jit

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mlatrace.reference.triton_mla import dot_mode
+from mlatrace.reference.triton_mla import dot_mode, online_softmax_step
 
 PA_WARPS = 4
 
@@ -59,18 +59,7 @@ def _paged_attention_v1_kernel(
         else:
             qk = tl.dot(q, tl.trans(k))
         qk = tl.where(tok_ok[None, :], qk * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if DOT_MODE == 1:
-            pv = tl.dot(p, v, input_precision="ieee")
-        elif DOT_MODE == 2:
-            pv = tl.dot(p, v, input_precision="tf32x3")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_step(qk, v, m_i, l_i, acc, DOT_MODE)
 
     nonempty = l_i > 0.0
     result = tl.where(nonempty[:, None], acc / tl.where(nonempty, l_i, 1.0)[:, None], 0.0)

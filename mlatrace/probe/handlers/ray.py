@@ -13,6 +13,12 @@ each worker interpreter starts traced by the same sitecustomize as any other pro
 (`${PYTHONPATH}` is Ray's syntax for the node's own value). The user's values win:
 a variable they set is never overwritten, and their PYTHONPATH is kept after ours.
 
+Ray ends its workers without running their exit handlers (the core worker's "quick
+exit" when the driver disconnects, from a C++ thread), so no `process.end` is written
+and whatever was still queued would be lost. Every task's end therefore writes the
+queue out (`RayTaskEnded`), in the worker's own thread, before Ray sends the task's
+result back: what a finished task recorded is on disk before its caller can return.
+
 No `worker_process_setup_hook` is used: Ray allows one per job (the user's, or Ray
 Serve LLM's own), and a hook that fails to import makes Ray drain and exit the worker,
 while a bootstrap directory missing on a node only leaves that node untraced.
@@ -122,6 +128,20 @@ class RayWorkerConnected(Handler):
         record.emit("ray.worker", job_id=_str(context.get_job_id),
                     node_id=_str(context.get_node_id), worker_id=_str(context.get_worker_id),
                     node_ip=_str(lambda: ray.util.get_node_ip_address()))
+
+
+# How long a task's end waits for the flush thread, if it is mid-write, before leaving the
+# records to it: the task's result is held back at most this long.
+TASK_END_FLUSH_TIMEOUT_S = 0.05
+
+
+class RayTaskEnded(Handler):
+    """`Worker.record_task_log_end`, called by Ray's task loop after each task and actor
+    call (its result not yet sent): write this process's queued records now."""
+
+    def before(self, view: Any, info: Any) -> Any:
+        record.flush_now(TASK_END_FLUSH_TIMEOUT_S)
+        return None
 
 
 def _str(getter: Any) -> str | None:
