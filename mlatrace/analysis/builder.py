@@ -144,6 +144,7 @@ class _ProcessBuilder:
         self.by_gid: dict[Any, GraphModel] = {}
         self.replaying: set[Any] = set()
         self.eager_decisions: dict[Any, dict[str, dict]] = {}  # tid -> name -> latest eager record
+        self.last_replay_seq: dict[Any, int] = {}  # tid -> seq of its latest replay or capture begin
         self.pending_syncs: dict[Any, list[dict]] = {}  # tid -> syncs since its last replay
         # this process's decode-step syncs, confirmed by a later replay; finish() publishes
         # them with the pending ones into model.step_syncs
@@ -294,6 +295,19 @@ class _ProcessBuilder:
         if current is not None:
             graph.capture_metadata = current
             graph.capture_metadata_ref = self._ref(current, "attn.metadata")
+        # decisions made eagerly for this capture (plan() / a metadata build run just before
+        # it, as FlashInfer and vLLM's builders do): the latest of each name since this
+        # thread's last replay or capture begin is what the capture froze
+        pending = self.eager_decisions.get(tid) if self.eager_decisions else None
+        if pending:
+            since = self.last_replay_seq.get(tid, -1)
+            for drec in pending.values():
+                seq = drec.get("seq")
+                if isinstance(seq, int) and seq > since:
+                    self._add_decision(graph, drec)
+        seq = rec.get("seq")
+        if isinstance(seq, int):
+            self.last_replay_seq[tid] = seq
         self.stacks.setdefault(tid, []).append(gid)
 
     def capture_end(self, rec: dict) -> None:
@@ -423,7 +437,10 @@ class _ProcessBuilder:
         if gid is None:  # eager: the host's current intent, compared at the next replays
             self.eager_decisions.setdefault(rec.get("tid"), {})[name] = rec
             return
-        graph = self._graph(gid)
+        self._add_decision(self._graph(gid), rec)
+
+    def _add_decision(self, graph: GraphModel, rec: dict) -> None:
+        name = _text(rec.get("name"))
         self.track_inputs = True
         value, inputs = rec.get("value"), _dict(rec.get("inputs"))
         layer = hashable(rec.get("layer"))
@@ -527,6 +544,8 @@ class _ProcessBuilder:
             if self.proc.first_replay_seq is None:
                 self.proc.first_replay_seq = stats.first.seq
         self.replaying.add(tid)
+        if self.eager_decisions:
+            self.last_replay_seq[tid] = rec.get("seq")
         if self.pending_syncs and tid in self.pending_syncs:
             self._flush_syncs(tid)
         if self.eager_decisions:
