@@ -276,6 +276,30 @@ def test_eager_same_value_holds_and_other_value_is_mlt007(tmp_path):
     assert [f.id for f in findings(other)] == ["MLT007"]
 
 
+def test_a_decision_just_before_a_capture_is_the_captures(tmp_path):
+    def trace(root: Path, *, replay_between: bool) -> Path:
+        write_run(root)
+        proc = SynthProcess(root, 4100)
+        proc.emit("host.decision", name="x.plan", value=32, inputs={"num_reqs": 8},
+                  capturing=False, gid=None)
+        if replay_between:  # an older graph replayed after that plan: not this capture's
+            proc.emit("graph.capture.begin", gid=9, parent=None, src="torch", key=None, mode=None)
+            proc.emit("graph.capture.end", gid=9, segments=1, eager_breaks=0, dur_ns=1)
+            proc.replay(9)
+        proc.emit("graph.capture.begin", gid=1, parent=None, src="torch", key=None, mode=None)
+        proc.emit("graph.capture.end", gid=1, segments=1, eager_breaks=0, dur_ns=1)
+        for _ in range(3):
+            proc.emit("host.decision", name="x.plan", value=48, inputs={"num_reqs": 8},
+                      capturing=False, gid=None)
+            proc.replay(1)
+        proc.write()
+        return root
+
+    (f,) = findings(trace(tmp_path / "a", replay_between=False))
+    assert f.id == "MLT007" and f.details["captured"] == 32
+    assert [x.id for x in findings(trace(tmp_path / "b", replay_between=True))] == []
+
+
 def test_split_decision_of_one_is_mlt001_not_mlt006(tmp_path):
     root = _decision_trace(tmp_path / "t", captured={
         "name": "engine.attn.num_splits", "value": 1, "inputs": {"seq_len_max": 1}})
