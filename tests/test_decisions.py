@@ -149,6 +149,14 @@ EXPECTED = {
     "vllm_28015_mla_mtp_decode": [],
     "sglang_34580_aiter_mla_one_split": [("MLT001", "error")],
     "sglang_34580_aiter_mla_capture_at_max": [],
+    "aiter_4555_mla_gluon_bh16_fixed_budget": [],
+    "aiter_4555_mla_gluon_bh16_batch_fills_budget": [],
+    "aiter_4555_mla_gluon_bh64_asserts": [],
+    "flashinfer_187_vllm_decode_replan": [],
+    "flashinfer_641_prefill_padded_batch_distribution": [("MLT007", "error")],
+    "flashinfer_641_prefill_padded_batch_bounded": [],
+    "sglang_37975_flashinfer_mla_kv_indptr": [("MLT003", "error")],
+    "sglang_37975_flashinfer_mla_graph_kv_indptr": [],
 }
 
 
@@ -159,6 +167,59 @@ def test_upstream_thread_fixtures(name):
     assert [(f.id, f.severity) for f in found] == EXPECTED[name]
     for f in found:
         evidence_ok(f, root)
+
+
+def test_aiter_4555_fixed_budget_and_the_bh64_bound():
+    # ROCm/aiter @e4048607 mla_gluon.py: bh16 from the budget alone, bh64 still bounded
+    assert decisions.fixed_budget_splits(batch=8, nhead=16) == 32
+    assert decisions.fixed_budget_splits(batch=8, nhead=96, qlen=2) == 2
+    assert decisions.fixed_budget_splits(batch=256, nhead=16) == 1
+    assert decisions.legacy_splits(1, batch=8, nhead=16) == 1  # the pre-#4555 pin
+    assert decisions.gluon_bh64_splits(64, 64) == 4     # base grid 64 -> 4 splits
+    assert decisions.gluon_bh64_splits(64, 128) == 2    # two head blocks -> 128
+    assert decisions.gluon_bh64_splits(128, 128) == 1
+    assert decisions.gluon_bh64_min_kv_seq_len(4) == 784
+    assert decisions.gluon_bh64_min_kv_seq_len(2) == 388
+    # the healthy bh16 capture launched the budget's splits although min_kv_seq_len was 1
+    root = FIXTURES / "aiter_4555_mla_gluon_bh16_fixed_budget"
+    recs = [json.loads(line) for line in (root / "p3500.jsonl").read_text().splitlines()]
+    launch = next(r for r in recs if r["k"] == "kernel.launch" and r["name"] == "_mla_gluon")
+    assert launch["const"]["NUM_KV_SPLITS"] == 32 and launch["grid"] == [8, 32, 1]
+    # bh64: the capture raised on the assertion, nothing was replayed
+    root = FIXTURES / "aiter_4555_mla_gluon_bh64_asserts"
+    recs = [json.loads(line) for line in (root / "p3500.jsonl").read_text().splitlines()]
+    ends = [r for r in recs if r["k"] == "graph.capture.end"]
+    assert ends and all("min_kv_seq_len > 388" in r["error"] for r in ends)
+    assert not any(r["k"] in ("graph.replay", "kernel.launch") for r in recs)
+
+
+def test_flashinfer_graph_padded_batch_size():
+    # scheduler.cuh: max(2 * SMs // kv_heads, query tiles); sglang#31349's H100 case: 2 KV
+    # heads -> grid x 132 although two requests need 2 tiles
+    assert decisions.flashinfer_split_budget(2, 66) == 66
+    assert decisions.flashinfer_graph_padded_batch_size([1, 1], num_kv_heads=2, group=8,
+                                                        cta_tile_q=16, num_sms=132) == 132
+    # flashinfer#641's example: 128 rows over 2 requests, cta_tile_q 64
+    ragged = decisions.flashinfer_tiles_q([63, 65], group=1, cta_tile_q=64, bounded=False)
+    even = decisions.flashinfer_tiles_q([64, 64], group=1, cta_tile_q=64, bounded=False)
+    assert (ragged, even) == (3, 2)
+    bound = decisions.flashinfer_tiles_q([64, 64], group=1, cta_tile_q=64, bounded=True)
+    assert bound == decisions.flashinfer_tiles_q([1, 127], group=1, cta_tile_q=64, bounded=True)
+    assert bound >= max(ragged, even)
+    (f,) = findings(FIXTURES / "flashinfer_641_prefill_padded_batch_distribution")
+    assert f.details["captured"] == 32 and f.details["eager"] and 32 not in f.details["eager"]
+
+
+def test_sglang_flashinfer_mla_drift_names_kv_indptr():
+    (f,) = findings(FIXTURES / "sglang_37975_flashinfer_mla_kv_indptr")
+    assert f.details["buffers"] == ["kv_indptr"] and f.details["drifted_replays"] == 12
+
+
+def test_one_split_that_the_batch_alone_explains_is_not_mlt001():
+    # the same trace at batch 8 with one split launched is MLT001: only the budget excuses it
+    root = FIXTURES / "sglang_34580_aiter_mla_one_split"
+    assert [f.id for f in findings(root)] == ["MLT001"]
+    assert findings(FIXTURES / "aiter_4555_mla_gluon_bh16_batch_fills_budget") == []
 
 
 def test_flashmla_scheduler_drift_names_both_buffers_in_one_finding():
@@ -213,6 +274,30 @@ def test_eager_same_value_holds_and_other_value_is_mlt007(tmp_path):
     other = _decision_trace(tmp_path / "other", captured=captured,
                             eager={**captured, "value": 64, "inputs": {"seq_len_max": 100000}})
     assert [f.id for f in findings(other)] == ["MLT007"]
+
+
+def test_a_decision_just_before_a_capture_is_the_captures(tmp_path):
+    def trace(root: Path, *, replay_between: bool) -> Path:
+        write_run(root)
+        proc = SynthProcess(root, 4100)
+        proc.emit("host.decision", name="x.plan", value=32, inputs={"num_reqs": 8},
+                  capturing=False, gid=None)
+        if replay_between:  # an older graph replayed after that plan: not this capture's
+            proc.emit("graph.capture.begin", gid=9, parent=None, src="torch", key=None, mode=None)
+            proc.emit("graph.capture.end", gid=9, segments=1, eager_breaks=0, dur_ns=1)
+            proc.replay(9)
+        proc.emit("graph.capture.begin", gid=1, parent=None, src="torch", key=None, mode=None)
+        proc.emit("graph.capture.end", gid=1, segments=1, eager_breaks=0, dur_ns=1)
+        for _ in range(3):
+            proc.emit("host.decision", name="x.plan", value=48, inputs={"num_reqs": 8},
+                      capturing=False, gid=None)
+            proc.replay(1)
+        proc.write()
+        return root
+
+    (f,) = findings(trace(tmp_path / "a", replay_between=False))
+    assert f.id == "MLT007" and f.details["captured"] == 32
+    assert [x.id for x in findings(trace(tmp_path / "b", replay_between=True))] == []
 
 
 def test_split_decision_of_one_is_mlt001_not_mlt006(tmp_path):
@@ -329,19 +414,39 @@ def test_static_signatures_and_drift(tmp_path):
     assert proc.returncode == 1 and "DRIFT" in proc.stdout and "lib.mod:free" in proc.stdout
 
 
+def test_static_check_leaves_out_a_pack_for_another_version(tmp_path):
+    from mlatrace.probe.source import source_versions
+
+    (tmp_path / "sglang-0.5.13.dist-info").mkdir()
+    (tmp_path / "flashinfer_python-0.7.4.dist-info").mkdir()
+    (tmp_path / "sglang").mkdir()
+    (tmp_path / "sglang" / "__init__.py").write_text("")
+    assert source_versions(tmp_path) == {"sglang": "0.5.13", "flashinfer": "0.7.4"}
+    packs = {p.name: p for p in map(load_pack, default_pack_paths())}
+    found = signatures(tmp_path, [t for n in ("sglang", "sglang_legacy_runner")
+                                  for s in packs[n].probes for t in s.targets])
+    results = check_static([packs["sglang"], packs["sglang_legacy_runner"]], found,
+                           source_versions(tmp_path))
+    assert {r.status for r in results if r.pack == "sglang"} == {"other version"}
+    assert {r.status for r in results if r.pack == "sglang_legacy_runner"} == {"drift"}
+
+
 def test_shipped_packs_match_vllm_033_and_sglang_0523_snapshot():
     snapshot = json.loads((Path(__file__).parent / "probe_signatures.json").read_text())
-    assert snapshot["releases"] == {"vllm": "0.33.0", "sglang": "0.5.23"}
+    assert snapshot["releases"] == {"vllm": "0.33.0", "sglang": "0.5.23", "flashinfer": "0.7.4"}
     packs = [load_pack(p) for p in default_pack_paths()]
-    results = check_static(packs, snapshot["targets"])
+    results = check_static(packs, snapshot["targets"], snapshot["releases"])
     by_pack: dict[str, list] = {}
     for r in results:
         by_pack.setdefault(r.pack, []).append(r)
     for name in ("vllm_triton_mla", "vllm_flash_attn", "sglang_triton", "sglang_aiter",
-                 "vllm_mla", "vllm_cudagraph"):
+                 "vllm_mla", "vllm_cudagraph", "sglang", "flashinfer", "sglang_flashinfer", "vllm_flashinfer"):
         drift = [r for r in by_pack[name] if r.status == "drift"]
         assert not drift, drift
         assert any(r.status == "ok" for r in by_pack[name])
+    # the CudaGraphRunner names are gone in 0.5.23: that pack's range leaves them unchecked
+    assert {r.status for r in by_pack["sglang_legacy_runner"]} == {"other version"}
+    assert not [r for r in results if r.status == "drift"]
     for target in ("vllm.v1.attention.backends.mla.triton_mla:_compute_num_kv_splits",
                    "vllm.v1.attention.backends.flash_attn:FlashAttentionMetadataBuilder."
                    "_get_scheduler_metadata",

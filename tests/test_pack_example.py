@@ -202,7 +202,8 @@ def test_shipped_handlers_declare_every_option_the_shipped_packs_use(tmp_path):
     with pytest.raises(OptionError, match=r"unknown option 'key_aftr' .* did you mean "
                                           r"'key_after'\?"):
         load_pack(bad)
-    bad.write_text(text.replace('[pack]\n', '[pack]\nversions = "0.32 or later"\n', 1))
+    assert 'versions = ">=0.5.14"' in text
+    bad.write_text(text.replace('versions = ">=0.5.14"', 'versions = "0.32 or later"', 1))
     with pytest.raises(PackError, match=r"sglang.toml:\d+: versions entry '0.32 or later' "
                                         r"is not a PEP 440 range"):
         load_pack(bad)

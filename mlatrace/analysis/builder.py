@@ -136,9 +136,15 @@ class _ProcessBuilder:
         self.proc = ProcessModel(file=self.file, pid=pid)
         self.stacks: dict[Any, list[int]] = {}
         self.metadata: dict[Any, dict] = {}  # tid -> latest attn.metadata record
+        # tid -> {ptr name: (ptr, record)} of the step's earlier metadata records: one step
+        # may fill buffers in several builds (an engine's runner, then its attention backend,
+        # or the reverse); the replay after them sees every buffer named
+        self.step_ptrs: dict[Any, dict[str, tuple[Any, dict]]] = {}
+        self.md_since_replay: set[Any] = set()  # tids with metadata no replay has read yet
         self.by_gid: dict[Any, GraphModel] = {}
         self.replaying: set[Any] = set()
         self.eager_decisions: dict[Any, dict[str, dict]] = {}  # tid -> name -> latest eager record
+        self.last_replay_seq: dict[Any, int] = {}  # tid -> seq of its latest replay or capture begin
         self.pending_syncs: dict[Any, list[dict]] = {}  # tid -> syncs since its last replay
         # this process's decode-step syncs, confirmed by a later replay; finish() publishes
         # them with the pending ones into model.step_syncs
@@ -289,6 +295,19 @@ class _ProcessBuilder:
         if current is not None:
             graph.capture_metadata = current
             graph.capture_metadata_ref = self._ref(current, "attn.metadata")
+        # decisions made eagerly for this capture (plan() / a metadata build run just before
+        # it, as FlashInfer and vLLM's builders do): the latest of each name since this
+        # thread's last replay or capture begin is what the capture froze
+        pending = self.eager_decisions.get(tid) if self.eager_decisions else None
+        if pending:
+            since = self.last_replay_seq.get(tid, -1)
+            for drec in pending.values():
+                seq = drec.get("seq")
+                if isinstance(seq, int) and seq > since:
+                    self._add_decision(graph, drec)
+        seq = rec.get("seq")
+        if isinstance(seq, int):
+            self.last_replay_seq[tid] = seq
         self.stacks.setdefault(tid, []).append(gid)
 
     def capture_end(self, rec: dict) -> None:
@@ -313,7 +332,18 @@ class _ProcessBuilder:
 
     def attn_metadata(self, rec: dict) -> None:
         self._count_attention(rec, "attn.metadata", str(rec.get("backend")))
-        self.metadata[rec.get("tid")] = rec
+        tid = rec.get("tid")
+        prev = self.metadata.get(tid)
+        if tid in self.md_since_replay:
+            ptrs = prev.get("ptrs") if prev is not None else None
+            if ptrs and type(ptrs) is dict:
+                held = self.step_ptrs.setdefault(tid, {})
+                for name, ptr in ptrs.items():
+                    held[name] = (ptr, prev)
+        elif self.step_ptrs:
+            self.step_ptrs.pop(tid, None)  # a replay read them: a new step begins
+        self.md_since_replay.add(tid)
+        self.metadata[tid] = rec
         gid = self._capture_gid(rec) if rec.get("capturing") else None
         if gid is not None:
             ref = self._ref(rec, "attn.metadata")
@@ -407,7 +437,10 @@ class _ProcessBuilder:
         if gid is None:  # eager: the host's current intent, compared at the next replays
             self.eager_decisions.setdefault(rec.get("tid"), {})[name] = rec
             return
-        graph = self._graph(gid)
+        self._add_decision(self._graph(gid), rec)
+
+    def _add_decision(self, graph: GraphModel, rec: dict) -> None:
+        name = _text(rec.get("name"))
         self.track_inputs = True
         value, inputs = rec.get("value"), _dict(rec.get("inputs"))
         layer = hashable(rec.get("layer"))
@@ -511,6 +544,8 @@ class _ProcessBuilder:
             if self.proc.first_replay_seq is None:
                 self.proc.first_replay_seq = stats.first.seq
         self.replaying.add(tid)
+        if self.eager_decisions:
+            self.last_replay_seq[tid] = rec.get("seq")
         if self.pending_syncs and tid in self.pending_syncs:
             self._flush_syncs(tid)
         if self.eager_decisions:
@@ -538,11 +573,18 @@ class _ProcessBuilder:
             if stats.seq_len_min_min is None or smin < stats.seq_len_min_min:
                 stats.seq_len_min_min = smin
         ptrs = md.get("ptrs")
+        sources = None
+        self.md_since_replay.discard(tid)
+        held = self.step_ptrs.get(tid) if self.step_ptrs else None
+        if held:
+            own = ptrs if ptrs and type(ptrs) is dict else {}
+            sources = {name: entry[1] for name, entry in held.items() if name not in own}
+            ptrs = {**{name: entry[0] for name, entry in held.items()}, **own}
         if ptrs and type(ptrs) is dict:
             if ptrs == stats.ptr_run:  # the usual case: the same static buffers every step
                 stats.ptr_run_count += 1
             else:
-                self._count_ptrs(stats, ptrs, md)
+                self._count_ptrs(stats, ptrs, md, sources)
 
     def replay_time(self, rec: dict) -> None:
         """graph.replay.time: the GPU time of replay n of gid, and of each graph around it."""
@@ -555,18 +597,20 @@ class _ProcessBuilder:
             graph.replays.add_timed(n, gpu)
             graph = self.model.graph(self.pid, graph.parent)
 
-    def _count_ptrs(self, stats: ReplayStats, ptrs: dict, md: dict) -> None:
+    def _count_ptrs(self, stats: ReplayStats, ptrs: dict, md: dict,
+                    sources: dict[str, dict] | None = None) -> None:
         _flush_ptr_run(stats)
         seen_all = stats.ptrs
         for name, ptr in ptrs.items():
             seen = seen_all.get(name)
+            src = sources.get(name, md) if sources else md
             if seen is None:
                 if type(ptr) is int:
-                    seen_all[name] = {ptr: [1, self._ref(md, "attn.metadata")]}
+                    seen_all[name] = {ptr: [1, self._ref(src, "attn.metadata")]}
             elif ptr in seen:
                 seen[ptr][0] += 1
             elif type(ptr) is int and len(seen) < MAX_DISTINCT:
-                seen[ptr] = [1, self._ref(md, "attn.metadata")]
+                seen[ptr] = [1, self._ref(src, "attn.metadata")]
         stats.ptr_run, stats.ptr_run_count = ptrs, 0
 
     def finish(self, proc_file: Any) -> ProcessModel:

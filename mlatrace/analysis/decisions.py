@@ -9,6 +9,12 @@ Formulas, each from the source named:
 
 - AITER legacy (`mla_gluon` before ROCm/aiter#4555):
   `max(1, min(256 // (batch*qlen*cdiv(nhead, 16)), cdiv(min_kv_seq_len, BLOCK_N)))`.
+- AITER after ROCm/aiter#4555 (first released in aiter v0.1.20; checked at ROCm/aiter
+  @e4048607 `aiter/ops/triton/gluon/mla_gluon.py`): bh16 regimes (nhead <= 96) use the fixed
+  budget `max(1, 256 // (batch*qlen*cdiv(nhead, 16)))`, independent of min_kv_seq_len; bh64
+  (nhead 64 or 128, batch a multiple of 64) picks `max(1, next_pow2(cdiv(256, base_grid)))`
+  with `base_grid = xcds * cdiv(nhead, 64) * qlen * (batch // xcds)` and still asserts
+  `min_kv_seq_len > splits * (3*64 + splits)`.
 - The bucketed ladder (seed 002's vLLM proposal): <=64 -> 1, <=4K -> 16, <=16K -> 48,
   <=64K -> 64, else 128, from `min_kv_seq_len`.
 - vLLM TRITON_MLA (vllm 0.33.0 `vllm/v1/attention/backends/mla/triton_mla.py`
@@ -18,6 +24,14 @@ Formulas, each from the source named:
   otherwise the smallest split count within 85% of the best wave efficiency), capped by
   `max_num_splits` when vLLM passes one (`flash_attn_max_num_splits_for_cuda_graph`,
   default 32 in vllm 0.33.0 `vllm/config/attention.py`; 16 before vllm#25495).
+- FlashInfer's CUDA-graph padded batch size (flashinfer-python 0.7.4,
+  `include/flashinfer/attention/scheduler.cuh` `PrefillSplitQOKVIndptr`, which the
+  tensor-core decode path shares): `max(max_batch_size_if_split, total_num_tiles_q)` with
+  `max_batch_size_if_split = 2 * SMs // num_kv_heads`. Under CUDA graphs total_num_tiles_q
+  is bounded from the row count, `cdiv(total_rows * group, cta_tile_q) + batch - 1`, the
+  same at every re-plan of one graph; before flashinfer#641 it was the sum of
+  `cdiv(qo_len * group, cta_tile_q)` over the requests, which moves with the query-length
+  distribution.
 """
 
 from __future__ import annotations
@@ -66,6 +80,26 @@ def legacy_splits(min_kv_seq_len: int, *, batch: int = 1, qlen: int = 1, nhead: 
     """AITER mla_gluon's legacy host formula (collapses to 1 below one tile)."""
     budget = WORKGROUP_BUDGET // max(1, batch * max(1, qlen) * head_blocks(nhead, qlen))
     return max(1, min(budget, cdiv(max(1, min_kv_seq_len), block_n)))
+
+
+def fixed_budget_splits(*, batch: int = 1, qlen: int = 1, nhead: int = 16) -> int:
+    """AITER mla_gluon's bh16 split count after ROCm/aiter#4555: the same at every length."""
+    return max(1, WORKGROUP_BUDGET // max(1, batch * max(1, qlen) * head_blocks(nhead, qlen)))
+
+
+GLUON_BH64_BLOCK = 64
+GLUON_XCDS = 8  # MI350 / MI355X
+
+
+def gluon_bh64_splits(batch: int, nhead: int, qlen: int = 1, xcds: int = GLUON_XCDS) -> int:
+    """AITER mla_gluon's bh64 split count (nhead 64/128): fills ~256 workgroups."""
+    base = xcds * cdiv(nhead, GLUON_BH64_BLOCK) * max(1, qlen) * (batch // xcds)
+    return max(1, next_pow2(cdiv(WORKGROUP_BUDGET, max(1, base))))
+
+
+def gluon_bh64_min_kv_seq_len(splits: int) -> int:
+    """The bound bh64 asserts: min_kv_seq_len must exceed splits * (3*BLOCK_N + splits)."""
+    return splits * (3 * GLUON_BH64_BLOCK + splits)
 
 
 def bucketed_splits(min_kv_seq_len: int) -> int:
@@ -126,6 +160,30 @@ def fa3_splits(seq_len_max: int, *, num_reqs: int = 1, num_heads_kv: int = 8,
         if eligible and eff >= 0.85 * best:
             return splits
     return 1
+
+
+FLASHINFER_BLOCKS_PER_SM = 2  # PrefillPlanImpl's num_blocks_per_sm
+
+
+def flashinfer_split_budget(num_kv_heads: int, num_sms: int = DEFAULT_SMS) -> int:
+    """FlashInfer's max_batch_size_if_split: the CTAs of two per SM, per KV head."""
+    return (FLASHINFER_BLOCKS_PER_SM * num_sms) // max(1, num_kv_heads)
+
+
+def flashinfer_tiles_q(qo_lens: list[int], *, group: int, cta_tile_q: int, bounded: bool) -> int:
+    """Query tiles of a FlashInfer plan: bounded from the row count (CUDA graphs since
+    flashinfer#641) or counted request by request (before it, and outside graphs)."""
+    if bounded:
+        return cdiv(sum(qo_lens) * group, cta_tile_q) + len(qo_lens) - 1
+    return sum(cdiv(q * group, cta_tile_q) for q in qo_lens)
+
+
+def flashinfer_graph_padded_batch_size(qo_lens: list[int], *, num_kv_heads: int, group: int,
+                                       cta_tile_q: int, bounded: bool = True,
+                                       num_sms: int = DEFAULT_SMS) -> int:
+    """plan_info[0] of a CUDA-graph FlashInfer plan: the grid x its capture freezes."""
+    return max(flashinfer_split_budget(num_kv_heads, num_sms),
+               flashinfer_tiles_q(qo_lens, group=group, cta_tile_q=cta_tile_q, bounded=bounded))
 
 
 # -- decisions by name ---------------------------------------------------------------

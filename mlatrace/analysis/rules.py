@@ -215,6 +215,10 @@ def frozen_one_split(model: TraceModel, config: Config) -> list[Finding]:
         real_min = rg.replays.seq_len_min_max or longest
         legacy = legacy_splits(real_min, batch=batch, qlen=qlen, nhead=nhead, block_n=block_n)
         bucketed = bucketed_splits(real_min)
+        if decided is None and legacy == 1:
+            # the batch alone fills the workgroup budget (AITER's 256 // (batch*qlen*head
+            # blocks)): one split is what the kernel picks at every replayed length
+            continue
         op = decision.op if decision else (decided.name if decided else
                                            (launch.name if launch else None))
         key = _key_text(model, graph)

@@ -183,16 +183,25 @@ def _no_target_is_drift(checked: list[TargetStatus]) -> None:
                 result.detail += " (no target of this probe exists here)"
 
 
-def check_static(packs: list[Pack], found: dict[str, dict]) -> list[TargetStatus]:
+def check_static(packs: list[Pack], found: dict[str, dict],
+                 versions: dict[str, str] | None = None) -> list[TargetStatus]:
     """Check targets against static signatures (probe.source: a source tree or a snapshot).
 
     Only targets whose top-level package the signatures cover are checked; the others are
     "not in source". A probe none of whose covered targets exists is drift, as in `check`.
+    `versions` ({library: version} of that source): a pack whose `versions` range excludes
+    its library's version there is "other version", as `run` would leave it out.
     """
     from mlatrace.probe.source import compare
 
     results: list[TargetStatus] = []
     for pack in packs:
+        there = (versions or {}).get(pack.library)
+        if there and version_problem(pack, there):
+            detail = f"pack is for {pack.library} {' or '.join(pack.versions)}; source has {there}"
+            results.extend(TargetStatus(pack.name, spec.name, target, "other version", detail)
+                           for spec in pack.probes for target in spec.targets)
+            continue
         for spec in pack.probes:
             probe_results = []
             for target in spec.targets:
@@ -259,10 +268,13 @@ def doctor(extra: list[str] | None = None, source: str | None = None) -> int:
     problems += list(mismatched.values())
     disabled = disabled_packs()
     if source is not None:
-        from mlatrace.probe.source import signatures
+        from mlatrace.probe.source import signatures, source_versions
 
         targets = [t for pack in packs for spec in pack.probes for t in spec.targets]
-        results = check_static(packs, signatures(source, targets))
+        there = source_versions(source)
+        results = check_static(packs, signatures(source, targets), there)
+        mismatched = {pack.name: problem for pack in packs
+                      if (problem := version_problem(pack, there.get(pack.library)))}
     else:
         try:
             results = check_isolated(list(extra or []))
@@ -291,6 +303,9 @@ def doctor(extra: list[str] | None = None, source: str | None = None) -> int:
         applies = ""
         if pack.versions:
             verdict = "MISMATCH: run leaves it out" if pack.name in mismatched else "ok"
+            if source is not None:
+                verdict = ("other version: not checked" if pack.name in mismatched else "ok") + \
+                    (f" (source has {there[pack.library]})" if pack.library in there else "")
             applies = f"; versions {' or '.join(pack.versions)}: {verdict}"
         off = "; DISABLED (MLATRACE_DISABLE_PACKS)" if pack.name in disabled else ""
         checked = f"; checked against: {'; '.join(pack.checked)}" if pack.checked else ""

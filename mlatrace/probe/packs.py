@@ -394,15 +394,15 @@ def _specifier(text: str, where: str) -> Any:
                         f"(e.g. \">=0.32,<0.34\"; free text goes in checked = [...])") from None
 
 
-def version_problem(pack: Pack) -> str | None:
+def version_problem(pack: Pack, installed: str | None = None) -> str | None:
     """Why `pack` does not apply here: 'file:line: ...' when the installed version of its
-    library is outside every range in `versions`; None when it applies (no range, the
-    library not installed, or a version in range)."""
+    library (or `installed`, e.g. a source tree's) is outside every range in `versions`;
+    None when it applies (no range, the library not installed, or a version in range)."""
     if not pack.versions or not pack.library:
         return None
     from mlatrace.common import installed_version
 
-    installed = installed_version(pack.library)
+    installed = installed or installed_version(pack.library)
     if installed is None:
         return None
     where = f"{pack.path}:{pack.versions_line}"

@@ -9,7 +9,8 @@ What a static read can tell: the module file exists; the function or class attri
 defined there (a class that only inherits it is reported as inherited, bases are not
 followed); its parameter names in inspect's order (positional-only, positional, *args,
 keyword-only, **kwargs). Decorators are not applied: a decorator that changes the
-signature is invisible here.
+signature is invisible here. A pack whose `versions` exclude the version of its library
+found in the tree (its *.dist-info) is not checked there: "other version".
 """
 
 from __future__ import annotations
@@ -101,6 +102,22 @@ def signatures(root: str | Path, targets: list[str]) -> dict[str, dict[str, Any]
     """The static signature of each target under `root` (see signature_of)."""
     cache: dict[Path, ast.Module] = {}
     return {target: signature_of(Path(root), target, cache) for target in targets}
+
+
+def source_versions(root: str | Path) -> dict[str, str]:
+    """{library: version} of the distributions unpacked under `root` (their *.dist-info),
+    named as packs name their library (mlatrace.common.DISTRIBUTIONS)."""
+    from mlatrace.common import DISTRIBUTIONS
+
+    library_of = {dist.lower().replace("-", "_"): lib
+                  for lib, dists in DISTRIBUTIONS.items() for dist in dists}
+    found: dict[str, str] = {}
+    for info in sorted(Path(root).glob("*.dist-info")):
+        name, _, version = info.name[: -len(".dist-info")].partition("-")
+        library = library_of.get(name.lower().replace("-", "_"), name)
+        if version:
+            found.setdefault(library, version)
+    return found
 
 
 def compare(declared: list[str], reads: list[str], found: dict[str, Any]) -> tuple[str, str]:

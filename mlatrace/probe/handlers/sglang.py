@@ -1,5 +1,6 @@
 """Handlers for a call that is one keyed capture or replay of its own: SGLang's
-CudaGraphRunner (capture_one_batch_size / replay), usable by any engine shaped so."""
+DecodeCudaGraphRunner (capture_one_shape / execute; capture_one_batch_size / replay
+before 0.5.14), usable by any engine shaped so."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from mlatrace.probe.handlers import Handler, _gids_of, close_capture, open_captu
 
 
 class CaptureScope(Handler):
-    """A function whose call makes one keyed capture (SGLang's capture_one_batch_size).
+    """A function whose call makes one keyed capture (SGLang's capture_one_shape).
 
     Such functions warm up eagerly before they capture, so the scope's gid is
     opened as an eager region: ``capturing()`` stays false until the torch capture
@@ -39,7 +40,7 @@ class ReplayScope(Handler):
     """A function whose call replays the instance's capture for a key (SGLang's replay).
 
     ``options.key_after`` names the instance attribute holding the replayed key once
-    the call returned (SGLang sets ``self.bs`` in replay_prepare).
+    the call returned (SGLang sets ``self.bs`` in load_batch).
     """
 
     OPTIONS = {"key_after": str}
