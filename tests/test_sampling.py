@@ -115,3 +115,121 @@ def test_every_change_is_recorded_and_runs_are_exact(tmp_path, monkeypatch):
     end = rows[-1]
     assert end["counts"]["kernel.split"] == len(calls) + 2
     assert end["sampled"] == {"kernel.split": 6}
+
+
+KEYED_MODULE = '''
+class Buf:
+    """A tensor-like argument that counts the reads a probe makes of it."""
+
+    def __init__(self, shape, dtype):
+        self._shape, self.dtype, self.ptr_reads = tuple(shape), dtype, 0
+
+    @property
+    def shape(self):
+        return self._shape
+
+    def data_ptr(self):
+        self.ptr_reads += 1
+        return 4096
+
+
+def attend(x, n, layer):
+    return n
+'''
+
+KEYED_PACK = '''
+[pack]
+name = "keyed"
+library = "none"
+
+[[probe]]
+name = "attend"
+targets = ["keyed_mod:attend"]
+params = ["x", "n", "layer"]
+kind = "attn.call"
+when = "call"
+[probe.fields]
+op = "'attend'"
+layer = "args.layer"
+capturing = "capturing()"
+gid = "gid()"
+dtype = "dtype(args.x)"
+[probe.fields.hints]
+n = "args.n"
+[probe.fields.shapes]
+x = "shape(args.x)"
+[probe.fields.ptrs]
+x = "ptr(args.x)"
+'''
+
+
+def test_sampled_calls_are_compared_on_a_raw_key_and_not_extracted(tmp_path, monkeypatch):
+    """A call whose key (shape, dtype, hints; not the pointers of an eager record)
+    repeats is counted without being extracted: its pointer is never read. Each change
+    of shape, dtype or hint is recorded in full, and the runs are exact, layers included."""
+    import torch
+
+    from mlatrace import probe, record
+
+    (tmp_path / "keyed_mod.py").write_text(KEYED_MODULE)
+    (tmp_path / "keyed.toml").write_text(KEYED_PACK)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("MLATRACE_SAMPLE", "1")
+    out = tmp_path / "trace"
+    record.start(str(out))
+    probe.install([tmp_path / "keyed.toml"])
+    try:
+        import keyed_mod
+
+        x = keyed_mod.Buf((4, 16, 512), torch.bfloat16)
+        for layer in range(6):                        # one run over 6 layers
+            keyed_mod.attend(x, 100, layer)
+        reads_after_run = x.ptr_reads
+        keyed_mod.attend(keyed_mod.Buf((4, 16, 512), torch.float32), 100, 0)   # dtype
+        keyed_mod.attend(keyed_mod.Buf((8, 16, 512), torch.float32), 100, 0)   # shape
+        keyed_mod.attend(keyed_mod.Buf((8, 16, 512), torch.float32), 200, 0)   # hint
+        y = keyed_mod.Buf((8, 16, 512), torch.float32)
+        keyed_mod.attend(y, 200, 1)                   # same key, new object: counted
+    finally:
+        probe.uninstall()
+        record.stop()
+    assert reads_after_run == 1            # only the first call of the run was extracted
+    assert y.ptr_reads == 0
+    (path,) = out.glob("p*.jsonl")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    calls = [(r["dtype"], r["shapes"]["x"], r["hints"]["n"], r["layer"], r["repeat"],
+              r["ptrs"]["x"]) for r in rows if r["k"] == "attn.call"]
+    assert calls == [("torch.bfloat16", [4, 16, 512], 100, 0, 1, 4096),
+                     ("torch.float32", [4, 16, 512], 100, 0, 1, 4096),
+                     ("torch.float32", [8, 16, 512], 100, 0, 1, 4096),
+                     ("torch.float32", [8, 16, 512], 200, 0, 1, 4096)]
+    runs = [(r["repeat"], r["sampled"], r["layers"]) for r in rows if r["k"] == "sample.run"]
+    assert runs == [(6, 5, [0, 1, 2, 3, 4, 5]), (2, 1, [0, 1])]
+    end = rows[-1]
+    assert end["counts"]["attn.call"] == 10
+    assert end["sampled"] == {"attn.call": 6}
+
+
+def test_launch_key_says_what_the_launch_record_says():
+    """Equal launch keys mean equal (grid, constexprs) of the record; a change of grid or
+    constexpr changes the key."""
+    from mlatrace.probe import triton_launch
+
+    class Const:
+        def __init__(self, value):
+            self.value = value
+
+    meta = triton_launch.KernelMeta.__new__(triton_launch.KernelMeta)
+    meta.const_slots = (("NUM_KV_SPLITS", 2, None), ("BLOCK_N", 1 << 30, 64))
+    meta.arg_names, meta.defaults = ["q", "o", "NUM_KV_SPLITS", "BLOCK_N"], {"BLOCK_N": 64}
+    cases = [((1, 2, 8), {}, (4, 8, 1)), ((1, 2, 8), {}, (4, 16, 1)),
+             ((1, 2, 16), {}, (4, 16, 1)), ((1, 2, Const(16)), {}, (4, 16, 1)),
+             ((1, 2, 16), {"BLOCK_N": 32}, (4, 16, 1)), ((1, 2, 16), {}, [4, 16, 1])]
+    keys = [triton_launch.launch_key(meta, args, kwargs, grid) for args, kwargs, grid in cases]
+    fields = [triton_launch.launch_fields(meta, args, kwargs, grid)
+              for args, kwargs, grid in cases]
+    for i in range(len(cases)):
+        for j in range(len(cases)):
+            if keys[i] == keys[j]:
+                assert fields[i] == fields[j]
+    assert len({repr(k) for k in keys[:3]}) == 3 and keys[4] != keys[2]

@@ -162,6 +162,27 @@ def launch_fields(meta: KernelMeta, args: tuple, kwargs: dict, grid: Any
     return _grid3(grid), const
 
 
+def launch_key(meta: KernelMeta, args: tuple, kwargs: dict, grid: Any) -> tuple:
+    """What the eager sampling compares of one launch: the grid and the constexprs, raw
+    where they are plain (a grid tuple of ints, int constexprs), without building the
+    record. Equal keys give equal launch_fields; a callable grid is compared by its value."""
+    if type(grid) is not tuple or callable(grid):
+        grid3, const = launch_fields(meta, args, kwargs, grid)
+        return (None if grid3 is None else tuple(grid3), tuple(const.values()))
+    nargs = len(args)
+    values = []
+    for name, position, default in meta.const_slots:
+        value = kwargs.get(name, default) if position >= nargs else args[position]
+        if value is not None and type(value) not in _SCALAR_TYPES:
+            value = getattr(value, "value", None)   # a tl.constexpr wrapper
+            value = ("constexpr", value if isinstance(value, _SCALARS) else None)
+        values.append(value)
+    for item in grid:
+        if type(item) is not int:
+            return (tuple(_grid3(grid) or ()), tuple(values))
+    return (grid, tuple(values))
+
+
 def _num_warps(kwargs: dict, kernel: Any) -> Any:
     num_warps = kwargs.get("num_warps")
     if num_warps is None:
@@ -220,25 +241,28 @@ class TritonRun(Handler):
                     local.in_run = False
             if meta.wanted and not runtime.disabled:
                 try:
+                    if sampler is not None and not capturing():
+                        # Eager: the first `sample` identical launches in a row (grid and
+                        # constexprs, compared raw), then a sample.run with the run's
+                        # exact length; the record is built only when it is kept.
+                        repeat = sampler.keep(_run_of(meta), launch_key(meta, args, kwargs,
+                                                                        grid),
+                                              name=meta.name)
+                        if repeat:
+                            grid3, const = launch_fields(meta, args, kwargs, grid)
+                            emit("kernel.launch", name=meta.name, grid=grid3,
+                                 num_warps=_num_warps(kwargs, kernel), const=const,
+                                 capturing=False, gid=current_gid(), repeat=repeat)
+                        return kernel
                     grid3, const = launch_fields(meta, args, kwargs, grid)
                     if capturing():  # what a graph freezes: always recorded
                         emit("kernel.launch", name=meta.name, grid=grid3,
                              num_warps=_num_warps(kwargs, kernel), const=const,
                              capturing=True, gid=current_gid())
                         return kernel
-                    # Eager: the first `sample` identical launches in a row (grid and
-                    # constexprs), then a sample.run with the run's exact length.
-                    if sampler is None:
-                        emit("kernel.launch", name=meta.name, grid=grid3,
-                             num_warps=_num_warps(kwargs, kernel), const=const,
-                             capturing=False, gid=current_gid())
-                        return kernel
-                    key = (None if grid3 is None else tuple(grid3), tuple(const.values()))
-                    repeat = sampler.keep(_run_of(meta), key, name=meta.name)
-                    if repeat:
-                        emit("kernel.launch", name=meta.name, grid=grid3,
-                             num_warps=_num_warps(kwargs, kernel), const=const,
-                             capturing=False, gid=current_gid(), repeat=repeat)
+                    emit("kernel.launch", name=meta.name, grid=grid3,
+                         num_warps=_num_warps(kwargs, kernel), const=const,
+                         capturing=False, gid=current_gid())
                 except Exception as exc:
                     runtime.fail(target, exc)
             return kernel
