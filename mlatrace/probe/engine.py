@@ -341,21 +341,39 @@ def _keyed_recording(runtime: ProbeRuntime, info: TargetInfo, add: Callable[[str
     sampler = sampling.Sampler(spec.qualname, kind, limit)
     runtime.samplers.append(sampler)
     has_layer = "layer" in by_name
-    capturing = graphs.capturing
+    threads = graphs._local             # graphs.capturing(), read inline (one call fewer)
+    epoch = graphs.EPOCH
     local = sampling.ThreadRuns()       # one run per target and thread
     keep = sampler.keep
     run_state = sampling.RunState
     target = info.target
+    counted_from = limit + 1            # beyond this place in a run a call is only counted
+    max_layers = sampling.MAX_LAYERS
+    no_layer = sampling.NO_LAYER
 
     def record_call(instance: Any, args: tuple, kwargs: dict, result: Any,
                     build: Callable[..., dict], cap: Any = None) -> None:
-        if capturing() if cap is None else cap:
+        if cap is None:
+            stack = threads.stack
+            cap = bool(stack) and stack[-1] is not None
+        if cap:
             add(kind, build(instance, args, kwargs, result))   # what a graph freezes
             return
         layer, key = key_of(instance, args, kwargs, result)
         state = local.run
         if state is None:
             state = local.run = run_state()
+        elif state.run >= counted_from and state.epoch == epoch.value and key == state.last:
+            # Sampler.keep's counting branch, inline: the common case of a long run.
+            state.run += 1
+            sampler.sampled += 1
+            if layer is not no_layer:
+                layers = state.layers
+                if layers is None:
+                    layers = state.layers = {}
+                if len(layers) < max_layers:
+                    layers[layer] = None
+            return
         n = keep(state, key, layer, target)
         if n:
             fields = build(instance, args, kwargs, result)

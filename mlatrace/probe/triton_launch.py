@@ -142,6 +142,8 @@ def _bound(meta: KernelMeta, args: tuple, kwargs: dict) -> dict[str, Any]:
     for name, value in zip(meta.arg_names, args, strict=False):
         bound[name] = value
     bound.update(kwargs)
+    bound.pop("grid", None)     # run's own keyword arguments, not the kernel's
+    bound.pop("warmup", None)
     return bound
 
 
@@ -223,22 +225,25 @@ class TritonRun(Handler):
         if sampler is not None:
             runtime.samplers.append(sampler)
 
-        def run(self: Any, *args: Any, grid: Any, warmup: Any, **kwargs: Any) -> Any:
-            if warmup or runtime.disabled or not STATE.active:
-                return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+        def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+            # grid and warmup stay in kwargs (keyword-only in Triton's run): the launch's
+            # arguments are passed on as they came, not packed into a new dict.
+            if kwargs.get("warmup") or runtime.disabled or not STATE.active:
+                return original(self, *args, **kwargs)
             try:
                 meta = _meta_of(self, name_filter)
             except Exception as exc:
                 runtime.fail(target, exc)
-                return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+                return original(self, *args, **kwargs)
             if not flag:
-                kernel = original(self, *args, grid=grid, warmup=warmup, **kwargs)
+                kernel = original(self, *args, **kwargs)
             else:
                 local.in_run = True
                 try:
-                    kernel = original(self, *args, grid=grid, warmup=warmup, **kwargs)
+                    kernel = original(self, *args, **kwargs)
                 finally:
                     local.in_run = False
+            grid = kwargs.get("grid")
             if meta.wanted and not runtime.disabled:
                 try:
                     if sampler is not None and not capturing():
