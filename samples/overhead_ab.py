@@ -8,7 +8,12 @@ through (`probe.engine.STATE.active`), so both halves share the process, its cac
 the machine's state: the difference is what the probes' work costs per step, beyond
 bare wrappers (which `bench overhead`'s traced/untraced ratio includes). Prints one JSON
 line: median GPU time (CUDA events) and wall time (host clock over each block, synchronised
-at its ends) per step, each half.
+at its ends) per step, each half, and the main thread's CPU time per step.
+
+`--host-only` (CPU) replaces the device work (the torch stage bodies and projections) by
+no-ops, so that what is left is the step's Python, where the probes' share shows on a
+CPU box: `mlatrace run -- python samples/overhead_ab.py --device cpu --graph none
+--host-only --blocks 60`.
 """
 
 from __future__ import annotations
@@ -32,7 +37,15 @@ def main() -> int:
     parser.add_argument("--blocks", type=int, default=40)
     parser.add_argument("--block", type=int, default=10)
     parser.add_argument("--ctx", default="16384")
+    parser.add_argument("--host-only", action="store_true")
     options = parser.parse_args()
+    if options.host_only:
+        from mlatrace.reference import engine as reference_engine
+        from mlatrace.reference import mla
+
+        mla.stage1_torch = mla.stage2_torch = lambda **kwargs: None
+        reference_engine._project = lambda *args, **kwargs: None
+        reference_engine._residual_project = lambda *args, **kwargs: None
     if not engine.STATE.active:
         raise SystemExit("overhead_ab: run it under `mlatrace run` (no probes installed)")
     policy = options.policy or ("bucketed" if options.graph == "breakable" else "device")
@@ -51,8 +64,8 @@ def main() -> int:
     for step in range(20):
         runner.execute_model(hidden[step], lens[step])
     cuda = device.type == "cuda"
-    halves: dict[bool, dict[str, list[float]]] = {True: {"gpu": [], "wall": []},
-                                                  False: {"gpu": [], "wall": []}}
+    halves: dict[bool, dict[str, list[float]]] = {
+        active: {"gpu": [], "wall": [], "cpu": []} for active in (True, False)}
     step = 20
     for block in range(options.blocks):
         active = block % 2 == 0
@@ -61,7 +74,7 @@ def main() -> int:
             torch.cuda.synchronize(device)
             events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                       for _ in range(options.block)]
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         for index in range(options.block):
             if cuda:
                 events[index][0].record()
@@ -72,16 +85,17 @@ def main() -> int:
         if cuda:
             torch.cuda.synchronize(device)
         halves[active]["wall"].append((time.perf_counter() - started) / options.block * 1e6)
+        halves[active]["cpu"].append((time.thread_time() - cpu_started) / options.block * 1e6)
         if cuda:
             halves[active]["gpu"] += [a.elapsed_time(b) * 1e3 for a, b in events]
     engine.STATE.active = True
     result = {"bench": "overhead_ab", "graph": options.graph, "policy": policy,
               "device": device.type, "block": options.block, "blocks": options.blocks}
     for label, active in (("active", True), ("passthrough", False)):
-        for clock in ("gpu", "wall"):
+        for clock in ("gpu", "wall", "cpu"):
             values = halves[active][clock]
             result[f"{label}_{clock}_us"] = statistics.median(values) if values else None
-    for clock in ("gpu", "wall"):
+    for clock in ("gpu", "wall", "cpu"):
         if result[f"passthrough_{clock}_us"]:
             result[f"ratio_{clock}"] = result[f"active_{clock}_us"] / result[f"passthrough_{clock}_us"]
     print(json.dumps(result))
