@@ -233,3 +233,59 @@ def test_launch_key_says_what_the_launch_record_says():
             if keys[i] == keys[j]:
                 assert fields[i] == fields[j]
     assert len({repr(k) for k in keys[:3]}) == 3 and keys[4] != keys[2]
+
+
+def test_replay_handler_counts_replays_and_lets_errors_through(tmp_path, monkeypatch):
+    """The replay probe's handler (called without a CallView): each replay counted with
+    its exact n, a replay that raises propagates unchanged, is not counted and does not
+    disable the probe."""
+    from mlatrace import probe, record
+    from mlatrace.reference import graph
+
+    monkeypatch.setenv("MLATRACE_REPLAY_TIMING", "off")
+    out = tmp_path / "trace"
+    record.start(str(out))
+    probe.install([ROOT / "probes" / "reference.toml"])
+    fail = []
+
+    def work() -> None:
+        if fail:
+            raise ValueError("device work failed")
+
+    try:
+        host_graph = graph.HostGraph()
+        with graph.graph(host_graph):
+            graph.launch(work)
+        host_graph.replay()
+        host_graph.replay()
+        fail.append(True)
+        with pytest.raises(ValueError, match="device work failed"):
+            host_graph.replay()
+        fail.clear()
+        host_graph.replay()
+    finally:
+        probe.uninstall()
+        record.stop()
+    (path,) = out.glob("p*.jsonl")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    (begin,) = [r for r in rows if r["k"] == "graph.capture.begin"]
+    replays = [r["n"] for r in rows if r["k"] == "graph.replay" and r["gid"] == begin["gid"]]
+    assert replays == [1, 2, 3]
+    assert not [r for r in rows if r["k"] == "probe.error"]
+    assert host_graph.replay_count == 3
+
+
+def test_small_host_tensor_reductions_match_the_tensor_ones():
+    """min/max/sum of a short host tensor (read through one tolist()) equal the tensor's
+    own reductions; float tensors keep the tensor path."""
+    import torch
+
+    from mlatrace.probe.paths import _reduce
+
+    for values in ([5, 1, 9, 3], [7], list(range(300))):
+        tensor = torch.tensor(values, dtype=torch.int32)
+        for name, builtin in (("min", min), ("max", max), ("sum", sum)):
+            assert _reduce(name)(tensor) == builtin(values) == getattr(tensor, name)().item()
+    floats = torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64)
+    assert _reduce("sum")(floats) == floats.sum().item()
+    assert _reduce("max")(torch.tensor([], dtype=torch.int32)) is None
