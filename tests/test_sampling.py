@@ -115,3 +115,177 @@ def test_every_change_is_recorded_and_runs_are_exact(tmp_path, monkeypatch):
     end = rows[-1]
     assert end["counts"]["kernel.split"] == len(calls) + 2
     assert end["sampled"] == {"kernel.split": 6}
+
+
+KEYED_MODULE = '''
+class Buf:
+    """A tensor-like argument that counts the reads a probe makes of it."""
+
+    def __init__(self, shape, dtype):
+        self._shape, self.dtype, self.ptr_reads = tuple(shape), dtype, 0
+
+    @property
+    def shape(self):
+        return self._shape
+
+    def data_ptr(self):
+        self.ptr_reads += 1
+        return 4096
+
+
+def attend(x, n, layer):
+    return n
+'''
+
+KEYED_PACK = '''
+[pack]
+name = "keyed"
+library = "none"
+
+[[probe]]
+name = "attend"
+targets = ["keyed_mod:attend"]
+params = ["x", "n", "layer"]
+kind = "attn.call"
+when = "call"
+[probe.fields]
+op = "'attend'"
+layer = "args.layer"
+capturing = "capturing()"
+gid = "gid()"
+dtype = "dtype(args.x)"
+[probe.fields.hints]
+n = "args.n"
+[probe.fields.shapes]
+x = "shape(args.x)"
+[probe.fields.ptrs]
+x = "ptr(args.x)"
+'''
+
+
+def test_sampled_calls_are_compared_on_a_raw_key_and_not_extracted(tmp_path, monkeypatch):
+    """A call whose key (shape, dtype, hints; not the pointers of an eager record)
+    repeats is counted without being extracted: its pointer is never read. Each change
+    of shape, dtype or hint is recorded in full, and the runs are exact, layers included."""
+    import torch
+
+    from mlatrace import probe, record
+
+    (tmp_path / "keyed_mod.py").write_text(KEYED_MODULE)
+    (tmp_path / "keyed.toml").write_text(KEYED_PACK)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("MLATRACE_SAMPLE", "1")
+    out = tmp_path / "trace"
+    record.start(str(out))
+    probe.install([tmp_path / "keyed.toml"])
+    try:
+        import keyed_mod
+
+        x = keyed_mod.Buf((4, 16, 512), torch.bfloat16)
+        for layer in range(6):                        # one run over 6 layers
+            keyed_mod.attend(x, 100, layer)
+        reads_after_run = x.ptr_reads
+        keyed_mod.attend(keyed_mod.Buf((4, 16, 512), torch.float32), 100, 0)   # dtype
+        keyed_mod.attend(keyed_mod.Buf((8, 16, 512), torch.float32), 100, 0)   # shape
+        keyed_mod.attend(keyed_mod.Buf((8, 16, 512), torch.float32), 200, 0)   # hint
+        y = keyed_mod.Buf((8, 16, 512), torch.float32)
+        keyed_mod.attend(y, 200, 1)                   # same key, new object: counted
+    finally:
+        probe.uninstall()
+        record.stop()
+    assert reads_after_run == 1            # only the first call of the run was extracted
+    assert y.ptr_reads == 0
+    (path,) = out.glob("p*.jsonl")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    calls = [(r["dtype"], r["shapes"]["x"], r["hints"]["n"], r["layer"], r["repeat"],
+              r["ptrs"]["x"]) for r in rows if r["k"] == "attn.call"]
+    assert calls == [("torch.bfloat16", [4, 16, 512], 100, 0, 1, 4096),
+                     ("torch.float32", [4, 16, 512], 100, 0, 1, 4096),
+                     ("torch.float32", [8, 16, 512], 100, 0, 1, 4096),
+                     ("torch.float32", [8, 16, 512], 200, 0, 1, 4096)]
+    runs = [(r["repeat"], r["sampled"], r["layers"]) for r in rows if r["k"] == "sample.run"]
+    assert runs == [(6, 5, [0, 1, 2, 3, 4, 5]), (2, 1, [0, 1])]
+    end = rows[-1]
+    assert end["counts"]["attn.call"] == 10
+    assert end["sampled"] == {"attn.call": 6}
+
+
+def test_launch_key_says_what_the_launch_record_says():
+    """Equal launch keys mean equal (grid, constexprs) of the record; a change of grid or
+    constexpr changes the key."""
+    from mlatrace.probe import triton_launch
+
+    class Const:
+        def __init__(self, value):
+            self.value = value
+
+    meta = triton_launch.KernelMeta.__new__(triton_launch.KernelMeta)
+    meta.const_slots = (("NUM_KV_SPLITS", 2, None), ("BLOCK_N", 1 << 30, 64))
+    meta.arg_names, meta.defaults = ["q", "o", "NUM_KV_SPLITS", "BLOCK_N"], {"BLOCK_N": 64}
+    cases = [((1, 2, 8), {}, (4, 8, 1)), ((1, 2, 8), {}, (4, 16, 1)),
+             ((1, 2, 16), {}, (4, 16, 1)), ((1, 2, Const(16)), {}, (4, 16, 1)),
+             ((1, 2, 16), {"BLOCK_N": 32}, (4, 16, 1)), ((1, 2, 16), {}, [4, 16, 1])]
+    keys = [triton_launch.launch_key(meta, args, kwargs, grid) for args, kwargs, grid in cases]
+    fields = [triton_launch.launch_fields(meta, args, kwargs, grid)
+              for args, kwargs, grid in cases]
+    for i in range(len(cases)):
+        for j in range(len(cases)):
+            if keys[i] == keys[j]:
+                assert fields[i] == fields[j]
+    assert len({repr(k) for k in keys[:3]}) == 3 and keys[4] != keys[2]
+
+
+def test_replay_handler_counts_replays_and_lets_errors_through(tmp_path, monkeypatch):
+    """The replay probe's handler (called without a CallView): each replay counted with
+    its exact n, a replay that raises propagates unchanged, is not counted and does not
+    disable the probe."""
+    from mlatrace import probe, record
+    from mlatrace.reference import graph
+
+    monkeypatch.setenv("MLATRACE_REPLAY_TIMING", "off")
+    out = tmp_path / "trace"
+    record.start(str(out))
+    probe.install([ROOT / "probes" / "reference.toml"])
+    fail = []
+
+    def work() -> None:
+        if fail:
+            raise ValueError("device work failed")
+
+    try:
+        host_graph = graph.HostGraph()
+        with graph.graph(host_graph):
+            graph.launch(work)
+        host_graph.replay()
+        host_graph.replay()
+        fail.append(True)
+        with pytest.raises(ValueError, match="device work failed"):
+            host_graph.replay()
+        fail.clear()
+        host_graph.replay()
+    finally:
+        probe.uninstall()
+        record.stop()
+    (path,) = out.glob("p*.jsonl")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    (begin,) = [r for r in rows if r["k"] == "graph.capture.begin"]
+    replays = [r["n"] for r in rows if r["k"] == "graph.replay" and r["gid"] == begin["gid"]]
+    assert replays == [1, 2, 3]
+    assert not [r for r in rows if r["k"] == "probe.error"]
+    assert host_graph.replay_count == 3
+
+
+def test_small_host_tensor_reductions_match_the_tensor_ones():
+    """min/max/sum of a short host tensor (read through one tolist()) equal the tensor's
+    own reductions; float tensors keep the tensor path."""
+    import torch
+
+    from mlatrace.probe.paths import _reduce
+
+    for values in ([5, 1, 9, 3], [7], list(range(300))):
+        tensor = torch.tensor(values, dtype=torch.int32)
+        for name, builtin in (("min", min), ("max", max), ("sum", sum)):
+            assert _reduce(name)(tensor) == builtin(values) == getattr(tensor, name)().item()
+    floats = torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64)
+    assert _reduce("sum")(floats) == floats.sum().item()
+    assert _reduce("max")(torch.tensor([], dtype=torch.int32)) is None

@@ -110,15 +110,20 @@ def bench_launch_path(module: Any, calls: int) -> tuple[float, float]:
         attr = "run"
         target = "bench:run"
 
+    spec = ProbeSpec(pack="bench", name="run", targets=["bench:run"], params=[], kind="",
+                     when="call", fields={}, handler=None, options={"launch_hook": False},
+                     source="bench")
+
     class Runtime:
         disabled = False
+        samplers: list = []
+
+        def __init__(self) -> None:
+            self.spec = spec
 
         def fail(self, target: str, exc: BaseException) -> None:
             raise exc
 
-    spec = ProbeSpec(pack="bench", name="run", targets=["bench:run"], params=[], kind="",
-                     when="call", fields={}, handler=None, options={"launch_hook": False},
-                     source="bench")
     run = TritonRun(spec).replacement(Info(), Runtime())
     x, out = object(), object()
     grid_tuple = (8, 4)

@@ -306,6 +306,85 @@ def _recording(runtime: ProbeRuntime, info: TargetInfo, add: Callable[[str, dict
     return note
 
 
+def _keyed_recording(runtime: ProbeRuntime, info: TargetInfo, add: Callable[[str, dict], None],
+                     offset: int, skip_late: tuple[str, ...] = ()
+                     ) -> Callable[..., None] | None:
+    """The eager sampling of a compiled probe that compares before it extracts.
+
+    Returns ``record_call(instance, args, kwargs, result, build, cap=None)``: when the
+    call is captured (``cap``, else ``graphs.capturing()`` now) its fields
+    (``build()``) are recorded; else the probe's key (paths.FieldsProgram.bind_key:
+    raw shapes, dtypes and scalars in one tuple, no pointers of eager records, no
+    dict) goes to the run-length sampler, and ``build()`` runs only for a record that
+    is kept. Records and runs are the same as _recording's; a sampled-away call costs
+    the key, not the extraction. None where this does not apply (sampling off, fields
+    not generated): _recording's path is used.
+    """
+    spec = runtime.spec
+    kind = spec.kind
+    limit = sampling.limit()
+    program = spec.extract
+    entries = getattr(program, "entries", None)
+    bind_key = getattr(program, "bind_key", None)
+    if not limit or entries is None or bind_key is None:
+        return None
+    by_name = dict(entries)
+    skip = list(sampling.ignored_fields(kind, by_name)) + list(skip_late)
+    # Outside a capture, capturing() is False and gid() None: nothing to compare.
+    if by_name.get("capturing") == ("call0", "capturing"):
+        skip.append("capturing")
+    if by_name.get("gid") == ("call0", "gid"):
+        skip.append("gid")
+    key_of = bind_key(info.positions, info.defaults, offset, skip=tuple(skip))
+    if key_of is None:
+        return None
+    sampler = sampling.Sampler(spec.qualname, kind, limit)
+    runtime.samplers.append(sampler)
+    has_layer = "layer" in by_name
+    threads = graphs._local             # graphs.capturing(), read inline (one call fewer)
+    epoch = graphs.EPOCH
+    local = sampling.ThreadRuns()       # one run per target and thread
+    keep = sampler.keep
+    run_state = sampling.RunState
+    target = info.target
+    counted_from = limit + 1            # beyond this place in a run a call is only counted
+    max_layers = sampling.MAX_LAYERS
+    no_layer = sampling.NO_LAYER
+
+    def record_call(instance: Any, args: tuple, kwargs: dict, result: Any,
+                    build: Callable[..., dict], cap: Any = None) -> None:
+        if cap is None:
+            stack = threads.stack
+            cap = bool(stack) and stack[-1] is not None
+        if cap:
+            add(kind, build(instance, args, kwargs, result))   # what a graph freezes
+            return
+        layer, key = key_of(instance, args, kwargs, result)
+        state = local.run
+        if state is None:
+            state = local.run = run_state()
+        elif state.run >= counted_from and state.epoch == epoch.value and key == state.last:
+            # Sampler.keep's counting branch, inline: the common case of a long run.
+            state.run += 1
+            sampler.sampled += 1
+            if layer is not no_layer:
+                layers = state.layers
+                if layers is None:
+                    layers = state.layers = {}
+                if len(layers) < max_layers:
+                    layers[layer] = None
+            return
+        n = keep(state, key, layer, target)
+        if n:
+            fields = build(instance, args, kwargs, result)
+            if has_layer:
+                fields["layer"] = fields.pop("layer", None)
+            fields["repeat"] = n
+            add(kind, fields)
+
+    return record_call
+
+
 def _is_method(info: TargetInfo) -> bool:
     """A plain function stored on a class (not __new__): called with self/cls first."""
     return isinstance(info.owner, type) and info.attr != "__new__"
@@ -358,7 +437,20 @@ def _make_function(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
     add = _emitter(spec)
     state = STATE
     local = runtime.local
-    note = _recording(runtime, info, add) if handler is None else None
+    keyed = (_keyed_recording(runtime, info, add, 1 if method else 0)
+             if handler is None and when != "both" else None)
+    note = (_recording(runtime, info, add)
+            if handler is None and keyed is None and when == "call" else None)
+
+    around_call = getattr(handler, "around", None) if method else None
+    if around_call is not None:
+        def handler_around(*args: Any, **kwargs: Any) -> Any:
+            if runtime.disabled or not state.active:
+                return original(*args, **kwargs)
+            runtime.hits += 1
+            return around_call(runtime, info, original, args, kwargs)
+
+        return _like(handler_around, original)
 
     if handler is not None:
         before = getattr(handler, "before", None)
@@ -376,6 +468,24 @@ def _make_function(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
             return _around_handler(runtime, info, before, after, view, original, args, kwargs)
 
         return _like(handler_probe, original)
+
+    if when == "call" and keyed is not None:
+        def keyed_call_probe(*args: Any, **kwargs: Any) -> Any:
+            if runtime.disabled or not state.active or local.inside:
+                return original(*args, **kwargs)
+            runtime.hits += 1
+            try:
+                keyed((args[0] if args else None) if method else None, args, kwargs, None,
+                      extract)
+            except Exception as exc:
+                runtime.fail(target, exc)
+            local.inside = True
+            try:
+                return original(*args, **kwargs) if kwargs else original(*args)
+            finally:
+                local.inside = False
+
+        return _like(keyed_call_probe, original)
 
     if when == "call" and method:
         def call_probe_method(*args: Any, **kwargs: Any) -> Any:
@@ -411,7 +521,7 @@ def _make_function(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
 
         return _like(call_probe, original)
 
-    around = _recorder_around(runtime, info, extract, note, 1 if method else 0)
+    around = _recorder_around(runtime, info, extract, note, 1 if method else 0, add, keyed)
 
     def return_probe(*args: Any, **kwargs: Any) -> Any:
         if runtime.disabled or not state.active or local.inside:
@@ -434,8 +544,14 @@ def _like(replacement: Callable, original: Callable) -> Callable:
 
 
 def _recorder_around(runtime: ProbeRuntime, info: TargetInfo, extract: Callable[..., dict],
-                     note: Callable[[dict], None], offset: int) -> Callable:
-    """Run the call and record its fields once it returned (when = return | both)."""
+                     note: Callable[[dict], None] | None, offset: int,
+                     add: Callable[[str, dict], None], keyed: Callable[..., None] | None
+                     ) -> Callable:
+    """Run the call and record its fields once it returned (when = return | both).
+
+    ``keyed`` (when = return) is _keyed_recording's path; for when = both it is made
+    here, where the fields read after the call are known; ``note`` is _recording's
+    path where neither applies."""
     target = info.target
     both = runtime.spec.when == "both"
     program = runtime.spec.extract
@@ -453,6 +569,13 @@ def _recorder_around(runtime: ProbeRuntime, info: TargetInfo, extract: Callable[
         # The fields read after the call, without the capture state read before it.
         late = program.bind(info.positions, info.defaults, offset, last="layer",
                             skip=("capturing", "gid"))
+    if both:
+        keyed = (_keyed_recording(runtime, info, add, offset, skip_late=("capturing", "gid"))
+                 if late is not extract else None)
+    if keyed is not None:
+        return _keyed_around(runtime, target, late, keyed, both, capturing, current_gid)
+    if note is None:
+        note = _recording(runtime, info, add)
 
     def around(call: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
         early = None
@@ -488,6 +611,46 @@ def _recorder_around(runtime: ProbeRuntime, info: TargetInfo, extract: Callable[
     return around
 
 
+def _keyed_around(runtime: ProbeRuntime, target: str, late: Callable[..., dict],
+                  keyed: Callable[..., None], both: bool, capturing: Callable[[], bool],
+                  current_gid: Callable[[], Any]) -> Callable:
+    """_recorder_around's call with _keyed_recording: for when = both, the capture state
+    is read before the call and set on the fields read after it."""
+    if not both:
+        def around_return(call: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
+            result = call(*args, **kwargs)
+            if not runtime.disabled:
+                try:
+                    keyed(instance, args, kwargs, result, late)
+                except Exception as exc:
+                    runtime.fail(target, exc)
+            return result
+
+        return around_return
+
+    def around_both(call: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
+        try:
+            cap, gid = capturing(), current_gid()
+        except Exception as exc:
+            runtime.fail(target, exc)
+            return call(*args, **kwargs)
+        result = call(*args, **kwargs)
+        if not runtime.disabled:
+            def build(instance: Any, args: tuple, kwargs: dict, result: Any) -> dict:
+                fields = late(instance, args, kwargs, result)
+                fields["capturing"] = cap
+                fields["gid"] = gid
+                return fields
+
+            try:
+                keyed(instance, args, kwargs, result, build, cap)
+            except Exception as exc:
+                runtime.fail(target, exc)
+        return result
+
+    return around_both
+
+
 def _make_wrapper(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
     """The wrapt wrapper (classmethods, staticmethods, other callables): same behaviour."""
     spec = runtime.spec
@@ -499,7 +662,10 @@ def _make_wrapper(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
     bound = (spec, extract)
     add = _emitter(spec)
     state = STATE
-    note = _recording(runtime, info, add) if handler is None else None
+    keyed = (_keyed_recording(runtime, info, add, 0)
+             if handler is None and when != "both" else None)
+    note = (_recording(runtime, info, add)
+            if handler is None and keyed is None and when == "call" else None)
 
     if handler is not None:
         before = getattr(handler, "before", None)
@@ -522,7 +688,10 @@ def _make_wrapper(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
                 return wrapped(*args, **kwargs)
             runtime.hits += 1
             try:
-                note(extract(instance, args, kwargs, None))
+                if keyed is not None:
+                    keyed(instance, args, kwargs, None, extract)
+                else:
+                    note(extract(instance, args, kwargs, None))
             except Exception as exc:
                 runtime.fail(target, exc)
             local.inside = True
@@ -533,7 +702,7 @@ def _make_wrapper(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
 
         return call_wrapper
 
-    around = _recorder_around(runtime, info, extract, note, 0)
+    around = _recorder_around(runtime, info, extract, note, 0, add, keyed)
 
     def return_wrapper(wrapped, instance, args, kwargs):
         if runtime.disabled or not state.active or local.inside:

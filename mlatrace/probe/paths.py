@@ -501,6 +501,9 @@ def _len(value: Any) -> int | None:
         return None
 
 
+_SMALL = 256
+
+
 def _reduce(name: str) -> Callable[[Any], Any]:
     builtin = {"min": min, "max": max, "sum": sum}[name]
 
@@ -512,6 +515,12 @@ def _reduce(name: str) -> Callable[[Any], Any]:
                 return builtin(value) if len(value) else None
             if len(value) == 0:
                 return None
+            if getattr(value, "ndim", 0) == 1 and len(value) <= _SMALL:
+                # A few host values (sequence lengths per request): one copy to a list
+                # costs a fraction of a tensor reduction and its .item().
+                items = value.tolist()
+                if all(type(item) is int for item in items):
+                    return builtin(items)
             return plain(getattr(value, name)())
         except Exception:
             return None
@@ -593,6 +602,31 @@ def _shape_plain(value: Any) -> list | None:
     return items
 
 
+def _raw_shape(value: Any) -> tuple | None:
+    """The shape as the object holds it (torch.Size, a tuple): compared, never copied."""
+    shape = getattr(value, "shape", None)
+    return shape if isinstance(shape, tuple) else None
+
+
+def _raw_dtype(value: Any) -> Any:
+    """The dtype object itself (str() of it is what a record holds)."""
+    return getattr(value, "dtype", None)
+
+
+def _raw_key(value: Any) -> Any:
+    """A tuple of scalars as it is (a grid, say; plain() would copy it to a list), else
+    plain(value)."""
+    if type(value) is tuple:
+        for item in value:
+            if type(item) not in _SCALAR_TYPES:
+                return plain(value)
+        return value
+    return plain(value)
+
+
+NO_LAYER = object()     # a key's layer when the probe records none
+
+
 _MODE_FUNC: dict[int, Callable[[Any], Any]] = {_PTR: _ptr, _SHAPE: _shape_plain,
                                               _DTYPE: _dtype, _LEN: _len}
 
@@ -632,6 +666,35 @@ class FieldsProgram:
             return _generate(entries, binding)
         except _NotGenerated:
             return _assemble(entries, binding)
+
+    def bind_key(self, positions: dict[str, int], defaults: dict[str, Any], offset: int = 0,
+                 skip: tuple[str, ...] = ()) -> Callable[[Any, tuple, dict, Any], tuple] | None:
+        """What the eager sampling compares, for a target: ``key(instance, args, kwargs,
+        result) -> (layer, values)``, or None where straight-line code does not apply.
+
+        ``values`` is a tuple with one item per computed field (nested tables flattened in
+        a fixed order), leaving out the literals, the top-level ``layer`` (returned apart,
+        NO_LAYER when the probe has none) and the top-level fields in ``skip``. Items are
+        raw where that is cheaper and says the same: a shape is the tensor's own
+        ``torch.Size`` (a tuple), a dtype the dtype object, so no list, str() or dict is
+        built. Two calls with equal keys have equal fields (all but ``layer`` and
+        ``skip``); a different key may still give equal fields (a new run, recorded).
+        """
+        binding = _Binding(positions, defaults, offset)
+        layer = None
+        kept = []
+        for name, item in self.entries:
+            if name in skip:
+                continue
+            if name == "layer" and isinstance(item, tuple) and item and \
+                    not isinstance(item[0], tuple):
+                layer = item
+                continue
+            kept.append((name, item))
+        try:
+            return _Generator(binding).key_function(tuple(kept), layer)
+        except _NotGenerated:
+            return None
 
     def names(self) -> list[str]:
         """The top-level field names, in order."""
@@ -743,7 +806,8 @@ class _Generator:
         self.binding = binding
         self.ns: dict[str, Any] = {"_CAUGHT": _CAUGHT, "_S": _SCALAR_TYPES, "_plain": plain,
                                    "_ptr": _ptr, "_dtype": _dtype, "_len": _len,
-                                   "_shape": _shape_plain}
+                                   "_shape": _shape_plain, "_rshape": _raw_shape,
+                                   "_rdtype": _raw_dtype, "_rkey": _raw_key, "_NL": NO_LAYER}
         self.lines: list[str] = []
         self.roots: dict[str, str] = {}
         self.paths: dict[str, str] = {}
@@ -841,6 +905,44 @@ class _Generator:
                 value = self.leaf(item)
             items.append(f"{name!r}: {value}")
         return "{" + ", ".join(items) + "}"
+
+    def key_leaf(self, node: Node) -> str | None:
+        """The comparison value of one field (None: a literal, nothing to compare)."""
+        tag = node[0]
+        if tag == "const":
+            return None
+        if tag == "call1" and node[2][0] == "path":
+            if node[1] == "shape":
+                return f"_rshape({self.path(node[2])})"
+            if node[1] == "dtype":
+                return f"_rdtype({self.path(node[2])})"
+        if tag == "path":
+            var = self.path(node)
+            return f"({var} if type({var}) in _S else _rkey({var}))"
+        return self.leaf(node)
+
+    def key_items(self, entries: tuple, out: list[str]) -> None:
+        for _, item in entries:
+            if not isinstance(item, tuple) or not item or isinstance(item[0], tuple):
+                self.key_items(item, out)
+                continue
+            value = self.key_leaf(item)
+            if value is not None:
+                out.append(value)
+
+    def key_function(self, entries: tuple, layer: Node | None) -> Callable[..., tuple]:
+        items: list[str] = []
+        self.key_items(entries, items)
+        layer_text = "_NL" if layer is None else self.leaf(layer)
+        values = "(" + "".join(f"{item}, " for item in items) + ")"
+        head = ["nargs = len(args)"] if self.uses_nargs else []
+        source = "def key(instance, args, kwargs, result):\n" + "".join(
+            f"    {line}\n" for line in head + self.lines) + \
+            f"    return ({layer_text}, {values})\n"
+        exec(compile(source, "<mlatrace probe key>", "exec"), self.ns)  # noqa: S102
+        key = self.ns["key"]
+        key.source = source  # type: ignore[attr-defined]
+        return key
 
     def function(self, entries: tuple) -> Callable[..., dict[str, Any]]:
         body = self.table(entries)

@@ -21,8 +21,8 @@ from typing import Any
 
 from mlatrace import record
 from mlatrace.probe import graphs
+from mlatrace.probe.paths import NO_LAYER
 
-NO_LAYER = object()
 MAX_LAYERS = 64
 # Fields a run does not compare: the layer (recorded in sample.run) and, except for
 # attn.metadata (MLT003 compares its pointers with those a graph captured), the pointers

@@ -142,6 +142,8 @@ def _bound(meta: KernelMeta, args: tuple, kwargs: dict) -> dict[str, Any]:
     for name, value in zip(meta.arg_names, args, strict=False):
         bound[name] = value
     bound.update(kwargs)
+    bound.pop("grid", None)     # run's own keyword arguments, not the kernel's
+    bound.pop("warmup", None)
     return bound
 
 
@@ -160,6 +162,27 @@ def launch_fields(meta: KernelMeta, args: tuple, kwargs: dict, grid: Any
             value = getattr(value, "value", None)   # a tl.constexpr wrapper
             const[name] = value if isinstance(value, _SCALARS) else None
     return _grid3(grid), const
+
+
+def launch_key(meta: KernelMeta, args: tuple, kwargs: dict, grid: Any) -> tuple:
+    """What the eager sampling compares of one launch: the grid and the constexprs, raw
+    where they are plain (a grid tuple of ints, int constexprs), without building the
+    record. Equal keys give equal launch_fields; a callable grid is compared by its value."""
+    if type(grid) is not tuple or callable(grid):
+        grid3, const = launch_fields(meta, args, kwargs, grid)
+        return (None if grid3 is None else tuple(grid3), tuple(const.values()))
+    nargs = len(args)
+    values = []
+    for name, position, default in meta.const_slots:
+        value = kwargs.get(name, default) if position >= nargs else args[position]
+        if value is not None and type(value) not in _SCALAR_TYPES:
+            value = getattr(value, "value", None)   # a tl.constexpr wrapper
+            value = ("constexpr", value if isinstance(value, _SCALARS) else None)
+        values.append(value)
+    for item in grid:
+        if type(item) is not int:
+            return (tuple(_grid3(grid) or ()), tuple(values))
+    return (grid, tuple(values))
 
 
 def _num_warps(kwargs: dict, kernel: Any) -> Any:
@@ -202,43 +225,49 @@ class TritonRun(Handler):
         if sampler is not None:
             runtime.samplers.append(sampler)
 
-        def run(self: Any, *args: Any, grid: Any, warmup: Any, **kwargs: Any) -> Any:
-            if warmup or runtime.disabled or not STATE.active:
-                return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+        def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+            # grid and warmup stay in kwargs (keyword-only in Triton's run): the launch's
+            # arguments are passed on as they came, not packed into a new dict.
+            if kwargs.get("warmup") or runtime.disabled or not STATE.active:
+                return original(self, *args, **kwargs)
             try:
                 meta = _meta_of(self, name_filter)
             except Exception as exc:
                 runtime.fail(target, exc)
-                return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+                return original(self, *args, **kwargs)
             if not flag:
-                kernel = original(self, *args, grid=grid, warmup=warmup, **kwargs)
+                kernel = original(self, *args, **kwargs)
             else:
                 local.in_run = True
                 try:
-                    kernel = original(self, *args, grid=grid, warmup=warmup, **kwargs)
+                    kernel = original(self, *args, **kwargs)
                 finally:
                     local.in_run = False
+            grid = kwargs.get("grid")
             if meta.wanted and not runtime.disabled:
                 try:
+                    if sampler is not None and not capturing():
+                        # Eager: the first `sample` identical launches in a row (grid and
+                        # constexprs, compared raw), then a sample.run with the run's
+                        # exact length; the record is built only when it is kept.
+                        repeat = sampler.keep(_run_of(meta), launch_key(meta, args, kwargs,
+                                                                        grid),
+                                              name=meta.name)
+                        if repeat:
+                            grid3, const = launch_fields(meta, args, kwargs, grid)
+                            emit("kernel.launch", name=meta.name, grid=grid3,
+                                 num_warps=_num_warps(kwargs, kernel), const=const,
+                                 capturing=False, gid=current_gid(), repeat=repeat)
+                        return kernel
                     grid3, const = launch_fields(meta, args, kwargs, grid)
                     if capturing():  # what a graph freezes: always recorded
                         emit("kernel.launch", name=meta.name, grid=grid3,
                              num_warps=_num_warps(kwargs, kernel), const=const,
                              capturing=True, gid=current_gid())
                         return kernel
-                    # Eager: the first `sample` identical launches in a row (grid and
-                    # constexprs), then a sample.run with the run's exact length.
-                    if sampler is None:
-                        emit("kernel.launch", name=meta.name, grid=grid3,
-                             num_warps=_num_warps(kwargs, kernel), const=const,
-                             capturing=False, gid=current_gid())
-                        return kernel
-                    key = (None if grid3 is None else tuple(grid3), tuple(const.values()))
-                    repeat = sampler.keep(_run_of(meta), key, name=meta.name)
-                    if repeat:
-                        emit("kernel.launch", name=meta.name, grid=grid3,
-                             num_warps=_num_warps(kwargs, kernel), const=const,
-                             capturing=False, gid=current_gid(), repeat=repeat)
+                    emit("kernel.launch", name=meta.name, grid=grid3,
+                         num_warps=_num_warps(kwargs, kernel), const=const,
+                         capturing=False, gid=current_gid())
                 except Exception as exc:
                     runtime.fail(target, exc)
             return kernel

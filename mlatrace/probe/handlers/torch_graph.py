@@ -126,6 +126,38 @@ class GraphReplay(Handler):
         self.timer_known = False
 
     def before(self, view: Any, info: Any) -> Any:
+        return self._start(view.instance)
+
+    def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
+        self._done(view.instance, token, error)
+
+    def around(self, runtime: Any, info: Any, call: Any, args: tuple, kwargs: dict) -> Any:
+        """before, the call, after, for a replay method called as (graph, ...): what the
+        engine's handler wrapper does, without a CallView per replay (the engine uses
+        it for method targets)."""
+        graph = args[0] if args else None
+        try:
+            token = self._start(graph)
+        except Exception as exc:
+            runtime.fail(info.target, exc)
+            return call(*args, **kwargs)
+        try:
+            result = call(*args, **kwargs)
+        except BaseException as error:
+            if not runtime.disabled:
+                try:
+                    self._done(graph, token, error)
+                except Exception as exc:
+                    runtime.fail(info.target, exc)
+            raise
+        if not runtime.disabled:
+            try:
+                self._done(graph, token, None)
+            except Exception as exc:
+                runtime.fail(info.target, exc)
+        return result
+
+    def _start(self, graph: Any) -> Any:
         timer = self.timer
         if timer is None:
             if self.timer_known:
@@ -135,7 +167,7 @@ class GraphReplay(Handler):
             if timer is None:
                 return None
         recorder = record.current()
-        gid = getattr(view.instance, GID_ATTR, None)
+        gid = getattr(graph, GID_ATTR, None)
         if gid is None or recorder is None:
             return None
         try:
@@ -150,16 +182,16 @@ class GraphReplay(Handler):
             return None
         return None if token is None else (n, token)
 
-    def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
+    def _done(self, graph: Any, token: Any, error: Any) -> None:
         timer = self.timer
         if error is not None:
             if token is not None and timer is not None:
                 timer.abandon(token[1])
             return
-        gid = getattr(view.instance, GID_ATTR, None)
+        gid = getattr(graph, GID_ATTR, None)
         if gid is None:
             gid = graphs.next_gid()     # captured before mlatrace was installed
-            setattr(view.instance, GID_ATTR, gid)
+            setattr(graph, GID_ATTR, gid)
         if token is not None and timer is not None:
             try:   # the end event first: nothing but the replay between the two events
                 timer.stop(token[1], gid, token[0])

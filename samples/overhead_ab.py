@@ -1,0 +1,106 @@
+"""In one traced process: decode step time with the probes at work vs passed through.
+
+    mlatrace run -- python samples/overhead_ab.py --device cuda --graph breakable
+
+Runs the reference engine (the shapes of `mlatrace bench overhead`) and alternates
+blocks of steps with the probe engine active and with every wrapper passing straight
+through (`probe.engine.STATE.active`), so both halves share the process, its caches and
+the machine's state: the difference is what the probes' work costs per step, beyond
+bare wrappers (which `bench overhead`'s traced/untraced ratio includes). Prints one JSON
+line: median GPU time (CUDA events) and wall time (host clock over each block, synchronised
+at its ends) per step, each half, and the main thread's CPU time per step.
+
+`--host-only` (CPU) replaces the device work (the torch stage bodies and projections) by
+no-ops, so that what is left is the step's Python, where the probes' share shows on a
+CPU box: `mlatrace run -- python samples/overhead_ab.py --device cpu --graph none
+--host-only --blocks 60`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from mlatrace.probe import engine
+from mlatrace.reference import serve
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--graph", default="breakable")
+    parser.add_argument("--policy", default=None)
+    parser.add_argument("--blocks", type=int, default=40)
+    parser.add_argument("--block", type=int, default=10)
+    parser.add_argument("--ctx", default="16384")
+    parser.add_argument("--host-only", action="store_true")
+    options = parser.parse_args()
+    if options.host_only:
+        from mlatrace.reference import engine as reference_engine
+        from mlatrace.reference import mla
+
+        mla.stage1_torch = mla.stage2_torch = lambda **kwargs: None
+        reference_engine._project = lambda *args, **kwargs: None
+        reference_engine._residual_project = lambda *args, **kwargs: None
+    if not engine.STATE.active:
+        raise SystemExit("overhead_ab: run it under `mlatrace run` (no probes installed)")
+    policy = options.policy or ("bucketed" if options.graph == "breakable" else "device")
+    args = serve.parse_args(["--device", options.device, "--graph", options.graph,
+                             "--policy", policy, "--ctx", options.ctx, "--batch", "4",
+                             "--heads", "16", "--layers", "16", "--hidden", "1024"])
+    device = serve.resolve_device(args.device)
+    total = 20 + options.blocks * options.block
+    runner = serve.build_runner(args, device, total)
+    dtype = runner.config.dtype
+    hidden = torch.randn(total, 4, 1024).to(device=device, dtype=dtype)
+    lens = torch.empty(total, 4, dtype=torch.int32, pin_memory=device.type == "cuda")
+    for step in range(total):
+        lens[step] = torch.tensor(serve.step_seq_lens(int(options.ctx), 4, step))
+    runner.capture_model()
+    for step in range(20):
+        runner.execute_model(hidden[step], lens[step])
+    cuda = device.type == "cuda"
+    halves: dict[bool, dict[str, list[float]]] = {
+        active: {"gpu": [], "wall": [], "cpu": []} for active in (True, False)}
+    step = 20
+    for block in range(options.blocks):
+        active = block % 2 == 0
+        engine.STATE.active = active
+        if cuda:
+            torch.cuda.synchronize(device)
+            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                      for _ in range(options.block)]
+        started, cpu_started = time.perf_counter(), time.thread_time()
+        for index in range(options.block):
+            if cuda:
+                events[index][0].record()
+            runner.execute_model(hidden[step], lens[step])
+            if cuda:
+                events[index][1].record()
+            step += 1
+        if cuda:
+            torch.cuda.synchronize(device)
+        halves[active]["wall"].append((time.perf_counter() - started) / options.block * 1e6)
+        halves[active]["cpu"].append((time.thread_time() - cpu_started) / options.block * 1e6)
+        if cuda:
+            halves[active]["gpu"] += [a.elapsed_time(b) * 1e3 for a, b in events]
+    engine.STATE.active = True
+    result = {"bench": "overhead_ab", "graph": options.graph, "policy": policy,
+              "device": device.type, "block": options.block, "blocks": options.blocks}
+    for label, active in (("active", True), ("passthrough", False)):
+        for clock in ("gpu", "wall", "cpu"):
+            values = halves[active][clock]
+            result[f"{label}_{clock}_us"] = statistics.median(values) if values else None
+    for clock in ("gpu", "wall", "cpu"):
+        if result[f"passthrough_{clock}_us"]:
+            result[f"ratio_{clock}"] = result[f"active_{clock}_us"] / result[f"passthrough_{clock}_us"]
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
