@@ -321,16 +321,22 @@ def bench_splits(out: str, quick: bool) -> None:
 @click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True,
               help="Alternating traced/untraced rounds per graph mode (medians are kept).")
 @click.option("--sample", type=click.IntRange(min=0), default=None,
-              help="MLATRACE_SAMPLE of the traced runs (default: mlatrace's, 8).")
+              help="MLATRACE_SAMPLE of the traced runs (default: mlatrace's, 1).")
+@click.option("--in-process", is_flag=True,
+              help="One traced process per mode, alternating blocks of steps with the probes "
+                   "at work and passed through (the probes' own cost, immune to host drift).")
+@click.option("--host-only", is_flag=True,
+              help="With --in-process: drop the device work, leaving the step's Python.")
 @click.option("--json-out", type=click.Path(dir_okay=False), default="bench-overhead.json",
               help="Where the JSON summary goes.")
 def bench_overhead(steps: int, graph_modes: str, rounds: int, sample: int | None,
-                   json_out: str) -> None:
+                   in_process: bool, host_only: bool, json_out: str) -> None:
     """Decode step time, traced vs untraced, per graph mode (GPU time and wall)."""
     from mlatrace.bench import overhead_bench
 
     sys.exit(overhead_bench.main(steps=steps, graphs=graph_modes, rounds=rounds,
-                                 sample=sample, json_out=json_out))
+                                 sample=sample, json_out=json_out, in_process=in_process,
+                                 host_only=host_only))
 
 
 @main.command()

@@ -14,7 +14,14 @@ Reports per mode the median over rounds of each run's median step (GPU) and wall
 step, both ratios, and the records per step of the traced runs; writes it all as JSON.
 Runs on CPU too (host graph, small shapes), clearly marked: indicative only.
 
-Exit codes: 0 ok (goals met, or CPU), 1 a CUDA ratio missed its goal, 2 a run failed.
+`--in-process` measures instead, per mode, one traced process that alternates blocks
+of steps with the probes at work and passed through (`mlatrace.bench.overhead_ab`): a
+figure that the host's drift between runs does not move, and that leaves out the bare
+wrappers' cost (the traced/untraced ratio includes it). `--host-only` (with it) drops
+the device work, so the step's Python is what remains: the probes' share on a CPU box.
+
+Exit codes: 0 ok (goals met, or CPU, or --in-process), 1 a CUDA ratio missed its goal,
+2 a run failed.
 """
 
 from __future__ import annotations
@@ -113,8 +120,56 @@ def bench_mode(mode: str, on_cuda: bool, steps: int, rounds: int, sample: int | 
     return row
 
 
+def in_process_mode(mode: str, on_cuda: bool, host_only: bool, sample: int | None,
+                    tmp: Path) -> dict:
+    """One traced run of overhead_ab for `mode`: its JSON line (RuntimeError if it failed)."""
+    command = [sys.executable, "-m", "mlatrace", "run", "--out", str(tmp / f"{mode}-ab"),
+               *(["--sample", str(sample)] if sample is not None else []), "--",
+               sys.executable, "-m", "mlatrace.bench.overhead_ab", "--graph", mode,
+               "--policy", POLICY[mode], "--device", "cuda" if on_cuda else "cpu",
+               *([] if on_cuda else ["--ctx", "512"]), *(["--host-only"] if host_only else [])]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith('{"bench": "overhead_ab"')]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"{' '.join(command)} exited {done.returncode}: "
+                           f"{(done.stderr or done.stdout).strip()[-500:]}")
+    return json.loads(lines[-1])
+
+
+def main_in_process(modes: list[str], on_cuda: bool, host_only: bool, sample: int | None,
+                    json_out: str | None) -> int:
+    """`bench overhead --in-process`: probes at work vs passed through, one process a mode."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="mlatrace-bench-overhead-") as tmp:
+        try:
+            for mode in modes:
+                rows.append(in_process_mode(mode, on_cuda, host_only, sample, Path(tmp)))
+        except (RuntimeError, subprocess.TimeoutExpired) as error:
+            print(f"bench overhead: a run failed: {error}", file=sys.stderr)
+            return 2
+    clock = "gpu" if on_cuda and not host_only else "wall"
+    print(f"mlatrace bench overhead --in-process: device {'CUDA' if on_cuda else 'CPU'}"
+          f"{', host only (device work dropped)' if host_only else ''}; one traced process "
+          "a mode, blocks of steps alternating probes at work / passed through")
+    print(f"{'graph mode':22s} {'passed through':>15s} {'probes at work':>15s} "
+          f"{'ratio ' + clock:>10s} {'ratio cpu':>10s}")
+    for row in rows:
+        label = f"{row['graph']} ({row['policy']})"
+        print(f"{label:22s} {row[f'passthrough_{clock}_us']:12.1f} us "
+              f"{row[f'active_{clock}_us']:12.1f} us {row[f'ratio_{clock}']:10.4f} "
+              f"{row['ratio_cpu']:10.4f}")
+    if json_out:
+        Path(json_out).write_text(json.dumps({"bench": "overhead --in-process",
+                                              "device": "cuda" if on_cuda else "cpu",
+                                              "host_only": host_only, "modes": rows},
+                                             indent=1) + "\n")
+        print(f"wrote {json_out}")
+    return 0
+
+
 def main(steps: int = 300, graphs: str = "full", rounds: int = ROUNDS,
-         sample: int | None = None, json_out: str | None = None) -> int:
+         sample: int | None = None, json_out: str | None = None, in_process: bool = False,
+         host_only: bool = False) -> int:
     modes = [m.strip() for m in graphs.split(",") if m.strip()]
     unknown = [m for m in modes if m not in GOALS]
     if unknown or not modes:
@@ -122,6 +177,11 @@ def main(steps: int = 300, graphs: str = "full", rounds: int = ROUNDS,
               f"not {graphs!r}", file=sys.stderr)
         return 2
     on_cuda = cuda_available()
+    if in_process:
+        return main_in_process(modes, on_cuda, host_only, sample, json_out)
+    if host_only:
+        print("bench overhead: --host-only goes with --in-process", file=sys.stderr)
+        return 2
     if not on_cuda:
         steps = min(steps, CPU_MAX_STEPS)
     rows = []

@@ -1,19 +1,20 @@
 """In one traced process: decode step time with the probes at work vs passed through.
 
-    mlatrace run -- python samples/overhead_ab.py --device cuda --graph breakable
+    mlatrace bench overhead --in-process --graph breakable,none
+    (each mode runs: mlatrace run -- python -m mlatrace.bench.overhead_ab --graph G)
 
 Runs the reference engine (the shapes of `mlatrace bench overhead`) and alternates
 blocks of steps with the probe engine active and with every wrapper passing straight
 through (`probe.engine.STATE.active`), so both halves share the process, its caches and
 the machine's state: the difference is what the probes' work costs per step, beyond
-bare wrappers (which `bench overhead`'s traced/untraced ratio includes). Prints one JSON
-line: median GPU time (CUDA events) and wall time (host clock over each block, synchronised
-at its ends) per step, each half, and the main thread's CPU time per step.
+bare wrappers (which `bench overhead`'s traced/untraced ratio includes). A host whose
+speed drifts between runs moves both halves alike. Prints one JSON line: median GPU
+time (CUDA events) and wall time (host clock over each block, synchronised at its ends)
+per step, each half, and the main thread's CPU time per step.
 
-`--host-only` (CPU) replaces the device work (the torch stage bodies and projections) by
+`--host-only` replaces the device work (the torch stage bodies and projections) by
 no-ops, so that what is left is the step's Python, where the probes' share shows on a
-CPU box: `mlatrace run -- python samples/overhead_ab.py --device cpu --graph none
---host-only --blocks 60`.
+CPU box.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def main() -> int:
         reference_engine._project = lambda *args, **kwargs: None
         reference_engine._residual_project = lambda *args, **kwargs: None
     if not engine.STATE.active:
-        raise SystemExit("overhead_ab: run it under `mlatrace run` (no probes installed)")
+        raise SystemExit("mlatrace.bench.overhead_ab: run it under `mlatrace run` "
+                         "(no probes installed)")
     policy = options.policy or ("bucketed" if options.graph == "breakable" else "device")
     args = serve.parse_args(["--device", options.device, "--graph", options.graph,
                              "--policy", policy, "--ctx", options.ctx, "--batch", "4",

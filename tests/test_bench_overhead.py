@@ -1,0 +1,53 @@
+"""`mlatrace bench overhead` on CPU: both measurements run end to end and write their JSON.
+
+The figures themselves are benchmarks (recorded in the README), never asserted here.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+MLATRACE = [sys.executable, "-m", "mlatrace"]
+
+
+def _bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*MLATRACE, "bench", "overhead", *args], capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_in_process_alternates_probes_at_work_and_passed_through(tmp_path: Path) -> None:
+    out = tmp_path / "ab.json"
+    done = _bench("--in-process", "--host-only", "--graph", "none", "--json-out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    [row] = json.loads(out.read_text())["modes"]
+    assert row["graph"] == "none" and row["device"] == "cpu"
+    for half in ("active", "passthrough"):
+        assert row[f"{half}_wall_us"] > 0 and row[f"{half}_cpu_us"] > 0
+    assert row["ratio_wall"] == pytest.approx(row["active_wall_us"] / row["passthrough_wall_us"])
+    assert "none (device)" in done.stdout and "probes at work" in done.stdout
+
+
+def test_traced_and_untraced_runs_count_the_records_per_step(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    done = _bench("--graph", "full", "--steps", "4", "--rounds", "1", "--json-out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    [row] = json.loads(out.read_text())["modes"]
+    assert row["records"].get("process") == 1 and row["records_per_step"] > 0
+    assert row["untraced_step_us"] > 0 and row["traced_step_us"] > 0
+
+
+@pytest.mark.parametrize("args, says", [
+    (("--graph", "eager"), "--graph takes full, breakable, none"),
+    (("--host-only",), "--host-only goes with --in-process"),
+])
+def test_bad_options_exit_2_with_one_line(args: tuple[str, ...], says: str) -> None:
+    done = _bench(*args)
+    assert done.returncode == 2 and says in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
