@@ -46,7 +46,7 @@ DEFAULT_SAMPLE = 1
 DEFAULT_REPLAY_TIMING = (8, 64)   # time the first 8 replays of each graph, then 1 in 64
 CLOSE_TIMEOUT_S = 2.0
 
-_VERSIONED = ("torch", "triton", "vllm", "aiter", "sglang")
+_VERSIONED = ("torch", "triton", "vllm", "aiter", "sglang", "flashinfer")
 """Libraries whose installed version each process header records."""
 
 Sink = Callable[[list[dict]], None]
