@@ -108,12 +108,12 @@ def test_tail_holds_a_partial_line_until_it_completes(tmp_path: Path) -> None:
     cut = blob.index(b'"name":"b"')
     path.write_bytes(blob[:cut])
     tail = TailReader([tmp_path])
-    got = [r for _p, recs in tail.poll() for r in list(recs)]
+    got = [r for _p, chunks in tail.poll() for recs in chunks for r in recs]
     assert [r["k"] for r in got] == ["process", "mark"]
     assert tail.problems == []  # a writer mid-flush is not a problem
     with path.open("ab") as f:
         f.write(blob[cut:])
-    got = [r for _p, recs in tail.poll() for r in list(recs)]
+    got = [r for _p, chunks in tail.poll() for recs in chunks for r in recs]
     assert [(r["k"], r.get("name")) for r in got] == [("mark", "b")]
     assert tail.poll() == [] and tail.problems == []
 
@@ -145,7 +145,7 @@ def test_tail_reads_only_new_bytes_and_finds_new_files_and_host_dirs(
 
     monkeypatch.setattr(tail_mod, "open", lambda p, mode: Spy(real_open(p, mode)), raising=False)
     tail = TailReader([tmp_path])
-    assert [len(list(r)) for _p, r in tail.poll()] == [1]
+    assert [sum(map(len, c)) for _p, c in tail.poll()] == [1]
     size = (tmp_path / "p10.jsonl").stat().st_size
     assert reads == [size]
     assert tail.poll() == [] and reads == [size]   # nothing new: not even opened
@@ -154,7 +154,7 @@ def test_tail_reads_only_new_bytes_and_finds_new_files_and_host_dirs(
         f.write(line)
     (tmp_path / "host-b").mkdir()
     SynthProcess(tmp_path / "host-b", 11).write(end=False)
-    got = {p.name: len(list(r)) for p, r in tail.poll()}
+    got = {p.name: sum(map(len, c)) for p, c in tail.poll()}
     assert got == {"p10.jsonl": 1, "host-b/p11.jsonl": 1}
     assert reads[1] == len(line)  # only the appended line of p10 was read
 

@@ -7,6 +7,8 @@ import json
 import os
 from collections.abc import Iterable
 from dataclasses import replace
+from itertools import compress
+from operator import itemgetter
 from typing import Any
 
 from mlatrace.analysis.model import (
@@ -34,6 +36,7 @@ from mlatrace.common import hashable
 from mlatrace.trace import Problem
 
 MAX_PROBE_ERRORS = 200     # probe.error records kept per process (all are counted in kinds)
+_KIND = itemgetter("k")
 
 
 def _flush_ptr_run(stats: ReplayStats) -> None:
@@ -655,24 +658,47 @@ class IncrementalBuilder:
 
 def _feed(builder: _ProcessBuilder, handlers: dict[str, Any], records: Iterable[dict],
           problems: list[Problem]) -> int:
-    """The one loop every record of every trace goes through (batch, parallel and live)."""
-    count = 0
-    get = handlers.get
+    """The one loop every record of every trace goes through (batch, parallel and live).
+
+    Records come a list at a time (a chunk of the reader): their kinds are counted in C
+    and only the records of a kind with a handler reach Python code.
+    """
+    if type(records) is not list:
+        records = list(records)
+    try:
+        kinds = list(map(_KIND, records))
+        builder.proc.kinds.update(kinds)
+    except (TypeError, KeyError):  # not the reader's records (no dict, no k, k unhashable)
+        return _feed_each(builder, handlers, records, problems)
+    for handler, rec in compress(zip(map(handlers.get, kinds), records, strict=True),
+                                 map(handlers.__contains__, kinds)):
+        try:
+            handler(rec)
+        except (AttributeError, TypeError, ValueError, KeyError) as exc:
+            problems.append(_bad_record(builder, rec, exc))
+    return len(records)
+
+
+def _feed_each(builder: _ProcessBuilder, handlers: dict[str, Any], records: list,
+               problems: list[Problem]) -> int:
+    """`_feed` one record at a time, for records the reader would not hand out."""
     kinds = builder.proc.kinds
-    count_kind = kinds.get
     for rec in records:
-        count += 1
         try:
             kind = rec.get("k")
-            kinds[kind] = count_kind(kind, 0) + 1
-            handler = get(kind)
+            kinds[kind] = kinds.get(kind, 0) + 1
+            handler = handlers.get(kind)
             if handler is not None:
                 handler(rec)
         except (AttributeError, TypeError, ValueError, KeyError) as exc:
-            seq = rec.get("seq") if isinstance(rec, dict) else None
-            problems.append(Problem(builder.file, 0, f"record seq {seq}: field of an "
-                                     f"unexpected type ({type(exc).__name__}); skipped"))
-    return count
+            problems.append(_bad_record(builder, rec, exc))
+    return len(records)
+
+
+def _bad_record(builder: _ProcessBuilder, rec: Any, exc: Exception) -> Problem:
+    seq = rec.get("seq") if isinstance(rec, dict) else None
+    return Problem(builder.file, 0, f"record seq {seq}: field of an unexpected type "
+                   f"({type(exc).__name__}); skipped")
 
 
 def build_model(trace: Any, workers: int | None = None) -> TraceModel:
@@ -693,7 +719,9 @@ def build_model(trace: Any, workers: int | None = None) -> TraceModel:
     gc.disable()  # millions of short-lived dicts, no cycles: collections only cost time
     try:
         for proc_file in trace.processes:
-            incremental.feed(proc_file, proc_file.records())
+            incremental.feed(proc_file, [])  # a file without records is a process too
+            for chunk in _chunks(proc_file):
+                incremental.feed(proc_file, chunk)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -730,5 +758,13 @@ def _stream_process(model: TraceModel, proc_file: Any) -> ProcessModel:
     header = getattr(proc_file, "header", None)
     if isinstance(header, dict):
         builder.header(header)
-    builder.proc.records = _feed(builder, builder.handlers(), proc_file.records(), model.problems)
+    handlers = builder.handlers()
+    builder.proc.records = sum(_feed(builder, handlers, chunk, model.problems)
+                               for chunk in _chunks(proc_file))
     return builder.finish(proc_file)
+
+
+def _chunks(proc_file: Any) -> Iterable[list[dict]]:
+    """The records of a process file as the reader's lists (or one list of them all)."""
+    chunks = getattr(proc_file, "record_chunks", None)
+    return chunks() if chunks is not None else [list(proc_file.records())]

@@ -8,6 +8,7 @@ counters, a reservoir of GPU times), never the replay records themselves.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,7 +81,7 @@ class ProcessModel:
     attention: dict[str, AttentionStats] = field(default_factory=dict)
     ranks_kept: list[int] | None = None        # header: --ranks (ranks left out on purpose)
     packs: list[str] = field(default_factory=list)   # header `probes`: packs installed
-    kinds: dict[str, int] = field(default_factory=dict)   # records per kind
+    kinds: Counter = field(default_factory=Counter)   # records per kind
     probe_errors: list[dict] = field(default_factory=list)  # probe.error records (+file, seq)
     marks: list[dict] = field(default_factory=list)   # {seq, t, name, attrs}, the first MAX_MARKS
     marks_total: int = 0

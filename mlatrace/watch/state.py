@@ -110,8 +110,9 @@ class LiveRun:
         gc_was_enabled = gc.isenabled()
         gc.disable()  # a backlog is many short-lived dicts without cycles (as build_model)
         try:
-            for proc, records in self.tail.poll():
-                added += self.builder.feed(proc, records)
+            for proc, chunks in self.tail.poll():
+                for records in chunks:
+                    added += self.builder.feed(proc, records)
         finally:
             if gc_was_enabled:
                 gc.enable()
@@ -121,8 +122,10 @@ class LiveRun:
     def close(self) -> Analysis:
         """The run is over: read the rest (truncated last lines included) and refresh."""
         if not self.closed:
-            for proc, records in self.tail.close():
-                self.records += self.builder.feed(proc, records)
+            for proc, chunks in self.tail.close():
+                self.records += self.builder.feed(proc, [])  # a file without records too
+                for records in chunks:
+                    self.records += self.builder.feed(proc, records)
             self.closed = True
             self._analysed_records = -1  # files without records are in the model now
         return self.refresh()
