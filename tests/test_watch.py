@@ -482,6 +482,38 @@ def test_a_backlog_is_read_in_chunks_and_caught_up(tmp_path: Path) -> None:
         [f.to_dict() for f in analyze(open_trace(src)).findings]
 
 
+MULTI_PROCESS_DIRS = [d for d in TRACE_DIRS if len(list(d.glob("p*.jsonl"))) >= 2]
+
+
+@pytest.mark.parametrize("trace_dir", MULTI_PROCESS_DIRS,
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_backlog_fed_over_forked_workers_equals_the_report(
+        trace_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every poll that brings records of several processes goes to the parallel feed
+    (forked workers continue the builders of their pids and hand them back)."""
+    from mlatrace.analysis import parallel
+    from mlatrace.watch import state
+
+    ran: list[int | None] = []
+    feed = parallel.feed_parallel
+    monkeypatch.setattr(parallel, "feed_parallel", lambda *a: ran.append(feed(*a)) or ran[-1])
+    serial, forked = LiveRun([trace_dir]), LiveRun([trace_dir])
+    serial.tail.chunk = forked.tail.chunk = 4096   # a backlog: every file in several polls
+    while True:
+        monkeypatch.setattr(state, "FEED_PARALLEL_MIN_BYTES", 1 << 40)
+        added = serial.poll()
+        monkeypatch.setattr(state, "FEED_PARALLEL_MIN_BYTES", 0)
+        assert forked.poll() == added
+        assert _comparable(report_dict("x", forked.refresh())) == \
+            _comparable(report_dict("x", serial.refresh()))
+        if not added:
+            break
+    assert any(n is not None for n in ran)  # the workers really ran
+    batch = analyze(open_trace(trace_dir), forked.config)
+    assert _comparable(report_dict("x", forked.close())) == \
+        _comparable(report_dict("x", batch))
+
+
 def test_watch_coverage_is_the_reports(tmp_path: Path) -> None:
     """The view's coverage line and --json coverage are analysis.coverage's judgement."""
     from rich.console import Console

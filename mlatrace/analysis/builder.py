@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import pickle
 from collections.abc import Iterable
 from dataclasses import replace
 from itertools import compress
@@ -12,6 +13,7 @@ from operator import itemgetter
 from typing import Any
 
 from mlatrace.analysis.model import (
+    GPU_HIST_BITS,
     MAX_DISTINCT,
     MAX_MARKS,
     MAX_NODES,
@@ -139,6 +141,7 @@ class _ProcessBuilder:
         self.proc = ProcessModel(file=self.file, pid=pid)
         self.stacks: dict[Any, list[int]] = {}
         self.metadata: dict[Any, dict] = {}  # tid -> latest attn.metadata record
+        self.metadata_stats: dict[str, AttentionStats] = {}  # backend -> its attention stats
         self.by_gid: dict[Any, GraphModel] = {}
         self.replaying: set[Any] = set()
         self.eager_decisions: dict[Any, dict[str, dict]] = {}  # tid -> name -> latest eager record
@@ -315,9 +318,19 @@ class _ProcessBuilder:
         stats.add(rec, bool(rec.get("capturing")))
 
     def attn_metadata(self, rec: dict) -> None:
-        self._count_attention(rec, "attn.metadata", str(rec.get("backend")))
+        # one per decode step: the backend's stats are looked up without building the key
+        backend = rec.get("backend")
+        stats = self.metadata_stats.get(backend) if type(backend) is str else None
+        capturing = rec.get("capturing")
+        if stats is None:
+            name = str(backend)
+            self._count_attention(rec, "attn.metadata", name)
+            if type(backend) is str:
+                self.metadata_stats[backend] = self.proc.attention[f"attn.metadata:{name}"]
+        else:
+            stats.add(rec, bool(capturing))
         self.metadata[rec.get("tid")] = rec
-        gid = self._capture_gid(rec) if rec.get("capturing") else None
+        gid = self._capture_gid(rec) if capturing else None
         if gid is not None:
             ref = self._ref(rec, "attn.metadata")
             graph = self._graph(gid)
@@ -513,7 +526,9 @@ class _ProcessBuilder:
             stats.first = self._ref(rec, "graph.replay")
             if self.proc.first_replay_seq is None:
                 self.proc.first_replay_seq = stats.first.seq
-        self.replaying.add(tid)
+        replaying = self.replaying
+        if tid not in replaying:
+            replaying.add(tid)
         if self.pending_syncs and tid in self.pending_syncs:
             self._flush_syncs(tid)
         if self.eager_decisions:
@@ -521,8 +536,14 @@ class _ProcessBuilder:
             if pending:
                 self._replay_decisions(graph, stats, pending)
         gpu = rec.get("gpu_ns")
-        if gpu is not None and type(gpu) is int and gpu >= 0:
-            stats.add_gpu_ns(gpu)
+        if type(gpu) is int and gpu >= 0:  # stats.add_gpu_ns(gpu), inlined
+            shift = gpu.bit_length() - GPU_HIST_BITS
+            if shift > 0:
+                gpu = (gpu >> shift) << shift
+            hist = stats.gpu_hist
+            hist[gpu] = hist.get(gpu, 0) + 1
+            stats.gpu_seen += 1
+            stats.gpu_sum += gpu
         md = self.metadata.get(tid)
         if md is None:
             return
@@ -633,6 +654,77 @@ class IncrementalBuilder:
         count = _feed(builder, handlers, records, self.problems)
         builder.proc.records += count
         return count
+
+    def feed_files(self, pieces: list[tuple[Any, Iterable[list[dict]]]],
+                   parallel: bool = False) -> int:
+        """Feed each file's next records (lists of them, in file order); returns how many.
+
+        `parallel`: files of different pids are independent, so a large backlog is fed
+        over worker processes (forked, one bucket of pids each, the parent taking one
+        too) whose builders then replace this process's builders of those pids; where
+        no worker can run, or one fails, the rest is fed here.
+        """
+        if parallel:
+            from mlatrace.analysis.parallel import feed_parallel
+
+            done = feed_parallel(self, pieces)
+            if done is not None:
+                return done
+        return sum(self.feed(proc_file, chunk) for proc_file, chunks in pieces
+                   for chunk in chunks)
+
+    def export_pids(self, pids: set[Any], proc_files: list[Any], reader_from: int,
+                    own_from: int) -> bytes:
+        """A worker's result: the builders of `pids` with their part of the model, and
+        the reader state of `proc_files`, pickled together (so shared objects stay shared)."""
+        builders = [(key, proc_file, builder) for key, (proc_file, builder, _h)
+                    in self._builders.items() if builder.pid in pids]
+        for _key, _file, builder in builders:
+            builder.model = None  # the parent's model takes the parts below
+        model = self.model
+        state = {
+            "builders": [(key, builder) for key, _file, builder in builders],
+            "graphs": {k: g for k, g in model.graphs.items() if k[0] in pids},
+            "runtime_eager": {k: v for k, v in model.runtime_eager.items() if k[0] in pids},
+            "runtime_splits": {k: v for k, v in model.runtime_splits.items() if k in pids},
+            "files": {id(f): (f.gaps, f.dropped, f.records_read, f._last_seq, f.end)
+                      for f in proc_files},
+            "reader_problems": proc_files[0].problems[reader_from:] if proc_files else [],
+            "problems": self.problems[own_from:],
+        }
+        return pickle.dumps(state, pickle.HIGHEST_PROTOCOL)
+
+    def absorb(self, data: bytes, proc_files: list[Any]) -> None:
+        """Take a worker's `export_pids` in place of this process's state of those pids."""
+        state = pickle.loads(data)
+        model = self.model
+        pids = set()
+        for key, builder in state["builders"]:
+            builder.model = model
+            pids.add(builder.pid)
+            old = self._builders.get(key)
+            proc_file = old[0] if old else next(f for f in proc_files if id(f) == key)
+            if old is None:
+                model.processes.append(builder.proc)
+            else:
+                index = next(i for i, p in enumerate(model.processes) if p is old[1].proc)
+                model.processes[index] = builder.proc
+            self._builders[key] = (proc_file, builder, builder.handlers())
+        for part, new in ((model.graphs, state["graphs"]),
+                          (model.runtime_eager, state["runtime_eager"])):
+            for k in [k for k in part if k[0] in pids]:
+                del part[k]
+            part.update(new)
+        for k in [k for k in model.runtime_splits if k in pids]:
+            del model.runtime_splits[k]
+        model.runtime_splits.update(state["runtime_splits"])
+        for proc_file in proc_files:
+            if id(proc_file) in state["files"]:
+                (proc_file.gaps, proc_file.dropped, proc_file.records_read,
+                 proc_file._last_seq, proc_file.end) = state["files"][id(proc_file)]
+        if proc_files:
+            proc_files[0].problems.extend(state["reader_problems"])
+        self.problems.extend(state["problems"])
 
     def builder_of(self, proc_file: Any) -> _ProcessBuilder | None:
         entry = self._builders.get(id(proc_file))
