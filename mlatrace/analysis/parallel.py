@@ -34,6 +34,9 @@ def _can_fork() -> bool:
 def feed_parallel(incremental: Any, pieces: list[tuple[Any, Any]]) -> int | None:
     """Feed `pieces` ((process file, its record lists)) over forked workers, by pid.
 
+    The process files are one reader's (they share its problems list); each worker's new
+    problems come back with its builders, after the parent's own.
+
     The parent feeds the first bucket itself while the workers feed the others; each
     worker returns its builders (`IncrementalBuilder.export_pids`), which replace the
     parent's. None when it does not pay (one pid) or no worker could start: nothing was
@@ -58,11 +61,14 @@ def feed_parallel(incremental: Any, pieces: list[tuple[Any, Any]]) -> int | None
     files = [proc_file for proc_file, _c in pieces]
     reader_from = len(files[0].problems) if hasattr(files[0], "problems") else 0
     _FEED_WORK = (incremental, buckets, reader_from, len(incremental.problems))
+    pool = None
     try:
         ctx = multiprocessing.get_context("fork")
         pool = concurrent.futures.ProcessPoolExecutor(workers - 1, mp_context=ctx)
         futures = [pool.submit(_feed_bucket, i) for i in range(1, workers)]
     except Exception:  # no workers here (sandbox): the serial path still works
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
         _FEED_WORK = None
         return None
     try:

@@ -4,7 +4,9 @@ Readers must survive what real runs leave behind: a SIGKILLed process's
 truncated last line, a garbage line, a file without its header, records of
 kinds this version does not know, a newer schema minor version. Each problem
 is reported as `file:line: reason` and skipped; the rest of the data is kept.
-Files are streamed line by line, never loaded whole.
+Files are streamed a piece at a time, never loaded whole: each piece of whole lines is
+decoded and checked at once (`ProcessFile.checked_chunk`), and a piece holding any bad
+line goes line by line (`checked_lines`), which says what is wrong and where.
 """
 
 from __future__ import annotations
