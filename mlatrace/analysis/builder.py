@@ -141,7 +141,6 @@ class _ProcessBuilder:
         self.proc = ProcessModel(file=self.file, pid=pid)
         self.stacks: dict[Any, list[int]] = {}
         self.metadata: dict[Any, dict] = {}  # tid -> latest attn.metadata record
-        self.metadata_stats: dict[str, AttentionStats] = {}  # backend -> its attention stats
         self.by_gid: dict[Any, GraphModel] = {}
         self.replaying: set[Any] = set()
         self.eager_decisions: dict[Any, dict[str, dict]] = {}  # tid -> name -> latest eager record
@@ -318,19 +317,9 @@ class _ProcessBuilder:
         stats.add(rec, bool(rec.get("capturing")))
 
     def attn_metadata(self, rec: dict) -> None:
-        # one per decode step: the backend's stats are looked up without building the key
-        backend = rec.get("backend")
-        stats = self.metadata_stats.get(backend) if type(backend) is str else None
-        capturing = rec.get("capturing")
-        if stats is None:
-            name = str(backend)
-            self._count_attention(rec, "attn.metadata", name)
-            if type(backend) is str:
-                self.metadata_stats[backend] = self.proc.attention[f"attn.metadata:{name}"]
-        else:
-            stats.add(rec, bool(capturing))
+        self._count_attention(rec, "attn.metadata", str(rec.get("backend")))
         self.metadata[rec.get("tid")] = rec
-        gid = self._capture_gid(rec) if capturing else None
+        gid = self._capture_gid(rec) if rec.get("capturing") else None
         if gid is not None:
             ref = self._ref(rec, "attn.metadata")
             graph = self._graph(gid)
@@ -526,9 +515,7 @@ class _ProcessBuilder:
             stats.first = self._ref(rec, "graph.replay")
             if self.proc.first_replay_seq is None:
                 self.proc.first_replay_seq = stats.first.seq
-        replaying = self.replaying
-        if tid not in replaying:
-            replaying.add(tid)
+        self.replaying.add(tid)
         if self.pending_syncs and tid in self.pending_syncs:
             self._flush_syncs(tid)
         if self.eager_decisions:
