@@ -6,6 +6,7 @@ import gc
 import json
 import os
 import pickle
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import replace
 from itertools import compress
@@ -746,9 +747,10 @@ def _feed(builder: _ProcessBuilder, handlers: dict[str, Any], records: Iterable[
         records = list(records)
     try:
         kinds = list(map(_KIND, records))
-        builder.proc.kinds.update(kinds)
+        counts = Counter(kinds)
     except (TypeError, KeyError):  # not the reader's records (no dict, no k, k unhashable)
         return _feed_each(builder, handlers, records, problems)
+    builder.proc.kinds.update(counts)
     for handler, rec in compress(zip(map(handlers.get, kinds), records, strict=True),
                                  map(handlers.__contains__, kinds)):
         try:
