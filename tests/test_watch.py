@@ -339,11 +339,17 @@ def _start_traced(out: Path, cmd: list[str]) -> subprocess.Popen:
 
 
 def _stop(proc: subprocess.Popen) -> None:
+    """End a `mlatrace run` launcher and its command: the command runs in a session of
+    its own, so SIGTERM to the launcher (which forwards it to the whole tree) first."""
     import os
     import signal
 
     if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
 
 
