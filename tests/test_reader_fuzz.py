@@ -93,3 +93,58 @@ def test_random_bytes_never_crash(chunks):
         (root / "p5.jsonl").write_bytes(b"\n".join(chunks))
         result = analyze(open_trace(root))
         report_dict(str(root), result)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_chunk_reader_equals_the_line_by_line_checks(data):
+    """The fast path (whole chunks decoded and checked at once) hands out exactly the
+    records, problems, gaps, drops and end of the per-line checks, wherever chunks are cut:
+    mutated lines, blank lines, repeated and jumping seqs (before process.end too), an
+    unended last line."""
+    import io
+
+    from mlatrace import trace as trace_mod
+
+    lines = list(VALID)
+    for _ in range(data.draw(st.integers(0, 3))):
+        i = data.draw(st.integers(0, len(lines) - 1))
+        lines[i] = mutate(lines[i], data)
+    for _ in range(data.draw(st.integers(0, 3))):
+        i = data.draw(st.integers(0, len(lines) - 1))
+        choice = data.draw(st.integers(0, 2))
+        if choice == 0:
+            lines.insert(i, data.draw(st.sampled_from(["", "  ", "[1]", '{"k":"x"}{"k":"y"}'])))
+        elif choice == 1:  # a line written twice: its seq is not after the last
+            lines.insert(i + 1, lines[i])
+        else:  # a seq jump: records dropped by the writer
+            jump = data.draw(st.integers(1, 5))
+            lines[i:] = [_shift_seq(line, jump) for line in lines[i:]]
+    blob = ("\n".join(lines) + ("\n" if data.draw(st.booleans()) else "")).encode()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "p1000.jsonl"
+        path.write_bytes(blob)
+        by_line = trace_mod.ProcessFile(path, [])
+        by_line.read_header()
+        expected = list(by_line.checked_lines(enumerate(io.BytesIO(blob), start=1)))
+        chunked = trace_mod.ProcessFile(path, [])
+        chunked.read_header()
+        old = trace_mod.DECODE_BYTES
+        trace_mod.DECODE_BYTES = data.draw(st.integers(1, 400))
+        try:
+            got = [r for chunk in chunked.record_chunks() for r in chunk]
+        finally:
+            trace_mod.DECODE_BYTES = old
+    assert got == expected
+    assert list(map(str, chunked.problems)) == list(map(str, by_line.problems))
+    assert (chunked.gaps, chunked.dropped, chunked.records_read, chunked.end) == \
+        (by_line.gaps, by_line.dropped, by_line.records_read, by_line.end)
+
+
+def _shift_seq(line: str, jump: int) -> str:
+    try:
+        record = json.loads(line)
+        record["seq"] += jump
+    except (ValueError, TypeError, KeyError, IndexError):
+        return line
+    return json.dumps(record)

@@ -108,12 +108,12 @@ def test_tail_holds_a_partial_line_until_it_completes(tmp_path: Path) -> None:
     cut = blob.index(b'"name":"b"')
     path.write_bytes(blob[:cut])
     tail = TailReader([tmp_path])
-    got = [r for _p, recs in tail.poll() for r in list(recs)]
+    got = [r for _p, chunks in tail.poll() for recs in chunks for r in recs]
     assert [r["k"] for r in got] == ["process", "mark"]
     assert tail.problems == []  # a writer mid-flush is not a problem
     with path.open("ab") as f:
         f.write(blob[cut:])
-    got = [r for _p, recs in tail.poll() for r in list(recs)]
+    got = [r for _p, chunks in tail.poll() for recs in chunks for r in recs]
     assert [(r["k"], r.get("name")) for r in got] == [("mark", "b")]
     assert tail.poll() == [] and tail.problems == []
 
@@ -145,7 +145,7 @@ def test_tail_reads_only_new_bytes_and_finds_new_files_and_host_dirs(
 
     monkeypatch.setattr(tail_mod, "open", lambda p, mode: Spy(real_open(p, mode)), raising=False)
     tail = TailReader([tmp_path])
-    assert [len(list(r)) for _p, r in tail.poll()] == [1]
+    assert [sum(map(len, c)) for _p, c in tail.poll()] == [1]
     size = (tmp_path / "p10.jsonl").stat().st_size
     assert reads == [size]
     assert tail.poll() == [] and reads == [size]   # nothing new: not even opened
@@ -154,7 +154,7 @@ def test_tail_reads_only_new_bytes_and_finds_new_files_and_host_dirs(
         f.write(line)
     (tmp_path / "host-b").mkdir()
     SynthProcess(tmp_path / "host-b", 11).write(end=False)
-    got = {p.name: len(list(r)) for p, r in tail.poll()}
+    got = {p.name: sum(map(len, c)) for p, c in tail.poll()}
     assert got == {"p10.jsonl": 1, "host-b/p11.jsonl": 1}
     assert reads[1] == len(line)  # only the appended line of p10 was read
 
@@ -339,11 +339,17 @@ def _start_traced(out: Path, cmd: list[str]) -> subprocess.Popen:
 
 
 def _stop(proc: subprocess.Popen) -> None:
+    """End a `mlatrace run` launcher and its command: the command runs in a session of
+    its own, so SIGTERM to the launcher (which forwards it to the whole tree) first."""
     import os
     import signal
 
     if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
 
 
@@ -480,6 +486,38 @@ def test_a_backlog_is_read_in_chunks_and_caught_up(tmp_path: Path) -> None:
     assert not live.tail.behind
     assert [f.to_dict() for f in live.close().findings] == \
         [f.to_dict() for f in analyze(open_trace(src)).findings]
+
+
+MULTI_PROCESS_DIRS = [d for d in TRACE_DIRS if len(list(d.glob("p*.jsonl"))) >= 2]
+
+
+@pytest.mark.parametrize("trace_dir", MULTI_PROCESS_DIRS,
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_backlog_fed_over_forked_workers_equals_the_report(
+        trace_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every poll that brings records of several processes goes to the parallel feed
+    (forked workers continue the builders of their pids and hand them back)."""
+    from mlatrace.analysis import parallel
+    from mlatrace.watch import state
+
+    ran: list[int | None] = []
+    feed = parallel.feed_parallel
+    monkeypatch.setattr(parallel, "feed_parallel", lambda *a: ran.append(feed(*a)) or ran[-1])
+    serial, forked = LiveRun([trace_dir]), LiveRun([trace_dir])
+    serial.tail.chunk = forked.tail.chunk = 4096   # a backlog: every file in several polls
+    while True:
+        monkeypatch.setattr(state, "FEED_PARALLEL_MIN_BYTES", 1 << 40)
+        added = serial.poll()
+        monkeypatch.setattr(state, "FEED_PARALLEL_MIN_BYTES", 0)
+        assert forked.poll() == added
+        assert _comparable(report_dict("x", forked.refresh())) == \
+            _comparable(report_dict("x", serial.refresh()))
+        if not added:
+            break
+    assert any(n is not None for n in ran)  # the workers really ran
+    batch = analyze(open_trace(trace_dir), forked.config)
+    assert _comparable(report_dict("x", forked.close())) == \
+        _comparable(report_dict("x", batch))
 
 
 def test_watch_coverage_is_the_reports(tmp_path: Path) -> None:

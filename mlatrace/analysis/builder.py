@@ -5,11 +5,16 @@ from __future__ import annotations
 import gc
 import json
 import os
+import pickle
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import replace
+from itertools import compress
+from operator import itemgetter
 from typing import Any
 
 from mlatrace.analysis.model import (
+    GPU_HIST_BITS,
     MAX_DISTINCT,
     MAX_MARKS,
     MAX_NODES,
@@ -34,6 +39,7 @@ from mlatrace.common import hashable
 from mlatrace.trace import Problem
 
 MAX_PROBE_ERRORS = 200     # probe.error records kept per process (all are counted in kinds)
+_KIND = itemgetter("k")
 
 
 def _flush_ptr_run(stats: ReplayStats) -> None:
@@ -553,8 +559,14 @@ class _ProcessBuilder:
             if pending:
                 self._replay_decisions(graph, stats, pending)
         gpu = rec.get("gpu_ns")
-        if gpu is not None and type(gpu) is int and gpu >= 0:
-            stats.add_gpu_ns(gpu)
+        if type(gpu) is int and gpu >= 0:  # stats.add_gpu_ns(gpu), inlined
+            shift = gpu.bit_length() - GPU_HIST_BITS
+            if shift > 0:
+                gpu = (gpu >> shift) << shift
+            hist = stats.gpu_hist
+            hist[gpu] = hist.get(gpu, 0) + 1
+            stats.gpu_seen += 1
+            stats.gpu_sum += gpu
         md = self.metadata.get(tid)
         if md is None:
             return
@@ -675,6 +687,77 @@ class IncrementalBuilder:
         builder.proc.records += count
         return count
 
+    def feed_files(self, pieces: list[tuple[Any, Iterable[list[dict]]]],
+                   parallel: bool = False) -> int:
+        """Feed each file's next records (lists of them, in file order); returns how many.
+
+        `parallel`: files of different pids are independent, so a large backlog is fed
+        over worker processes (forked, one bucket of pids each, the parent taking one
+        too) whose builders then replace this process's builders of those pids; where
+        no worker can run, or one fails, the rest is fed here.
+        """
+        if parallel:
+            from mlatrace.analysis.parallel import feed_parallel
+
+            done = feed_parallel(self, pieces)
+            if done is not None:
+                return done
+        return sum(self.feed(proc_file, chunk) for proc_file, chunks in pieces
+                   for chunk in chunks)
+
+    def export_pids(self, pids: set[Any], proc_files: list[Any], reader_from: int,
+                    own_from: int) -> bytes:
+        """A worker's result: the builders of `pids` with their part of the model, and
+        the reader state of `proc_files`, pickled together (so shared objects stay shared)."""
+        builders = [(key, proc_file, builder) for key, (proc_file, builder, _h)
+                    in self._builders.items() if builder.pid in pids]
+        for _key, _file, builder in builders:
+            builder.model = None  # the parent's model takes the parts below
+        model = self.model
+        state = {
+            "builders": [(key, builder) for key, _file, builder in builders],
+            "graphs": {k: g for k, g in model.graphs.items() if k[0] in pids},
+            "runtime_eager": {k: v for k, v in model.runtime_eager.items() if k[0] in pids},
+            "runtime_splits": {k: v for k, v in model.runtime_splits.items() if k in pids},
+            "files": {id(f): (f.gaps, f.dropped, f.records_read, f._last_seq, f.end)
+                      for f in proc_files},
+            "reader_problems": proc_files[0].problems[reader_from:] if proc_files else [],
+            "problems": self.problems[own_from:],
+        }
+        return pickle.dumps(state, pickle.HIGHEST_PROTOCOL)
+
+    def absorb(self, data: bytes, proc_files: list[Any]) -> None:
+        """Take a worker's `export_pids` in place of this process's state of those pids."""
+        state = pickle.loads(data)
+        model = self.model
+        pids = set()
+        for key, builder in state["builders"]:
+            builder.model = model
+            pids.add(builder.pid)
+            old = self._builders.get(key)
+            proc_file = old[0] if old else next(f for f in proc_files if id(f) == key)
+            if old is None:
+                model.processes.append(builder.proc)
+            else:
+                index = next(i for i, p in enumerate(model.processes) if p is old[1].proc)
+                model.processes[index] = builder.proc
+            self._builders[key] = (proc_file, builder, builder.handlers())
+        for part, new in ((model.graphs, state["graphs"]),
+                          (model.runtime_eager, state["runtime_eager"])):
+            for k in [k for k in part if k[0] in pids]:
+                del part[k]
+            part.update(new)
+        for k in [k for k in model.runtime_splits if k in pids]:
+            del model.runtime_splits[k]
+        model.runtime_splits.update(state["runtime_splits"])
+        for proc_file in proc_files:
+            if id(proc_file) in state["files"]:
+                (proc_file.gaps, proc_file.dropped, proc_file.records_read,
+                 proc_file._last_seq, proc_file.end) = state["files"][id(proc_file)]
+        if proc_files:
+            proc_files[0].problems.extend(state["reader_problems"])
+        self.problems.extend(state["problems"])
+
     def builder_of(self, proc_file: Any) -> _ProcessBuilder | None:
         entry = self._builders.get(id(proc_file))
         return entry[1] if entry else None
@@ -699,24 +782,48 @@ class IncrementalBuilder:
 
 def _feed(builder: _ProcessBuilder, handlers: dict[str, Any], records: Iterable[dict],
           problems: list[Problem]) -> int:
-    """The one loop every record of every trace goes through (batch, parallel and live)."""
-    count = 0
-    get = handlers.get
+    """The one loop every record of every trace goes through (batch, parallel and live).
+
+    Records come a list at a time (a chunk of the reader): their kinds are counted in C
+    and only the records of a kind with a handler reach Python code.
+    """
+    if type(records) is not list:
+        records = list(records)
+    try:
+        kinds = list(map(_KIND, records))
+        counts = Counter(kinds)
+    except (TypeError, KeyError):  # not the reader's records (no dict, no k, k unhashable)
+        return _feed_each(builder, handlers, records, problems)
+    builder.proc.kinds.update(counts)
+    for handler, rec in compress(zip(map(handlers.get, kinds), records, strict=True),
+                                 map(handlers.__contains__, kinds)):
+        try:
+            handler(rec)
+        except (AttributeError, TypeError, ValueError, KeyError) as exc:
+            problems.append(_bad_record(builder, rec, exc))
+    return len(records)
+
+
+def _feed_each(builder: _ProcessBuilder, handlers: dict[str, Any], records: list,
+               problems: list[Problem]) -> int:
+    """`_feed` one record at a time, for records the reader would not hand out."""
     kinds = builder.proc.kinds
-    count_kind = kinds.get
     for rec in records:
-        count += 1
         try:
             kind = rec.get("k")
-            kinds[kind] = count_kind(kind, 0) + 1
-            handler = get(kind)
+            kinds[kind] = kinds.get(kind, 0) + 1
+            handler = handlers.get(kind)
             if handler is not None:
                 handler(rec)
         except (AttributeError, TypeError, ValueError, KeyError) as exc:
-            seq = rec.get("seq") if isinstance(rec, dict) else None
-            problems.append(Problem(builder.file, 0, f"record seq {seq}: field of an "
-                                     f"unexpected type ({type(exc).__name__}); skipped"))
-    return count
+            problems.append(_bad_record(builder, rec, exc))
+    return len(records)
+
+
+def _bad_record(builder: _ProcessBuilder, rec: Any, exc: Exception) -> Problem:
+    seq = rec.get("seq") if isinstance(rec, dict) else None
+    return Problem(builder.file, 0, f"record seq {seq}: field of an unexpected type "
+                   f"({type(exc).__name__}); skipped")
 
 
 def build_model(trace: Any, workers: int | None = None) -> TraceModel:
@@ -737,7 +844,9 @@ def build_model(trace: Any, workers: int | None = None) -> TraceModel:
     gc.disable()  # millions of short-lived dicts, no cycles: collections only cost time
     try:
         for proc_file in trace.processes:
-            incremental.feed(proc_file, proc_file.records())
+            incremental.feed(proc_file, [])  # a file without records is a process too
+            for chunk in _chunks(proc_file):
+                incremental.feed(proc_file, chunk)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -774,5 +883,13 @@ def _stream_process(model: TraceModel, proc_file: Any) -> ProcessModel:
     header = getattr(proc_file, "header", None)
     if isinstance(header, dict):
         builder.header(header)
-    builder.proc.records = _feed(builder, builder.handlers(), proc_file.records(), model.problems)
+    handlers = builder.handlers()
+    builder.proc.records = sum(_feed(builder, handlers, chunk, model.problems)
+                               for chunk in _chunks(proc_file))
     return builder.finish(proc_file)
+
+
+def _chunks(proc_file: Any) -> Iterable[list[dict]]:
+    """The records of a process file as the reader's lists (or one list of them all)."""
+    chunks = getattr(proc_file, "record_chunks", None)
+    return chunks() if chunks is not None else [list(proc_file.records())]

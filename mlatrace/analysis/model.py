@@ -8,6 +8,7 @@ counters, a reservoir of GPU times), never the replay records themselves.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +33,7 @@ class Ref:
     kind: str
 
 
-@dataclass
+@dataclass(slots=True)
 class AttentionStats:
     """Attention calls (attn.call, by op) or metadata builds (attn.metadata, by backend) of
     one process: how many, captured or eager, which layers, what sequence lengths."""
@@ -48,15 +49,20 @@ class AttentionStats:
 
     def add(self, rec: dict, captured: bool) -> None:
         self.count += 1
-        self.captured += captured
+        if captured:
+            self.captured += 1
         layer = rec.get("layer")
         if layer is not None and len(self.layers) < MAX_LAYERS:
             self.layers.add(str(layer))
-        low, high = _int(rec.get("seq_len_min")), _int(rec.get("seq_len_max"))
-        if low is not None:
-            self.seq_len_min = low if self.seq_len_min is None else min(self.seq_len_min, low)
-        if high is not None:
-            self.seq_len_max = high if self.seq_len_max is None else max(self.seq_len_max, high)
+        low, high = rec.get("seq_len_min"), rec.get("seq_len_max")
+        if type(low) is not int:
+            low = _int(low)
+        if low is not None and (self.seq_len_min is None or low < self.seq_len_min):
+            self.seq_len_min = low
+        if type(high) is not int:
+            high = _int(high)
+        if high is not None and (self.seq_len_max is None or high > self.seq_len_max):
+            self.seq_len_max = high
 
 
 @dataclass
@@ -80,7 +86,7 @@ class ProcessModel:
     attention: dict[str, AttentionStats] = field(default_factory=dict)
     ranks_kept: list[int] | None = None        # header: --ranks (ranks left out on purpose)
     packs: list[str] = field(default_factory=list)   # header `probes`: packs installed
-    kinds: dict[str, int] = field(default_factory=dict)   # records per kind
+    kinds: Counter = field(default_factory=Counter)   # records per kind
     probe_errors: list[dict] = field(default_factory=list)  # probe.error records (+file, seq)
     marks: list[dict] = field(default_factory=list)   # {seq, t, name, attrs}, the first MAX_MARKS
     marks_total: int = 0

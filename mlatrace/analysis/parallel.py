@@ -1,5 +1,11 @@
 """Parallel build: a large trace of several processes is split over worker processes
-(gids are per process, so process files are independent) and the parts merged."""
+(gids are per process, so process files are independent) and the parts merged.
+
+Two uses: `build_model` of a finished trace (`_build_parallel`: each worker streams
+whole files into a partial model), and the incremental builder catching up on a
+backlog (`feed_parallel`: forked workers continue the builders of their pids on the
+records just read and hand the builders back).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +18,82 @@ from typing import Any
 from mlatrace.analysis.model import TraceModel
 
 PARALLEL_MIN_BYTES = 48 * 1024 * 1024  # below this, starting workers costs more than it saves
+FEED_PARALLEL_MIN_BYTES = 8 * 1024 * 1024  # the same for one poll of the incremental builder
+
+_FEED_WORK: Any = None   # what forked feed workers find: (builder, buckets, problem offsets)
+
+
+def _can_fork() -> bool:
+    """fork only: spawn/forkserver would re-import the caller's __main__ (a script, the
+    CLI); and never fork a process that runs other threads (a recorder, a test harness)."""
+    import multiprocessing
+
+    return "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
+
+
+def feed_parallel(incremental: Any, pieces: list[tuple[Any, Any]]) -> int | None:
+    """Feed `pieces` ((process file, its record lists)) over forked workers, by pid.
+
+    The process files are one reader's (they share its problems list); each worker's new
+    problems come back with its builders, after the parent's own.
+
+    The parent feeds the first bucket itself while the workers feed the others; each
+    worker returns its builders (`IncrementalBuilder.export_pids`), which replace the
+    parent's. None when it does not pay (one pid) or no worker could start: nothing was
+    fed, the caller feeds serially. A worker that fails is made up for here.
+    """
+    global _FEED_WORK
+    groups: dict[Any, list[tuple[Any, Any]]] = {}
+    for proc_file, chunks in pieces:
+        groups.setdefault(getattr(proc_file, "pid", None), []).append((proc_file, chunks))
+    workers = min(len(groups), os.cpu_count() or 1)
+    if workers < 2 or not _can_fork():
+        return None
+    import concurrent.futures
+    import multiprocessing
+
+    buckets: list[list[tuple[Any, Any]]] = [[] for _ in range(workers)]
+    sizes = [0] * workers
+    for group in sorted(groups.values(), key=lambda g: -sum(_size(p) for p, _c in g)):
+        i = sizes.index(min(sizes))
+        buckets[i].extend(group)
+        sizes[i] += sum(_size(p) for p, _c in group)
+    files = [proc_file for proc_file, _c in pieces]
+    reader_from = len(files[0].problems) if hasattr(files[0], "problems") else 0
+    _FEED_WORK = (incremental, buckets, reader_from, len(incremental.problems))
+    pool = None
+    try:
+        ctx = multiprocessing.get_context("fork")
+        pool = concurrent.futures.ProcessPoolExecutor(workers - 1, mp_context=ctx)
+        futures = [pool.submit(_feed_bucket, i) for i in range(1, workers)]
+    except Exception:  # no workers here (sandbox): the serial path still works
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+        _FEED_WORK = None
+        return None
+    try:
+        count = sum(incremental.feed(f, chunk) for f, chunks in buckets[0] for chunk in chunks)
+        for i, future in enumerate(futures, start=1):
+            try:
+                data, fed = future.result()
+            except Exception:  # this worker's records were not consumed here: feed them
+                count += sum(incremental.feed(f, c) for f, chunks in buckets[i] for c in chunks)
+                continue
+            incremental.absorb(data, [f for f, _c in buckets[i]])
+            count += fed
+    finally:
+        pool.shutdown()
+        _FEED_WORK = None
+    return count
+
+
+def _feed_bucket(index: int) -> tuple[bytes, int]:
+    """Worker: feed bucket `index` into the builder inherited from the parent."""
+    incremental, buckets, reader_from, own_from = _FEED_WORK
+    bucket = buckets[index]
+    count = sum(incremental.feed(f, chunk) for f, chunks in bucket for chunk in chunks)
+    pids = {b.pid for f, _c in bucket if (b := incremental.builder_of(f)) is not None}
+    return incremental.export_pids(pids, [f for f, _c in bucket], reader_from, own_from), count
 
 
 def _pid_groups(processes: list) -> list[list]:
@@ -48,9 +130,7 @@ def _build_parallel(trace: Any, groups: list[list], workers: int) -> list[TraceM
                           for p in group)
         sizes[i] += sum(_size(p) for p in group)
     buckets = [b for b in buckets if b]
-    # fork only: spawn/forkserver would re-import the caller's __main__ (a script, the CLI);
-    # and never fork a process that runs other threads (a recorder, a test harness)
-    if "fork" not in multiprocessing.get_all_start_methods() or threading.active_count() > 1:
+    if not _can_fork():
         return None
     try:
         ctx = multiprocessing.get_context("fork")

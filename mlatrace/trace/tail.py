@@ -5,20 +5,19 @@ at the directory (and its per-host subdirectories) for new files, compares each 
 file's size with the offset read so far, and reads only the new bytes: a file is never
 read twice. A writer flushes whole batches of lines, but a poll can land mid-write, so
 the bytes after the last newline are held until their line completes. Every complete
-line goes through the batch reader's own checks (`ProcessFile.checked_lines`), so a
+line goes through the batch reader's own checks (`ProcessFile.checked_chunk`), so a
 malformed line is reported as `file:line: reason` exactly as `report` would, and the
 records handed out are the ones `report` would stream.
 
     tail = TailReader([run_dir])
-    for proc, records in tail.poll():   # new records since the last poll, per file (an
-        ...                             # iterator: consume it before the next poll)
+    for proc, chunks in tail.poll():    # new records since the last poll, per file, as
+        for records in chunks: ...      # lists: consume them before the next poll
     tail.close()                        # the run is over: held partial lines are read as
                                         # the batch reader reads them (a truncated line)
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
 from collections.abc import Iterator
@@ -82,12 +81,12 @@ class TailReader:
             pass  # mid-replace or damaged: try again next poll
 
     # -- reading ---------------------------------------------------------------
-    def poll(self) -> list[tuple[ProcessFile, Iterator[dict[str, Any]]]]:
+    def poll(self) -> list[tuple[ProcessFile, Iterator[list[dict[str, Any]]]]]:
         """The records added to each file since the last poll (files with none left out).
 
-        Each file's records come as an iterator over the bytes just read, decoded as they
-        are consumed (a backlog of a million records is never held as a list): consume
-        them in order, before the next poll.
+        Each file's records come as an iterator of lists (a few hundred records each,
+        `ProcessFile.checked_chunks`), decoded as they are consumed: consume them in
+        order, before the next poll. At most `chunk` bytes are read from a file per poll.
         """
         self._read_run_json()
         self.behind = False
@@ -105,7 +104,7 @@ class TailReader:
         return sorted(self.files.values(), key=lambda t: (_file_order(t.proc.path),
                                                          t.proc.name))
 
-    def _read_new(self, tail: TailFile) -> Iterator[dict[str, Any]] | None:
+    def _read_new(self, tail: TailFile) -> Iterator[list[dict[str, Any]]] | None:
         """The records of the complete lines appended since the last read, or None."""
         if tail.closed:
             return None
@@ -137,21 +136,21 @@ class TailReader:
             return None
         return self._lines(tail, data[:cut] if cut < len(data) else data)
 
-    def _lines(self, tail: TailFile, data: bytes) -> Iterator[dict[str, Any]]:
+    def _lines(self, tail: TailFile, data: bytes) -> Iterator[list[dict[str, Any]]]:
         """Hand complete lines (or, at close, the last partial one) to the batch checks."""
         if not tail.started:
             tail.proc.accept_header_line(data[:data.find(b"\n") + 1] or data)
             tail.started = True
         first = tail.lines + 1
         tail.lines += data.count(b"\n") + (not data.endswith(b"\n"))
-        return tail.proc.checked_lines(enumerate(io.BytesIO(data), start=first))
+        return tail.proc.checked_chunks(data, first)
 
-    def close(self) -> list[tuple[ProcessFile, list[dict[str, Any]]]]:
+    def close(self) -> list[tuple[ProcessFile, list[list[dict[str, Any]]]]]:
         """The run is over: read what is left, then each held partial line as a truncated one.
 
-        Returns every file (as lists: the run is over, nothing more comes), those without
-        new records too, so that a consumer knows of each (an empty file is a problem the
-        batch reader reports as well).
+        Returns every file with its records as a list of lists (the run is over, nothing
+        more comes), those without new records too, so that a consumer knows of each (an
+        empty file is a problem the batch reader reports as well).
         """
         out = {id(proc): (proc, list(records)) for proc, records in self.poll()}
         for tail in self._ordered():

@@ -24,6 +24,7 @@ from typing import Any
 from mlatrace.analysis import Analysis, Config, Finding, analyze_model
 from mlatrace.analysis.builder import IncrementalBuilder
 from mlatrace.analysis.model import GraphModel, TraceModel
+from mlatrace.analysis.parallel import FEED_PARALLEL_MIN_BYTES
 from mlatrace.trace import ProcessFile, TraceError
 from mlatrace.trace.runs import find_runs
 from mlatrace.trace.tail import TailReader
@@ -106,12 +107,13 @@ class LiveRun:
     # -- feeding -----------------------------------------------------------------
     def poll(self) -> int:
         """Read what was appended since the last poll into the model; returns how many records."""
-        added = 0
         gc_was_enabled = gc.isenabled()
         gc.disable()  # a backlog is many short-lived dicts without cycles (as build_model)
         try:
-            for proc, records in self.tail.poll():
-                added += self.builder.feed(proc, records)
+            before = self.tail.stat_total()
+            pieces = self.tail.poll()
+            backlog = self.tail.stat_total() - before >= FEED_PARALLEL_MIN_BYTES
+            added = self.builder.feed_files(pieces, parallel=backlog and len(pieces) > 1)
         finally:
             if gc_was_enabled:
                 gc.enable()
@@ -121,8 +123,10 @@ class LiveRun:
     def close(self) -> Analysis:
         """The run is over: read the rest (truncated last lines included) and refresh."""
         if not self.closed:
-            for proc, records in self.tail.close():
-                self.records += self.builder.feed(proc, records)
+            for proc, chunks in self.tail.close():
+                self.records += self.builder.feed(proc, [])  # a file without records too
+                for records in chunks:
+                    self.records += self.builder.feed(proc, records)
             self.closed = True
             self._analysed_records = -1  # files without records are in the model now
         return self.refresh()
