@@ -26,7 +26,7 @@ from mlatrace.watch.state import LiveRun, newest_run
 
 DEFAULT_DIR = "mlatrace-trace"
 POLL_S = 0.25           # between polls while caught up: at most 4 refreshes a second
-IDLE_REFRESH_S = 2.0    # nothing new: redraw only this often (elapsed time, process states)
+IDLE_REFRESH_S = 3.0    # nothing new: redraw only this often (elapsed time, process states)
 LOG_NAME = "cmd.log"    # `run --watch`: the command's output, in the trace dir
 
 __all__ = ["DEFAULT_DIR", "LOG_NAME", "LiveRun", "catch_up", "follow", "main", "newest_run",
