@@ -26,6 +26,7 @@ is unreadable or holds nothing usable (bad --config too).
                      "schema", "records", "dropped", "gaps", "end_reason"}],
       "graphs": [{"pid", "rank", "file", "gid", "nested_gids": [int], "src", "key", "mode",
                   "segments", "eager_breaks", "capture_seq",
+                  "capture_error": str|null,   # the capture raised (graph.capture.end)
                   "frozen": {"num_kv_splits": [int], "stage2": "present"|"skipped"|null,
                              "kernels": {name: {"grids": [[x, y, z]], "num_kv_splits": [int]}},
                              "hints": {name: value}, "ops": [str], "ptrs": {name: int},
@@ -77,6 +78,8 @@ from __future__ import annotations
 import json
 import sys
 from typing import Any
+
+from rich.markup import escape
 
 from mlatrace.analysis import Analysis, ConfigError
 from mlatrace.analysis.load import Unusable, load, resolve_config
@@ -489,6 +492,11 @@ def render_graphs(console: Any, data: dict[str, Any], verbose: bool) -> None:
         console.print(f"... {len(rows) - len(shown_rows)} more rows (use -v)")
     if any(g["nested_gids"] for g in graphs):
         console.print(f"({GID_NOTE})", highlight=False)
+    for g in graphs:
+        if g["capture_error"]:
+            print_line(console, escape(f"capture failed: rank {rank_text(g['rank'])} pid "
+                                       f"{_fmt(g['pid'])} gid {g['gid']} {_fmt(g['key'])}: "
+                                       f"{g['capture_error']}"))
     if not verbose:
         return
     for g in graphs:

@@ -191,6 +191,16 @@ def test_aiter_4555_fixed_budget_and_the_bh64_bound():
     ends = [r for r in recs if r["k"] == "graph.capture.end"]
     assert ends and all("min_kv_seq_len > 388" in r["error"] for r in ends)
     assert not any(r["k"] in ("graph.replay", "kernel.launch") for r in recs)
+    # and the report says so: --json carries the capture's error, the text names it
+    done = subprocess.run([sys.executable, "-m", "mlatrace", "report", "--json", str(root)],
+                          capture_output=True, text=True, timeout=120)
+    [unit] = json.loads(done.stdout)["graphs"]
+    assert "requires min_kv_seq_len > 388" in unit["capture_error"]
+    done = subprocess.run([sys.executable, "-m", "mlatrace", "report", str(root)],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "200"})
+    assert "capture failed: rank 0 pid 3500 gid 1" in done.stdout, done.stdout
+    assert "mla_gluon[bh64] requires" in done.stdout
 
 
 def test_flashinfer_graph_padded_batch_size():

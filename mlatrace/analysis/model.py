@@ -301,6 +301,7 @@ class GraphModel:
     segments: int | None = None
     eager_breaks: int | None = None
     dur_ns: int | None = None
+    capture_error: str | None = None   # graph.capture.end error: the capture raised
     capture_tid: Any = None
     capture_metadata: dict | None = None   # seq lens of the metadata current when capture began
     capture_metadata_ref: Ref | None = None
