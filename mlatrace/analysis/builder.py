@@ -325,8 +325,7 @@ class _ProcessBuilder:
         graph.segments = _int(rec.get("segments"))
         graph.eager_breaks = _int(rec.get("eager_breaks"))
         graph.dur_ns = _int(rec.get("dur_ns"))
-        error = rec.get("error")
-        graph.capture_error = None if error is None else _text(error)
+        graph.capture_error = _text(rec.get("error"))
         stack = self.stacks.get(rec.get("tid"))
         if stack and gid in stack:
             del stack[stack.index(gid):]

@@ -37,6 +37,14 @@ def _chain_hint(model: TraceModel, graph: GraphModel, name: str) -> tuple[Any, R
     return None, None
 
 
+def _replayed_graphs(model: TraceModel) -> Iterator[tuple[GraphModel, GraphModel]]:
+    """(captured graph, the graph its replays ran under) for every graph that was replayed."""
+    for graph in model.graphs.values():
+        rg = model.replay_graph(graph)
+        if rg is not None:
+            yield graph, rg
+
+
 def _replay_evidence(rg: GraphModel) -> list[Evidence]:
     stats = rg.replays
     out = _ev(stats.first, f"first replay of gid {rg.gid}")
@@ -368,11 +376,8 @@ def static_buffer_drift(model: TraceModel, config: Config) -> list[Finding]:
     """
     findings = []
     done = set()
-    for graph in model.graphs.values():
-        if not graph.capture_ptrs:
-            continue
-        rg = model.replay_graph(graph)
-        if rg is None or (graph.pid, rg.gid) in done:
+    for graph, rg in _replayed_graphs(model):
+        if not graph.capture_ptrs or (graph.pid, rg.gid) in done:
             continue
         moved = []
         for name, (ptr, ref) in graph.capture_ptrs.items():
@@ -533,14 +538,6 @@ def _prefill_decision(model: TraceModel, graph: GraphModel, mode: str) -> Findin
                             details={"key": model.effective_key(graph), "mode": mode,
                                      "op": d.name, "value": d.value})
     return None
-
-
-def _replayed_graphs(model: TraceModel) -> Iterator[tuple[GraphModel, GraphModel]]:
-    """(captured graph, the graph its replays ran under) for every graph that was replayed."""
-    for graph in model.graphs.values():
-        rg = model.replay_graph(graph)
-        if rg is not None:
-            yield graph, rg
 
 
 # -- MLT006 frozen-host-decision -----------------------------------------------------

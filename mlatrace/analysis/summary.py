@@ -116,7 +116,7 @@ def unit_dict(model: TraceModel, root: GraphModel) -> dict[str, Any]:
         "eager_breaks": root.eager_breaks,
         "capture_seq": root.begin.seq if root.begin else None,
         # the capture raised (graph.capture.end error): the first error in the unit
-        "capture_error": next((g.capture_error for g in model.subtree(root)
+        "capture_error": next((g.capture_error for g in (root, *nested)
                                if g.capture_error), None),
         "frozen": topo,
         "replays": replays(model, root, topo["ptrs"]),
