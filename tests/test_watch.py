@@ -195,20 +195,25 @@ def _feed_lines(live: LiveRun, path: Path, lines: list[str], stop) -> None:  # n
     raise AssertionError("never reached")
 
 
-def test_a_finding_contradicted_by_an_eager_call_is_shown_resolved(tmp_path: Path) -> None:
-    # a breakable capture: the one-split decision seen while capturing is re-made eagerly,
-    # with the real length, right after the first replay
-    src = mla_decode(tmp_path / "src", policy="legacy", breakable=True)
+def _follow_until_mlt001_resolved(src: Path, dst: Path) -> LiveRun:
+    """Copy src's p1000.jsonl into dst line by line under a LiveRun: until MLT001 shows
+    (asserted active), then until it is no longer active. Returns the live run."""
     lines = (src / "p1000.jsonl").read_text().splitlines()
-    dst = tmp_path / "live"
     dst.mkdir()
     live = LiveRun([dst])
     _feed_lines(live, dst / "p1000.jsonl", lines,
                 lambda lv: any(lf.finding.id == "MLT001" for lf in lv.findings()))
     assert live.findings()[0].active
-    rest = lines[sum(1 for _ in (dst / "p1000.jsonl").open()):]
-    _feed_lines(live, dst / "p1000.jsonl", rest,
-                lambda lv: not lv.findings()[0].active)
+    done = sum(1 for _ in (dst / "p1000.jsonl").open())
+    _feed_lines(live, dst / "p1000.jsonl", lines[done:], lambda lv: not lv.findings()[0].active)
+    return live
+
+
+def test_a_finding_contradicted_by_an_eager_call_is_shown_resolved(tmp_path: Path) -> None:
+    # a breakable capture: the one-split decision seen while capturing is re-made eagerly,
+    # with the real length, right after the first replay
+    src = mla_decode(tmp_path / "src", policy="legacy", breakable=True)
+    live = _follow_until_mlt001_resolved(src, tmp_path / "live")
     logged = live.findings()[0]
     assert logged.resolved_why == "no longer holds on later records"
     live.close()
@@ -247,15 +252,8 @@ def _recaptured_trace(root: Path) -> Path:
 
 def test_a_finding_whose_graph_is_captured_again_is_shown_resolved(tmp_path: Path) -> None:
     src = _recaptured_trace(tmp_path / "src")
-    lines = (src / "p1000.jsonl").read_text().splitlines()
     dst = tmp_path / "live"
-    dst.mkdir()
-    live = LiveRun([dst])
-    _feed_lines(live, dst / "p1000.jsonl", lines,
-                lambda lv: any(lf.finding.id == "MLT001" for lf in lv.findings()))
-    assert live.findings()[0].active
-    done = sum(1 for _ in (dst / "p1000.jsonl").open())
-    _feed_lines(live, dst / "p1000.jsonl", lines[done:], lambda lv: not lv.findings()[0].active)
+    live = _follow_until_mlt001_resolved(src, dst)
     assert live.findings()[0].resolved_why == "captured again as gid 3, without it"
     shutil.copy(src / "p1000.jsonl", dst / "p1000.jsonl")  # the rest of the run
     final = live.close()
