@@ -210,6 +210,14 @@ def run_follow(trace: Path, idle_s: float) -> dict:
     return out
 
 
+def _verdict(ok: bool) -> int:
+    """The box line and the verdict both benches end with; their exit code."""
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"box: {os.cpu_count()} cpus, load average {load:.1f}, python {sys.version.split()[0]}")
+    print("OK" if ok else "over goal")
+    return 0 if ok else 1
+
+
 def main_incremental(events: int, repeat: int, idle_s: float = 5.0) -> int:
     """`bench analyze --incremental`: 1M records through the tailing reader and the
     incremental model (refreshing the rules after every poll), then the idle poll loop."""
@@ -221,7 +229,6 @@ def main_incremental(events: int, repeat: int, idle_s: float = 5.0) -> int:
     best = min(runs, key=lambda r: r["follow_s"])
     idle = runs[0]["idle_cpu"]
     ok = best["follow_s"] <= GOAL_S and idle <= IDLE_GOAL
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"trace: {written} events, {RANKS} processes, {size_mb:.0f} MB")
     follows = ", ".join(f"{r['follow_s']:.2f}" for r in runs)
     print(f"follow (tail + incremental model + rules after each of {best['polls']} polls), "
@@ -235,9 +242,7 @@ def main_incremental(events: int, repeat: int, idle_s: float = 5.0) -> int:
           f"{best['batch_s']:.2f} s, {best['batch_cpu_s']:.2f} s CPU")
     print(f"idle follow loop: {100 * idle:.2f}% of one core over {idle_s:.0f} s "
           f"(goal < {100 * IDLE_GOAL:.0f}%)")
-    print(f"box: {os.cpu_count()} cpus, load average {load:.1f}, python {sys.version.split()[0]}")
-    print("OK" if ok else "over goal")
-    return 0 if ok else 1
+    return _verdict(ok)
 
 
 def main(events: int = 1_000_000, repeat: int = 3, incremental: bool = False) -> int:
@@ -255,7 +260,6 @@ def main(events: int = 1_000_000, repeat: int = 3, incremental: bool = False) ->
     peak = max(r["peak_mb"] for r in runs)
     workers = max(r["workers_mb"] for r in runs)
     ok = best["wall_s"] <= GOAL_S and peak <= GOAL_MB  # the wall time, not the estimate
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"trace: {written} events, {RANKS} processes, {size_mb:.0f} MB "
           f"(generated in {gen_s:.1f} s)")
     walls = ", ".join(f"{r['wall_s']:.2f}" for r in runs)
@@ -267,6 +271,4 @@ def main(events: int = 1_000_000, repeat: int = 3, incremental: bool = False) ->
           f"workers): {critical:.2f} s, i.e. the wall time on an otherwise idle box")
     print(f"peak RSS: report {peak:.0f} MB (goal <= {GOAL_MB:.0f} MB), each file worker "
           f"<= {workers:.0f} MB; {best['findings']} findings")
-    print(f"box: {os.cpu_count()} cpus, load average {load:.1f}, python {sys.version.split()[0]}")
-    print("OK" if ok else "over goal")
-    return 0 if ok else 1
+    return _verdict(ok)
