@@ -36,6 +36,10 @@ def main() -> None:
 @click.option("--sample", type=click.IntRange(min=0), default=None,
               help="Eager probed calls and launches repeating their last record: keep the "
                    "first N of each run, then count (default 1; 0 keeps every record).")
+@click.option("--step-aside", "step_aside", default=None, metavar="SETTLE,VERIFY|0",
+              help="Probes whose decode steps are steady look at each step's first call "
+                   "only, and at a whole step every VERIFY-th (default 8,64; 0: look at "
+                   "every call). process.end counts what was not looked at (unseen).")
 @click.option("--replay-timing", default=None, metavar="N:M|off",
               help="Time replays on the GPU with CUDA events (no sync): the first N replays "
                    "of each graph, then 1 in M (default 8:64; off: none).")
@@ -54,8 +58,8 @@ def main() -> None:
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(out: str | None, ranks: str | None, probes: tuple[str, ...], replay_sample: int | None,
         launch_sample: int | None, sample: int | None, replay_timing: str | None,
-        graph_nodes: bool, otlp: str | None, no_packs: tuple[str, ...], watch: bool,
-        run_id: str | None,
+        step_aside: str | None, graph_nodes: bool, otlp: str | None,
+        no_packs: tuple[str, ...], watch: bool, run_id: str | None,
         cmd: tuple[str, ...]) -> None:
     """Run CMD with probes in every Python process it starts: mlatrace run -- CMD..."""
     from mlatrace.inject import launcher
@@ -64,7 +68,7 @@ def run(out: str | None, ranks: str | None, probes: tuple[str, ...], replay_samp
                           replay_sample=replay_sample, launch_sample=launch_sample,
                           graph_nodes=graph_nodes, otlp=otlp, no_packs=list(no_packs),
                           sample=sample, replay_timing=replay_timing, watch=watch,
-                          run_id=run_id))
+                          run_id=run_id, step_aside=step_aside))
 
 
 @main.command()
@@ -322,6 +326,8 @@ def bench_splits(out: str, quick: bool) -> None:
               help="Alternating traced/untraced rounds per graph mode (medians are kept).")
 @click.option("--sample", type=click.IntRange(min=0), default=None,
               help="MLATRACE_SAMPLE of the traced runs (default: mlatrace's, 1).")
+@click.option("--step-aside", "step_aside", default=None, metavar="SETTLE,VERIFY|0",
+              help="`mlatrace run --step-aside` of the traced runs (default: mlatrace's).")
 @click.option("--in-process", is_flag=True,
               help="One traced process per mode, alternating blocks of steps with the probes "
                    "at work and passed through (the probes' own cost, immune to host drift).")
@@ -330,13 +336,14 @@ def bench_splits(out: str, quick: bool) -> None:
 @click.option("--json-out", type=click.Path(dir_okay=False), default="bench-overhead.json",
               help="Where the JSON summary goes.")
 def bench_overhead(steps: int, graph_modes: str, rounds: int, sample: int | None,
-                   in_process: bool, host_only: bool, json_out: str) -> None:
+                   step_aside: str | None, in_process: bool, host_only: bool,
+                   json_out: str) -> None:
     """Decode step time, traced vs untraced, per graph mode (GPU time and wall)."""
     from mlatrace.bench import overhead_bench
 
     sys.exit(overhead_bench.main(steps=steps, graphs=graph_modes, rounds=rounds,
                                  sample=sample, json_out=json_out, in_process=in_process,
-                                 host_only=host_only))
+                                 host_only=host_only, step_aside=step_aside))
 
 
 @main.command()

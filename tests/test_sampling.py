@@ -289,3 +289,144 @@ def test_small_host_tensor_reductions_match_the_tensor_ones():
     floats = torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64)
     assert _reduce("sum")(floats) == floats.sum().item()
     assert _reduce("max")(torch.tensor([], dtype=torch.int32)) is None
+
+
+def test_a_steady_probe_steps_aside_after_the_first_call_of_each_step(tmp_path, monkeypatch):
+    """Step-aside (SETTLE 2, VERIFY 4): 12 steps of 3 layers, the hint advancing each step.
+    Steps 1-4 are inspected whole (not yet steady, then the 4th is a verify step), 5-7
+    their first call only, 8 whole, 9-11 their first call, 12 whole: 12 of 36 calls pass
+    uninspected, every step's first call (its new hint) is written, and a capture begun
+    in a stepped-aside step is recorded in full."""
+    import torch
+
+    from mlatrace import probe, record
+    from mlatrace.probe import graphs
+
+    (tmp_path / "keyed_mod.py").write_text(KEYED_MODULE)
+    (tmp_path / "keyed.toml").write_text(KEYED_PACK)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("MLATRACE_SAMPLE", "1")
+    monkeypatch.setenv("MLATRACE_STEP_ASIDE", "2,4")
+    out = tmp_path / "trace"
+    record.start(str(out))
+    probe.install([tmp_path / "keyed.toml"])
+    try:
+        import keyed_mod
+
+        x = keyed_mod.Buf((4, 16, 512), torch.bfloat16)
+        for step in range(1, 13):
+            graphs.next_step()                      # what a dispatch or metadata call does
+            for layer in range(3):
+                keyed_mod.attend(x, step, layer)
+        graphs.next_step()
+        keyed_mod.attend(x, 12, 0)                  # step 13: asleep after this call ...
+        gid = graphs.next_gid()
+        graphs.push_capture(gid, "test")            # ... until a capture begins
+        keyed_mod.attend(x, 12, 1)
+        graphs.remove_capture(gid)
+    finally:
+        probe.uninstall()
+        record.stop()
+    (path,) = out.glob("p*.jsonl")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    written = [(r["hints"]["n"], r["layer"], r["capturing"]) for r in rows
+               if r["k"] == "attn.call"]
+    assert written == [(n, 0, False) for n in range(1, 13)] + [(12, 1, True)]
+    end = rows[-1]
+    assert end["unseen"] == {"keyed.attend": 12}
+    assert end["coverage"]["probes"]["keyed.attend"]["hits"] == 36 + 2 - 12
+    # Inspected calls after the first of their step (steps 1-4, 8, 12) are counted runs;
+    # step 13's first call repeats step 12's and continues its run.
+    assert end["sampled"] == {"attn.call": 13}
+    runs = [(r["repeat"], r["sampled"]) for r in rows if r["k"] == "sample.run"]
+    assert runs == [(3, 2)] * 5 + [(4, 3)]
+
+
+def test_without_step_marks_nothing_steps_aside(tmp_path, monkeypatch):
+    """A program with no step-marking calls (no metadata, dispatch or capture probe hit)
+    has one endless step: its calls are never judged steady, so all are inspected."""
+    import torch
+
+    from mlatrace import probe, record
+
+    (tmp_path / "keyed_mod.py").write_text(KEYED_MODULE)
+    (tmp_path / "keyed.toml").write_text(KEYED_PACK)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("MLATRACE_STEP_ASIDE", "1,1000")
+    out = tmp_path / "trace"
+    record.start(str(out))
+    probe.install([tmp_path / "keyed.toml"])
+    try:
+        import keyed_mod
+
+        x = keyed_mod.Buf((4, 16, 512), torch.bfloat16)
+        for call in range(500):
+            keyed_mod.attend(x, call // 50, call % 5)
+    finally:
+        probe.uninstall()
+        record.stop()
+    (path,) = out.glob("p*.jsonl")
+    end = [json.loads(line) for line in path.read_text().splitlines()][-1]
+    assert end["unseen"] == {}
+    assert end["coverage"]["probes"]["keyed.attend"]["hits"] == 500
+
+
+def traced_serve_with(out: Path, options: list[str], *args: str) -> list[dict]:
+    cmd = [sys.executable, "-m", "mlatrace", "run", "--out", str(out), *options, "--",
+           sys.executable, "-m", "mlatrace.reference.serve", "--device", "cpu", "--ctx",
+           "2048", "--steps", "24", "--batch", "2", "--layers", "3", "--hidden", "64", *args]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (path,) = out.glob("p*.jsonl")
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("args, expected, steps_aside", [
+    (("--policy", "legacy"), {"MLT001"}, False),
+    (("--policy", "bucketed"), {"MLT001"}, False),
+    (("--policy", "bucketed", "--graph", "breakable"), set(), True),
+    (("--policy", "device", "--graph", "none"), set(), True),
+    (("--policy", "legacy", "--graph", "breakable"), set(), True),
+])
+def test_step_aside_keeps_findings_and_accounts_for_every_call(tmp_path, args, expected,
+                                                               steps_aside):
+    """The reference programs with step-aside on (SETTLE 2, VERIFY 8) and off give the
+    same findings; every call is accounted for (inspected + unseen = all, per probe),
+    replays stay exact per graph, and the eager modes do step aside."""
+    every = traced_serve_with(tmp_path / "all", ["--step-aside", "0"], *args)
+    aside = traced_serve_with(tmp_path / "aside", ["--step-aside", "2,8"], *args)
+
+    assert findings(tmp_path / "all") == findings(tmp_path / "aside")
+    assert {f[0] for f in findings(tmp_path / "aside")} == expected
+    end_all, end = every[-1], aside[-1]
+    assert end_all["unseen"] == {}
+    assert bool(end["unseen"]) is steps_aside
+    hits_all = {q: p.get("hits") for q, p in end_all["coverage"]["probes"].items()}
+    hits = {q: p.get("hits") for q, p in end["coverage"]["probes"].items()}
+    for name, n in hits_all.items():
+        if name.endswith("replay") or n is None:
+            continue     # a replay stepped aside is counted in `replays`, checked below
+        assert (hits[name] or 0) + end["unseen"].get(name, 0) == n, name
+    assert end["replays"] == end_all["replays"]
+    for kind in ("attn.metadata", "dispatch", "graph.capture.begin", "graph.replay"):
+        assert end["counts"].get(kind) == end_all["counts"].get(kind), kind
+    if steps_aside:
+        assert len(aside) < len(every)
+
+
+def test_run_rejects_a_bad_step_aside_and_parses_good_ones(tmp_path):
+    from mlatrace.record import DEFAULT_STEP_ASIDE, parse_step_aside
+
+    assert parse_step_aside(None) == parse_step_aside("") == DEFAULT_STEP_ASIDE
+    assert parse_step_aside("3,16") == (3, 16)
+    assert parse_step_aside("0") is parse_step_aside("off") is parse_step_aside("3,1") is None
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    done = subprocess.run([sys.executable, "-m", "mlatrace", "run", "--out",
+                           str(tmp_path / "t"), "--step-aside", "8", "--", sys.executable,
+                           "-c", "pass"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "--step-aside wants SETTLE,VERIFY" in done.stderr
+    assert not (tmp_path / "t").exists()

@@ -85,13 +85,14 @@ class ProcessCoverage:
     hits: dict[str, int]                  # probe -> calls seen (counted probes, > 0)
     records: dict[str, int]               # records per kind
     probe_errors: list[dict]
+    unseen: dict[str, int]                # probe -> calls passed uninspected (step-aside)
 
     def to_dict(self) -> dict[str, Any]:
         return {"file": self.file, "pid": self.pid, "rank": self.rank,
                 "recorded": self.recorded, "ended": self.ended, "packs": self.packs,
                 "packs_attached": self.packs_attached, "packs_skipped": self.packs_skipped,
                 "targets": self.targets, "hits": self.hits, "records": self.records,
-                "probe_errors": len(self.probe_errors)}
+                "probe_errors": len(self.probe_errors), "unseen": self.unseen}
 
 
 @dataclass
@@ -180,7 +181,15 @@ def process_coverage(proc: ProcessModel) -> ProcessCoverage:
                            packs=list(proc.packs), packs_attached=attached,
                            packs_skipped=skipped, targets=targets, hits=hits,
                            records=dict(sorted(proc.kinds.items(), key=lambda kv: str(kv[0]))),
-                           probe_errors=list(proc.probe_errors))
+                           probe_errors=list(proc.probe_errors), unseen=_unseen(end))
+
+
+def _unseen(end: dict | None) -> dict[str, int]:
+    """process.end's `unseen`: calls each probe passed through uninspected."""
+    raw = (end or {}).get("unseen")
+    if not isinstance(raw, dict):
+        return {}
+    return {str(probe): n for probe, n in raw.items() if isinstance(n, int) and n > 0}
 
 
 def _ranks(model: TraceModel) -> dict[str, Any]:

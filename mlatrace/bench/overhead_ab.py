@@ -12,6 +12,10 @@ speed drifts between runs moves both halves alike. Prints one JSON line: median 
 time (CUDA events) and wall time (host clock over each block, synchronised at its ends)
 per step, each half, and the main thread's CPU time per step.
 
+`--passthrough GLOB,...` passes through only the probes whose names match (fnmatch, e.g.
+`triton_launch.*` or `reference.forward_mqa`) in the off half, the others staying at work
+in both: what those probes alone cost per step.
+
 `--host-only` replaces the device work (the torch stage bodies and projections) by
 no-ops, so that what is left is the step's Python, where the probes' share shows on a
 CPU box.
@@ -20,6 +24,7 @@ CPU box.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import statistics
 import time
@@ -39,6 +44,9 @@ def main() -> int:
     parser.add_argument("--block", type=int, default=10)
     parser.add_argument("--ctx", default="16384")
     parser.add_argument("--host-only", action="store_true")
+    parser.add_argument("--passthrough", default="",
+                        help="comma-separated globs of probe names passed through in the off "
+                             "half (default: every probe)")
     options = parser.parse_args()
     if options.host_only:
         from mlatrace.reference import engine as reference_engine
@@ -66,12 +74,17 @@ def main() -> int:
     for step in range(20):
         runner.execute_model(hidden[step], lens[step])
     cuda = device.type == "cuda"
+    chosen = _chosen_runtimes(options.passthrough)
     halves: dict[bool, dict[str, list[float]]] = {
         active: {"gpu": [], "wall": [], "cpu": []} for active in (True, False)}
     step = 20
     for block in range(options.blocks):
         active = block % 2 == 0
-        engine.STATE.active = active
+        if chosen is None:
+            engine.STATE.active = active
+        else:
+            for runtime, disabled in chosen:
+                runtime.disabled = disabled or not active
         if cuda:
             torch.cuda.synchronize(device)
             events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
@@ -91,7 +104,11 @@ def main() -> int:
         if cuda:
             halves[active]["gpu"] += [a.elapsed_time(b) * 1e3 for a, b in events]
     engine.STATE.active = True
+    for runtime, disabled in chosen or ():
+        runtime.disabled = disabled
     result = {"bench": "overhead_ab", "graph": options.graph, "policy": policy,
+              "passthrough": [runtime.spec.qualname for runtime, _ in chosen]
+              if chosen is not None else "all",
               "device": device.type, "block": options.block, "blocks": options.blocks}
     for label, active in (("active", True), ("passthrough", False)):
         for clock in ("gpu", "wall", "cpu"):
@@ -102,6 +119,23 @@ def main() -> int:
             result[f"ratio_{clock}"] = result[f"active_{clock}_us"] / result[f"passthrough_{clock}_us"]
     print(json.dumps(result))
     return 0
+
+
+def _chosen_runtimes(globs: str) -> list[tuple[engine.ProbeRuntime, bool]] | None:
+    """The probes --passthrough names, each with its own disabled flag (None: every probe)."""
+    patterns = [glob.strip() for glob in globs.split(",") if glob.strip()]
+    if not patterns:
+        return None
+    from mlatrace import probe
+
+    installed = probe.installed()
+    runtimes = installed.runtimes if installed is not None else []
+    chosen = [(runtime, runtime.disabled) for runtime in runtimes
+              if any(fnmatch.fnmatchcase(runtime.spec.qualname, glob) for glob in patterns)]
+    if not chosen:
+        raise SystemExit(f"mlatrace.bench.overhead_ab: --passthrough {globs!r} names no "
+                         "installed probe")
+    return chosen
 
 
 if __name__ == "__main__":

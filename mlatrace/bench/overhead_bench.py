@@ -57,10 +57,15 @@ def serve_bench_command(serve_args: tuple[str, ...], steps: int) -> list[str]:
             "--steps", str(steps)]
 
 
-def run_once(command: list[str], trace_dir: Path | None, sample: int | None = None) -> dict:
+def trace_options(sample: int | None, step_aside: str | None) -> tuple[str, ...]:
+    """The `mlatrace run` options of the traced runs (None: mlatrace's default)."""
+    return (*(("--sample", str(sample)) if sample is not None else ()),
+            *(("--step-aside", step_aside) if step_aside is not None else ()))
+
+
+def run_once(command: list[str], trace_dir: Path | None, options: tuple[str, ...] = ()) -> dict:
     """One serve run (traced under `mlatrace run` when trace_dir is given); its JSON line."""
     if trace_dir is not None:
-        options = [] if sample is None else ["--sample", str(sample)]
         command = [sys.executable, "-m", "mlatrace", "run", "--out", str(trace_dir), *options,
                    "--", *command]
     result = subprocess.run(command, capture_output=True, text=True)
@@ -93,7 +98,7 @@ def mode_command(mode: str, on_cuda: bool, steps: int) -> list[str]:
     return serve_bench_command((*base, "--graph", mode, "--policy", POLICY[mode]), steps)
 
 
-def bench_mode(mode: str, on_cuda: bool, steps: int, rounds: int, sample: int | None,
+def bench_mode(mode: str, on_cuda: bool, steps: int, rounds: int, options: tuple[str, ...],
                tmp: Path) -> dict:
     """Alternate untraced and traced runs of one mode; medians, ratios, records per step."""
     command = mode_command(mode, on_cuda, steps)
@@ -103,7 +108,7 @@ def bench_mode(mode: str, on_cuda: bool, steps: int, rounds: int, sample: int | 
     for round_index in range(rounds):
         untraced.append(run_once(command, None))
         trace_dir = tmp / f"{mode}-traced-{round_index}"
-        traced.append(run_once(command, trace_dir, sample))
+        traced.append(run_once(command, trace_dir, options))
         for kind, n in count_records(trace_dir).items():
             records[kind] = records.get(kind, 0) + n
     warmup = int(command[command.index("--warmup") + 1])
@@ -120,11 +125,11 @@ def bench_mode(mode: str, on_cuda: bool, steps: int, rounds: int, sample: int | 
     return row
 
 
-def in_process_mode(mode: str, on_cuda: bool, host_only: bool, sample: int | None,
+def in_process_mode(mode: str, on_cuda: bool, host_only: bool, options: tuple[str, ...],
                     tmp: Path) -> dict:
     """One traced run of overhead_ab for `mode`: its JSON line (RuntimeError if it failed)."""
     command = [sys.executable, "-m", "mlatrace", "run", "--out", str(tmp / f"{mode}-ab"),
-               *(["--sample", str(sample)] if sample is not None else []), "--",
+               *options, "--",
                sys.executable, "-m", "mlatrace.bench.overhead_ab", "--graph", mode,
                "--policy", POLICY[mode], "--device", "cuda" if on_cuda else "cpu",
                *([] if on_cuda else ["--ctx", "512"]), *(["--host-only"] if host_only else [])]
@@ -136,14 +141,14 @@ def in_process_mode(mode: str, on_cuda: bool, host_only: bool, sample: int | Non
     return json.loads(lines[-1])
 
 
-def main_in_process(modes: list[str], on_cuda: bool, host_only: bool, sample: int | None,
-                    json_out: str | None) -> int:
+def main_in_process(modes: list[str], on_cuda: bool, host_only: bool,
+                    options: tuple[str, ...], json_out: str | None) -> int:
     """`bench overhead --in-process`: probes at work vs passed through, one process a mode."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="mlatrace-bench-overhead-") as tmp:
         try:
             for mode in modes:
-                rows.append(in_process_mode(mode, on_cuda, host_only, sample, Path(tmp)))
+                rows.append(in_process_mode(mode, on_cuda, host_only, options, Path(tmp)))
         except (RuntimeError, subprocess.TimeoutExpired) as error:
             print(f"bench overhead: a run failed: {error}", file=sys.stderr)
             return 2
@@ -161,7 +166,8 @@ def main_in_process(modes: list[str], on_cuda: bool, host_only: bool, sample: in
     if json_out:
         Path(json_out).write_text(json.dumps({"bench": "overhead --in-process",
                                               "device": "cuda" if on_cuda else "cpu",
-                                              "host_only": host_only, "modes": rows},
+                                              "host_only": host_only,
+                                              "options": list(options), "modes": rows},
                                              indent=1) + "\n")
         print(f"wrote {json_out}")
     return 0
@@ -169,7 +175,7 @@ def main_in_process(modes: list[str], on_cuda: bool, host_only: bool, sample: in
 
 def main(steps: int = 300, graphs: str = "full", rounds: int = ROUNDS,
          sample: int | None = None, json_out: str | None = None, in_process: bool = False,
-         host_only: bool = False) -> int:
+         host_only: bool = False, step_aside: str | None = None) -> int:
     modes = [m.strip() for m in graphs.split(",") if m.strip()]
     unknown = [m for m in modes if m not in GOALS]
     if unknown or not modes:
@@ -177,8 +183,9 @@ def main(steps: int = 300, graphs: str = "full", rounds: int = ROUNDS,
               f"not {graphs!r}", file=sys.stderr)
         return 2
     on_cuda = cuda_available()
+    options = trace_options(sample, step_aside)
     if in_process:
-        return main_in_process(modes, on_cuda, host_only, sample, json_out)
+        return main_in_process(modes, on_cuda, host_only, options, json_out)
     if host_only:
         print("bench overhead: --host-only goes with --in-process", file=sys.stderr)
         return 2
@@ -188,7 +195,7 @@ def main(steps: int = 300, graphs: str = "full", rounds: int = ROUNDS,
     with tempfile.TemporaryDirectory(prefix="mlatrace-bench-overhead-") as tmp:
         try:
             for mode in modes:
-                rows.append(bench_mode(mode, on_cuda, steps, rounds, sample, Path(tmp)))
+                rows.append(bench_mode(mode, on_cuda, steps, rounds, options, Path(tmp)))
         except RuntimeError as error:
             print(f"bench overhead: a run failed: {error}", file=sys.stderr)
             return 2
@@ -199,7 +206,8 @@ def main(steps: int = 300, graphs: str = "full", rounds: int = ROUNDS,
     print(f"serve: batch {first['batch']}, heads {first['heads']}, layers {first['layers']}, "
           f"ctx {first['ctx']}, {steps} timed steps, {rounds} rounds alternating "
           f"untraced/traced; sync debug mode 'error': {'on' if first['sync_debug'] else 'off'}; "
-          f"sampling: {'default' if sample is None else sample}")
+          f"sampling: {'default' if sample is None else sample}, step-aside: "
+          f"{'default' if step_aside is None else step_aside}")
     time_label = "GPU" if on_cuda else "host"
     print(f"{'graph mode':22s} {'untraced step':>14s} {'traced step':>12s} "
           f"{'ratio ' + time_label:>10s} {'ratio wall':>10s} {'records/step':>13s}  goal")
@@ -219,7 +227,7 @@ def main(steps: int = 300, graphs: str = "full", rounds: int = ROUNDS,
             print(f"  warning: {row['graph']}: the traced runs wrote no trace")
     summary = {"bench": "overhead", "device": "cuda" if on_cuda else "cpu",
                "device_name": first["device_name"], "steps": steps, "rounds": rounds,
-               "sample": sample, "modes": rows}
+               "sample": sample, "step_aside": step_aside, "modes": rows}
     if json_out:
         Path(json_out).write_text(json.dumps(summary, indent=1) + "\n")
         print(f"wrote {json_out}")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import mlatrace
 from mlatrace.inject import BOOTSTRAP_DIR
-from mlatrace.record import parse_replay_timing
+from mlatrace.record import parse_replay_timing, parse_step_aside
 from mlatrace.record.redact import allowed_env, redact_argv
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -50,6 +50,7 @@ def child_env(out_dir: Path, run_id: str, *, ranks: str | None, probes: list[str
               replay_sample: int | None, graph_nodes: bool, otlp: str | None,
               launch_sample: int | None = None, sample: int | None = None,
               no_packs: list[str] | None = None, replay_timing: str | None = None,
+              step_aside: str | None = None,
               base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment CMD runs in: bootstrap first on PYTHONPATH plus MLATRACE_* settings."""
     env = dict(os.environ if base is None else base)
@@ -73,6 +74,7 @@ def child_env(out_dir: Path, run_id: str, *, ranks: str | None, probes: list[str
                          "" if launch_sample is None else str(launch_sample)),
                         ("MLATRACE_SAMPLE", "" if sample is None else str(sample)),
                         ("MLATRACE_REPLAY_TIMING", replay_timing or ""),
+                        ("MLATRACE_STEP_ASIDE", step_aside or ""),
                         ("MLATRACE_OTLP", otlp or "")):
         if value:
             env[name] = value
@@ -126,7 +128,8 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
         launch_sample: int | None = None, graph_nodes: bool = True,
         otlp: str | None = None, sample: int | None = None,
         no_packs: list[str] | None = None, replay_timing: str | None = None,
-        watch: bool = False, run_id: str | None = None) -> int:
+        watch: bool = False, run_id: str | None = None,
+        step_aside: str | None = None) -> int:
     """Run `cmd` traced; return its exit code (2 for a usage error, 127 if not found).
 
     With `watch`, CMD's output goes to `cmd.log` in the trace dir and the watch view
@@ -151,6 +154,12 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
             and parse_replay_timing(replay_timing) is None:
         print(f"mlatrace run: --replay-timing wants N:M (first N replays per graph, then 1 in "
               f"M; M >= 1) or off, got {replay_timing!r}", file=sys.stderr)
+        return 2
+    if step_aside is not None and step_aside not in ("0", "off") \
+            and parse_step_aside(step_aside) is None:
+        print(f"mlatrace run: --step-aside wants SETTLE,VERIFY (steady steps before a probe "
+              f"steps aside, SETTLE >= 1; a whole step looked at every VERIFY-th, VERIFY >= "
+              f"2) or 0, got {step_aside!r}", file=sys.stderr)
         return 2
     if run_id is not None and not RUN_ID.fullmatch(run_id):
         print(f"mlatrace run: --run-id wants 1-64 letters, digits, '.', '_' or '-', "
@@ -181,14 +190,15 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
         "env": allowed_env(os.environ),
         "options": {"ranks": ranks, "probes": list(probes or []), "replay_sample": replay_sample,
                     "launch_sample": launch_sample, "sample": sample,
-                    "graph_nodes": graph_nodes, "otlp": otlp, "replay_timing": replay_timing},
+                    "graph_nodes": graph_nodes, "otlp": otlp, "replay_timing": replay_timing,
+                    "step_aside": step_aside},
     }
     run_json = out_dir / "run.json"
     _write_run_json(run_json, info)
     env = child_env(out_dir, run_id, ranks=ranks, probes=list(probes or []),
                     replay_sample=replay_sample, graph_nodes=graph_nodes, otlp=otlp,
                     launch_sample=launch_sample, sample=sample, no_packs=no_packs,
-                    replay_timing=replay_timing)
+                    replay_timing=replay_timing, step_aside=step_aside)
     output = None
     if watch:
         from mlatrace.watch import LOG_NAME

@@ -18,7 +18,7 @@ import os
 import threading
 from pathlib import Path
 
-from mlatrace.probe import graphs
+from mlatrace.probe import graphs, sampling
 from mlatrace.probe.engine import Engine
 from mlatrace.probe.packs import Pack, PackError, discover, load_applicable, load_pack
 
@@ -54,6 +54,7 @@ def install(packs: list[Pack | str | Path], failed: dict[str, str] | None = None
 
         record.set_probes([p.name for p in loaded])
         record.set_end_info("coverage", engine.coverage)
+        record.set_end_info("unseen", sampling.unseen_counts)
     except Exception:
         pass
     _reset_counts_in_forked_children()
@@ -117,6 +118,8 @@ def uninstall() -> None:
             from mlatrace import record
 
             record.set_end_info("coverage", lambda snapshot=engine.coverage(): snapshot,
+                                once=True)
+            record.set_end_info("unseen", lambda snapshot=sampling.forget_asides(): snapshot,
                                 once=True)
         except Exception:
             pass

@@ -263,8 +263,12 @@ def _recording(runtime: ProbeRuntime, info: TargetInfo, add: Callable[[str, dict
     kind = spec.kind
     limit = sampling.limit()
     entries = getattr(spec.extract, "entries", None)
+    step = graphs.STEP
+    marks_step = kind in graphs.STEP_KINDS
     if not limit or entries is None:
         def note_all(fields: dict) -> None:
+            if marks_step:
+                step.value += 1
             add(kind, fields)
 
         return note_all
@@ -282,6 +286,8 @@ def _recording(runtime: ProbeRuntime, info: TargetInfo, add: Callable[[str, dict
     target = info.target
 
     def note(fields: dict) -> None:
+        if marks_step:
+            step.value += 1
         if fields.get("capturing") if trusted else capturing():
             add(kind, fields)     # what a graph freezes: always recorded
             return
@@ -319,6 +325,10 @@ def _keyed_recording(runtime: ProbeRuntime, info: TargetInfo, add: Callable[[str
     is kept. Records and runs are the same as _recording's; a sampled-away call costs
     the key, not the extraction. None where this does not apply (sampling off, fields
     not generated): _recording's path is used.
+
+    The key of every eager call also goes to the target's step-aside
+    (sampling.StepAside, ``record_call.aside``), which the wrappers read first; a
+    step-marking probe advances the step on each call instead.
     """
     spec = runtime.spec
     kind = spec.kind
@@ -350,9 +360,15 @@ def _keyed_recording(runtime: ProbeRuntime, info: TargetInfo, add: Callable[[str
     counted_from = limit + 1            # beyond this place in a run a call is only counted
     max_layers = sampling.MAX_LAYERS
     no_layer = sampling.NO_LAYER
+    aside = sampling.step_aside_for(spec.qualname, kind)
+    seen = aside.seen
+    step = graphs.STEP
+    marks_step = kind in graphs.STEP_KINDS
 
     def record_call(instance: Any, args: tuple, kwargs: dict, result: Any,
                     build: Callable[..., dict], cap: Any = None) -> None:
+        if marks_step:
+            step.value += 1
         if cap is None:
             stack = threads.stack
             cap = bool(stack) and stack[-1] is not None
@@ -360,6 +376,7 @@ def _keyed_recording(runtime: ProbeRuntime, info: TargetInfo, add: Callable[[str
             add(kind, build(instance, args, kwargs, result))   # what a graph freezes
             return
         layer, key = key_of(instance, args, kwargs, result)
+        seen(key)
         state = local.run
         if state is None:
             state = local.run = run_state()
@@ -382,6 +399,7 @@ def _keyed_recording(runtime: ProbeRuntime, info: TargetInfo, add: Callable[[str
             fields["repeat"] = n
             add(kind, fields)
 
+    record_call.aside = aside           # type: ignore[attr-defined]
     return record_call
 
 
@@ -470,7 +488,13 @@ def _make_function(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
         return _like(handler_probe, original)
 
     if when == "call" and keyed is not None:
+        aside = keyed.aside
+        step = graphs.STEP
+
         def keyed_call_probe(*args: Any, **kwargs: Any) -> Any:
+            if aside.asleep == step.value:      # stepped aside for the rest of this step
+                aside.unseen += 1
+                return original(*args, **kwargs)
             if runtime.disabled or not state.active or local.inside:
                 return original(*args, **kwargs)
             runtime.hits += 1
@@ -522,8 +546,13 @@ def _make_function(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
         return _like(call_probe, original)
 
     around = _recorder_around(runtime, info, extract, note, 1 if method else 0, add, keyed)
+    aside = getattr(around, "aside", None) or sampling.Awake()
+    step = graphs.STEP
 
     def return_probe(*args: Any, **kwargs: Any) -> Any:
+        if aside.asleep == step.value:          # stepped aside for the rest of this step
+            aside.unseen += 1
+            return original(*args, **kwargs)
         if runtime.disabled or not state.active or local.inside:
             return original(*args, **kwargs)
         runtime.hits += 1
@@ -573,7 +602,9 @@ def _recorder_around(runtime: ProbeRuntime, info: TargetInfo, extract: Callable[
         keyed = (_keyed_recording(runtime, info, add, offset, skip_late=("capturing", "gid"))
                  if late is not extract else None)
     if keyed is not None:
-        return _keyed_around(runtime, target, late, keyed, both, capturing, current_gid)
+        around_keyed = _keyed_around(runtime, target, late, keyed, both, capturing, current_gid)
+        around_keyed.aside = keyed.aside        # type: ignore[attr-defined]
+        return around_keyed
     if note is None:
         note = _recording(runtime, info, add)
 
@@ -682,8 +713,14 @@ def _make_wrapper(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
 
     local = runtime.local
 
+    step = graphs.STEP
     if when == "call":
+        aside = keyed.aside if keyed is not None else sampling.Awake()
+
         def call_wrapper(wrapped, instance, args, kwargs):
+            if aside.asleep == step.value:      # stepped aside for the rest of this step
+                aside.unseen += 1
+                return wrapped(*args, **kwargs)
             if runtime.disabled or not state.active or local.inside:
                 return wrapped(*args, **kwargs)
             runtime.hits += 1
@@ -703,8 +740,12 @@ def _make_wrapper(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
         return call_wrapper
 
     around = _recorder_around(runtime, info, extract, note, 0, add, keyed)
+    aside_after = getattr(around, "aside", None) or sampling.Awake()
 
     def return_wrapper(wrapped, instance, args, kwargs):
+        if aside_after.asleep == step.value:    # stepped aside for the rest of this step
+            aside_after.unseen += 1
+            return wrapped(*args, **kwargs)
         if runtime.disabled or not state.active or local.inside:
             return wrapped(*args, **kwargs)
         runtime.hits += 1

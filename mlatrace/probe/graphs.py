@@ -38,6 +38,24 @@ class _Epoch:
 EPOCH = _Epoch()
 
 
+class _Step:
+    """Counts the steps of the traced program: a step-marking probe's call (a forward's
+    attention metadata, the runner's dispatch) and every capture begin advance it.
+    Probes that step aside in steady steps (sampling.StepAside) sleep until it moves."""
+
+    value = 0
+
+
+STEP = _Step()
+# Record kinds whose calls begin a step (once per forward pass in every backend).
+STEP_KINDS = frozenset(("attn.metadata", "dispatch"))
+
+
+def next_step() -> None:
+    """A new step begins: probes stepped aside for the last one look again."""
+    STEP.value += 1
+
+
 def next_gid() -> int:
     """A process-unique, small graph id (1, 2, 3, ...)."""
     return next(_gid_counter)
@@ -53,6 +71,7 @@ def _stack() -> list[int]:
 def push_capture(gid: int, src: str | None = None) -> None:
     """Enter a capture on this thread (src: who captures, e.g. torch, vllm)."""
     EPOCH.value += 1
+    STEP.value += 1
     _stack().append(gid)
     if src is not None:
         _sources()[gid] = src

@@ -468,6 +468,9 @@ def _on_host(value: Any) -> bool:
     """True for objects whose values can be read without touching a device."""
     if isinstance(value, (list, tuple, range)):
         return True
+    is_cpu = getattr(value, "is_cpu", None)     # a tensor's own flag: no device object
+    if type(is_cpu) is bool:
+        return is_cpu
     device = getattr(value, "device", None)
     if device is None:
         return hasattr(value, "__array_interface__")
@@ -496,12 +499,24 @@ def _len(value: Any) -> int | None:
     if value is None:
         return None
     try:
+        shape = getattr(value, "shape", None)
+        if type(shape) is not tuple and isinstance(shape, tuple) and shape:
+            return int(shape[0])        # a tensor: its Size (Tensor.__len__ is Python)
         return len(value)
     except Exception:
         return None
 
 
 _SMALL = 256
+
+
+def _small_host_ints(value: Any) -> list | None:
+    """A 1-D host tensor of at most _SMALL ints as a list (one copy), else None."""
+    shape = getattr(value, "shape", None)
+    if not isinstance(shape, tuple) or len(shape) != 1 or shape[0] > _SMALL:
+        return None
+    items = value.tolist()
+    return items if all(type(item) is int for item in items) else None
 
 
 def _reduce(name: str) -> Callable[[Any], Any]:
@@ -513,19 +528,37 @@ def _reduce(name: str) -> Callable[[Any], Any]:
         try:
             if isinstance(value, (list, tuple, range)):
                 return builtin(value) if len(value) else None
-            if len(value) == 0:
+            # A few host values (sequence lengths per request): one copy to a list
+            # costs a fraction of a tensor reduction and its .item().
+            items = _small_host_ints(value)
+            if items is not None:
+                return builtin(items) if items else None
+            if _len(value) == 0:
                 return None
-            if getattr(value, "ndim", 0) == 1 and len(value) <= _SMALL:
-                # A few host values (sequence lengths per request): one copy to a list
-                # costs a fraction of a tensor reduction and its .item().
-                items = value.tolist()
-                if all(type(item) is int for item in items):
-                    return builtin(items)
             return plain(getattr(value, name)())
         except Exception:
             return None
 
     return apply
+
+
+def _host_values_key(value: Any) -> Any:
+    """What min/max/sum/len of a host sequence depend on, read once for a probe's key:
+    its values (a tuple), else (the value's type, min, max, sum, len) as the fields read
+    them. Equal keys give equal reductions."""
+    if type(value) is tuple or type(value) is range:
+        return value
+    if type(value) is list:
+        return tuple(value)
+    try:
+        if value is not None and _on_host(value):
+            items = _small_host_ints(value)
+            if items is not None:
+                return tuple(items)
+    except Exception:
+        pass
+    return (type(value), _FUNC_IMPL["min"](value), _FUNC_IMPL["max"](value),
+            _FUNC_IMPL["sum"](value), _len(value))
 
 
 def _dtype(value: Any) -> str | None:
@@ -807,8 +840,10 @@ class _Generator:
         self.ns: dict[str, Any] = {"_CAUGHT": _CAUGHT, "_S": _SCALAR_TYPES, "_plain": plain,
                                    "_ptr": _ptr, "_dtype": _dtype, "_len": _len,
                                    "_shape": _shape_plain, "_rshape": _raw_shape,
-                                   "_rdtype": _raw_dtype, "_rkey": _raw_key, "_NL": NO_LAYER}
+                                   "_rdtype": _raw_dtype, "_rkey": _raw_key, "_NL": NO_LAYER,
+                                   "_hkey": _host_values_key}
         self.lines: list[str] = []
+        self.reduced: set[str] = set()      # paths whose values a key holds (key_leaf)
         self.roots: dict[str, str] = {}
         self.paths: dict[str, str] = {}
         self.uses_nargs = False
@@ -907,7 +942,8 @@ class _Generator:
         return "{" + ", ".join(items) + "}"
 
     def key_leaf(self, node: Node) -> str | None:
-        """The comparison value of one field (None: a literal, nothing to compare)."""
+        """The comparison value of one field (None: a literal, nothing to compare, or
+        a reduction of a path whose values the key already holds)."""
         tag = node[0]
         if tag == "const":
             return None
@@ -916,6 +952,14 @@ class _Generator:
                 return f"_rshape({self.path(node[2])})"
             if node[1] == "dtype":
                 return f"_rdtype({self.path(node[2])})"
+            if node[1] in ("min", "max", "sum", "len"):
+                # min, max, sum and len of one path (a request's lengths): its values,
+                # read once, are the key of all four.
+                var = self.path(node[2])
+                if var in self.reduced:
+                    return None
+                self.reduced.add(var)
+                return f"_hkey({var})"
         if tag == "path":
             var = self.path(node)
             return f"({var} if type({var}) in _S else _rkey({var}))"

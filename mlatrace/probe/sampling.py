@@ -11,6 +11,24 @@ begins on any thread (`graphs.EPOCH`), or when the process ends. Records made wh
 capturing are never sampled. `process.end` counts every kind exactly (record.counts).
 
 N is MLATRACE_SAMPLE (default 1, `mlatrace run --sample N`); 0 keeps every record.
+
+Stepping aside (StepAside): even a call that is only counted runs its wrapper and its
+key, a few microseconds on a busy host, and an eager decode step makes a hundred such
+calls (every layer's attention call, split choice and kernel launches). So a probe
+whose steps have become steady looks at the first call of each step only, and passes
+the rest of that step straight through, uninspected. A step begins with a step-marking
+call (`graphs.STEP_KINDS`: a forward's attention metadata, the runner's dispatch) or
+a capture begin. A probe's step is steady when the calls after its first repeat the
+previous step's (each compared with the step's first call: the layers of one step
+make the same call, whatever hint advanced since the last step; a sequence of graph
+replays repeats its graph ids). After SETTLE steady steps in a row the probe steps
+aside; every VERIFY-th step it looks at the whole step again, and any difference
+keeps it looking until it has been steady for SETTLE steps again. So a change that
+lasts a step is seen at once if it touches the step's first call, and within VERIFY
+steps otherwise; captured calls are always seen (a capture begin moves the step);
+the calls not inspected are counted per probe (`process.end` `unseen`). Without
+step-marking calls nothing steps aside. MLATRACE_STEP_ASIDE="SETTLE,VERIFY" (default
+"8,64", `mlatrace run --step-aside`); 0 turns it off.
 """
 
 from __future__ import annotations
@@ -116,6 +134,109 @@ class Sampler:
         record.emit_fields("sample.run", fields)
 
 
+SAME = object()       # in a step's trail: this call equals the step's first
+MAX_TRAIL = 4096      # a step longer than this is never judged steady (no steps marked?)
+NEVER = -1            # StepAside.asleep of a probe that never steps aside
+_asides: list[StepAside] = []
+
+
+class StepAside:
+    """Whether one probe target looks at the rest of the current step (module doc).
+
+    Wrappers read ``asleep`` first: while it equals ``graphs.STEP.value`` the call is
+    passed straight through and counted in ``unseen``; else the call is inspected and,
+    when eager, handed to ``seen(key)``.
+    """
+
+    __slots__ = ("probe", "settle", "verify", "asleep", "unseen", "step", "first",
+                 "trail", "last_trail", "steady", "countdown")
+
+    def __init__(self, probe: str, settle: int, verify: int) -> None:
+        self.probe = probe
+        self.settle = settle
+        self.verify = verify
+        self.asleep = NEVER       # the step whose remaining calls pass uninspected
+        self.unseen = 0
+        self.step = NEVER         # the step of the last inspected call
+        self.first: Any = None    # that step's first key
+        self.trail: list | None = None   # its later keys (SAME: equal to the first)
+        self.last_trail: list | None = None
+        self.steady = 0           # steady steps in a row
+        self.countdown = verify   # steps until the next whole step is looked at
+        with _lock:
+            _asides.append(self)
+
+    def seen(self, key: Any) -> None:
+        """An inspected eager call with this key: sleep for the rest of its step?"""
+        step = graphs.STEP.value
+        trail = self.trail
+        if step == self.step:
+            if trail is not None:
+                if len(trail) < MAX_TRAIL:
+                    trail.append(SAME if key == self.first else key)
+                else:
+                    self.trail = self.last_trail = None
+                    self.steady = 0
+            return
+        if trail is not None:     # the whole last step was looked at: judge it
+            if trail == self.last_trail:
+                self.steady += 1
+            else:
+                self.steady = 0
+                self.last_trail = trail
+        self.step = step
+        self.first = key
+        self.countdown -= 1
+        if self.steady >= self.settle and self.countdown > 0:
+            self.asleep = step
+            self.trail = None
+        else:
+            if self.countdown <= 0:
+                self.countdown = self.verify
+            self.trail = []
+
+
+class Awake:
+    """The StepAside of a probe that never steps aside (no settings, or not eligible)."""
+
+    __slots__ = ("asleep", "unseen")
+
+    def __init__(self) -> None:
+        self.asleep = NEVER
+        self.unseen = 0
+
+    def seen(self, key: Any) -> None:
+        pass
+
+
+def step_aside_for(probe: str, kind: str | None = None) -> StepAside | Awake:
+    """The StepAside of one probe target, per MLATRACE_STEP_ASIDE; Awake when off or
+    when the probe marks steps itself (it must see every call to advance them)."""
+    config = record.settings().get("step_aside")
+    if not config or kind in graphs.STEP_KINDS:
+        return Awake()
+    return StepAside(probe, *config)
+
+
+def unseen_counts() -> dict[str, int]:
+    """Calls not inspected per probe, summed over its targets (for process.end)."""
+    with _lock:
+        asides = list(_asides)
+    counts: dict[str, int] = {}
+    for aside in asides:
+        if aside.unseen:
+            counts[aside.probe] = counts.get(aside.probe, 0) + aside.unseen
+    return dict(sorted(counts.items()))
+
+
+def forget_asides() -> dict[str, int]:
+    """Drop every StepAside (the probes are uninstalled); their unseen counts, returned."""
+    counts = unseen_counts()
+    with _lock:
+        _asides.clear()
+    return counts
+
+
 def close_all() -> None:
     """End every open run and hand the counts of what was left out to the recorder
     (the process ends, or the probes are uninstalled)."""
@@ -145,6 +266,8 @@ def _forget_in_forked_child() -> None:
             state.last = None
         sampler.open.clear()
         sampler.sampled = 0
+    for aside in _asides:
+        aside.unseen = 0
 
 
 os.register_at_fork(after_in_child=_forget_in_forked_child)

@@ -224,10 +224,19 @@ class TritonRun(Handler):
             if sample else None
         if sampler is not None:
             runtime.samplers.append(sampler)
+        # Launches step aside in steady steps like probed calls (sampling.StepAside),
+        # unless every launch is wanted (no sampling) or the launch hook relies on run.
+        aside = sampling.step_aside_for(runtime.spec.qualname, "kernel.launch") \
+            if sampler is not None and not flag else sampling.Awake()
+        seen = aside.seen
+        step = graphs.STEP
 
         def run(self: Any, *args: Any, **kwargs: Any) -> Any:
             # grid and warmup stay in kwargs (keyword-only in Triton's run): the launch's
             # arguments are passed on as they came, not packed into a new dict.
+            if aside.asleep == step.value:      # stepped aside for the rest of this step
+                aside.unseen += 1
+                return original(self, *args, **kwargs)
             if kwargs.get("warmup") or runtime.disabled or not STATE.active:
                 return original(self, *args, **kwargs)
             try:
@@ -250,9 +259,9 @@ class TritonRun(Handler):
                         # Eager: the first `sample` identical launches in a row (grid and
                         # constexprs, compared raw), then a sample.run with the run's
                         # exact length; the record is built only when it is kept.
-                        repeat = sampler.keep(_run_of(meta), launch_key(meta, args, kwargs,
-                                                                        grid),
-                                              name=meta.name)
+                        key = launch_key(meta, args, kwargs, grid)
+                        seen((meta, key))
+                        repeat = sampler.keep(_run_of(meta), key, name=meta.name)
                         if repeat:
                             grid3, const = launch_fields(meta, args, kwargs, grid)
                             emit("kernel.launch", name=meta.name, grid=grid3,

@@ -43,6 +43,7 @@ CHUNK_RECORDS = 1024
 BACKPRESSURE_S = 0.25
 DEFAULT_LAUNCH_SAMPLE = 8
 DEFAULT_SAMPLE = 1
+DEFAULT_STEP_ASIDE = (8, 64)
 DEFAULT_REPLAY_TIMING = (8, 64)   # time the first 8 replays of each graph, then 1 in 64
 CLOSE_TIMEOUT_S = 2.0
 
@@ -78,7 +79,21 @@ def settings(environ: dict[str, str] | os._Environ | None = None) -> dict[str, A
         "probes": [p for p in (env.get("MLATRACE_PROBES") or "").split(os.pathsep) if p],
         "otlp": env.get("MLATRACE_OTLP") or None,
         "disabled": env.get("MLATRACE_DISABLE", "0") not in ("", "0"),
+        # probes that look at only the first call of each steady step (sampling.StepAside):
+        # (settle, verify) steps; None = off ("0")
+        "step_aside": parse_step_aside(env.get("MLATRACE_STEP_ASIDE")),
     }
+
+
+def parse_step_aside(text: str | None) -> tuple[int, int] | None:
+    """MLATRACE_STEP_ASIDE "SETTLE,VERIFY" -> (SETTLE, VERIFY); unset -> the default;
+    "0", "off" or anything else -> None (every call inspected)."""
+    if text is None or text == "":
+        return DEFAULT_STEP_ASIDE
+    settle, _, verify = text.partition(",")
+    if not (settle.isdigit() and verify.isdigit()) or int(settle) < 1 or int(verify) < 2:
+        return None
+    return int(settle), int(verify)
 
 
 def parse_replay_timing(text: str | None) -> tuple[int, int] | None:
@@ -343,6 +358,13 @@ class Recorder:
     def count_sampled(self, kind: str, n: int = 1) -> None:
         """Records of `kind` that sampling left out (exact counts for process.end)."""
         self.sampled_kinds[kind] += n
+
+    def count_replay(self, gid: int) -> None:
+        """A replay of `gid` that writes no record (its probe stepped aside): counted
+        exactly per gid and in the sampled graph.replay records."""
+        self.replays[gid] = self.replays.get(gid, 0) + 1
+        self.sampled_out += 1
+        self.sampled_kinds["graph.replay"] += 1
 
     def add_replay(self, gid: int, fields: dict) -> None:
         """Queue a graph.replay, counting replays per gid exactly and sampling the records."""

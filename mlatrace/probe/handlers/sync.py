@@ -41,7 +41,7 @@ class DeviceSync(Handler):
     torch.cuda.synchronize. Recorded as `sync` (op, capturing, gid, where) for MLT004.
 
     The replacement is a plain function with one cheap test in front of the original: a
-    CPU tensor's .item() (vLLM calls many) costs a `.is_cuda` read; while torch.compile
+    CPU tensor's .item() (vLLM calls many) costs a `.is_cuda` read, tested first; while torch.compile
     traces, nothing is recorded, so the traced graph sees only the original call.
     """
 
@@ -71,8 +71,8 @@ class DeviceSync(Handler):
 
         if isinstance(info.owner, type):
             def tensor_method(self: Any, *args: Any, **kwargs: Any) -> Any:
-                if STATE.active and not runtime.disabled and not is_compiling() \
-                        and self.is_cuda:
+                if self.is_cuda and STATE.active and not runtime.disabled \
+                        and not is_compiling():
                     note()
                 return original(self, *args, **kwargs)
 

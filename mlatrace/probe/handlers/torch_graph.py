@@ -9,7 +9,7 @@ import warnings
 from typing import Any
 
 from mlatrace import record
-from mlatrace.probe import graphs, replay_timing
+from mlatrace.probe import graphs, replay_timing, sampling
 from mlatrace.probe.handlers import (
     GID_ATTR,
     T0_ATTR,
@@ -124,6 +124,9 @@ class GraphReplay(Handler):
         self.clock = str(self.options.get("timing", "cuda"))
         self.timer: Any = None
         self.timer_known = False
+        # A step that replays many graphs (piecewise, breakable) steps aside like
+        # probed calls do (sampling.StepAside): its later replays are only counted.
+        self.aside = sampling.step_aside_for(spec.qualname, "graph.replay")
 
     def before(self, view: Any, info: Any) -> Any:
         return self._start(view.instance)
@@ -136,6 +139,12 @@ class GraphReplay(Handler):
         engine's handler wrapper does, without a CallView per replay (the engine uses
         it for method targets)."""
         graph = args[0] if args else None
+        if self.aside.asleep == graphs.STEP.value:
+            gid = getattr(graph, GID_ATTR, None)
+            recorder = record.current()
+            if gid is not None and recorder is not None:
+                recorder.count_replay(gid)      # exact counts, no record
+                return call(*args, **kwargs)
         try:
             token = self._start(graph)
         except Exception as exc:
@@ -198,6 +207,8 @@ class GraphReplay(Handler):
             except Exception as exc:
                 self._stop_timing(exc)
         record.emit_replay(gid)
+        if not graphs.capturing():
+            self.aside.seen(gid)
 
     def _guard(self, fn: Any, *args: Any) -> Any:
         try:

@@ -171,6 +171,7 @@ class Dispatch(Handler):
     """The runner's dispatch decision: (mode, batch descriptor) or a descriptor with cg_mode."""
 
     def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
+        graphs.next_step()        # a dispatch begins a forward: a step (sampling.StepAside)
         if error is not None:
             return
         fields = self.fields(view)
