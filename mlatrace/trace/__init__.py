@@ -84,6 +84,9 @@ class ProcessFile:
     _header_line_ok: bool = field(default=False, repr=False)
     _header_problem: bool = field(default=False, repr=False)
     _last_seq: int | None = field(default=None, repr=False)
+    # the number of the last line handed to the checks (`checked_chunk`) so far: where
+    # the next piece of the file begins
+    lines_checked: int = field(default=0, repr=False)
 
     @property
     def name(self) -> str:
@@ -162,7 +165,7 @@ class ProcessFile:
     def record_chunks(self) -> Iterator[list[dict[str, Any]]]:
         """The readable records in file order, as lists of the records of a few hundred
         lines each (`checked_chunks`); the file is read a piece at a time, never whole."""
-        self.gaps = self.dropped = self.records_read = 0
+        self.gaps = self.dropped = self.records_read = self.lines_checked = 0
         self._last_seq = None
         try:
             f = self.path.open("rb")
@@ -170,28 +173,30 @@ class ProcessFile:
             self._problem(0, f"cannot read: {exc.strerror or exc}")
             return
         with f:
-            first, held = 1, b""
+            held = b""
             while data := f.read(READ_BYTES):
                 if held:
                     data = held + data
                 cut = data.rfind(b"\n") + 1
                 held = data[cut:]
                 if cut:
-                    yield from self.checked_chunks(data[:cut] if held else data, first)
-                    first += data.count(b"\n", 0, cut)
+                    yield from self.checked_chunks(data, end=cut)
             if held:  # the last line has no newline (a truncated write, or just unended)
-                yield self.checked_chunk(held, first)
+                yield self.checked_chunk(held, self.lines_checked + 1)
 
-    def checked_chunks(self, data: bytes, first: int = 1) -> Iterator[list[dict[str, Any]]]:
-        """`checked_chunk` over `data` cut (at newlines) into pieces of about DECODE_BYTES."""
-        start, size = 0, len(data)
+    def checked_chunks(self, data: bytes, start: int = 0,
+                       end: int | None = None) -> Iterator[list[dict[str, Any]]]:
+        """`checked_chunk` over `data[start:end]` (whole lines, the first of them the line
+        after `lines_checked`) cut at newlines into pieces of about DECODE_BYTES; the
+        pieces are cut as they are consumed, so `data` is never copied whole."""
+        size = len(data) if end is None else end
         while start < size:
-            end = data.rfind(b"\n", start, start + DECODE_BYTES) + 1
-            if end <= start:  # one line longer than a piece, or the unended last line
-                end = data.find(b"\n", start + DECODE_BYTES) + 1 or size
-            yield self.checked_chunk(data[start:end] if start or end < size else data, first)
-            first += data.count(b"\n", start, end)
-            start = end
+            stop = data.rfind(b"\n", start, min(start + DECODE_BYTES, size)) + 1
+            if stop <= start:  # one line longer than a piece, or the unended last line
+                stop = data.find(b"\n", start + DECODE_BYTES, size) + 1 or size
+            piece = data[start:stop] if start or stop < len(data) else data
+            yield self.checked_chunk(piece, self.lines_checked + 1)
+            start = stop
 
     def checked_chunk(self, data: bytes, first: int = 1) -> list[dict[str, Any]]:
         """The records of `data` (whole lines, the first of them line `first`; the last
@@ -206,6 +211,7 @@ class ProcessFile:
         lines = data.split(b"\n")
         if not lines[-1]:
             lines.pop()
+        self.lines_checked = first - 1 + len(lines)
         try:
             records = list(map(_decode_line, lines))
             seqs = list(map(_SEQ, records))
