@@ -36,7 +36,7 @@ from mlatrace.analysis.model import (
 )
 from mlatrace.analysis.parallel import _build_parallel, _default_workers, _pid_groups
 from mlatrace.common import hashable
-from mlatrace.trace import Problem
+from mlatrace.trace import Problem, RecordChunk
 
 MAX_PROBE_ERRORS = 200     # probe.error records kept per process (all are counted in kinds)
 _GPU_ROUNDED_FROM = 1 << GPU_HIST_BITS   # GPU times from here on lose their low bits
@@ -819,13 +819,16 @@ def _feed(builder: _ProcessBuilder, handlers: dict[str, Any], records: Iterable[
     Records come a list at a time (a chunk of the reader): their kinds are counted in C
     and only the records of a kind with a handler reach Python code.
     """
-    if type(records) is not list:
-        records = list(records)
-    try:
-        kinds = list(map(_KIND, records))
-        counts = Counter(kinds)
-    except (TypeError, KeyError):  # not the reader's records (no dict, no k, k unhashable)
-        return _feed_each(builder, handlers, records, problems)
+    if type(records) is RecordChunk:  # the reader read their kinds already
+        kinds, counts = records.kinds, records.counts
+    else:
+        if type(records) is not list:
+            records = list(records)
+        try:
+            kinds = list(map(_KIND, records))
+            counts = Counter(kinds)
+        except (TypeError, KeyError):  # not the reader's records (no dict, no k, unhashable k)
+            return _feed_each(builder, handlers, records, problems)
     builder.proc.kinds.update(counts)
     for handler, rec in compress(zip(map(handlers.get, kinds), records, strict=True),
                                  map(handlers.__contains__, kinds)):
