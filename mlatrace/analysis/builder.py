@@ -32,6 +32,7 @@ from mlatrace.analysis.model import (
     SplitDecision,
     SyncSite,
     TraceModel,
+    Unpickled,
     _int,
 )
 from mlatrace.analysis.parallel import _build_parallel, _default_workers, _pid_groups
@@ -129,7 +130,7 @@ def _infer_role(proc: ProcessModel, pids: set[int | None], captured: bool) -> st
     return role + suffix
 
 
-class _ProcessBuilder:
+class _ProcessBuilder(Unpickled):
     """Streams one process file into the model (per-thread host state, capture stacks)."""
 
     def __init__(self, model: TraceModel, proc_file: Any) -> None:

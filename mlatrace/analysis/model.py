@@ -25,6 +25,17 @@ PREFILL_MARKERS = ("flash_attn_varlen", "prefill", "varlen")
 DECODE_MARKERS = ("paged_attention", "decode", "mla_gluon")
 
 
+class Unpickled:
+    """A class whose instances a worker hands back pickled, and that the parent then keeps
+    updating record by record (`IncrementalBuilder.absorb`): unpickling sets their
+    attributes one by one, as construction does. The default assigns the pickled dict
+    whole, and CPython reads the attributes of such an instance about 20% slower."""
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
+
+
 @dataclass(slots=True)
 class Ref:
     """Where a value was seen: the evidence of a finding points at these."""
@@ -70,7 +81,7 @@ class AttentionStats:
 
 
 @dataclass
-class ProcessModel:
+class ProcessModel(Unpickled):
     file: str
     pid: int | None
     ppid: int | None = None
@@ -298,7 +309,7 @@ class ReplayStats:
 
 
 @dataclass
-class GraphModel:
+class GraphModel(Unpickled):
     pid: int | None
     file: str
     gid: int
