@@ -518,6 +518,39 @@ def test_a_backlog_fed_over_forked_workers_equals_the_report(
         _comparable(report_dict("x", batch))
 
 
+def test_a_feed_worker_that_dies_is_made_up_for(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forked feed worker killed mid-feed hands nothing back: the watch process feeds
+    its records itself, and the result is the report's."""
+    import os
+    import signal
+
+    from mlatrace.analysis import parallel
+    from mlatrace.watch import state
+
+    trace_dir = MULTI_PROCESS_DIRS[0]
+    feed_bucket = parallel._feed_bucket
+    children: list[int] = []
+
+    def dying(index: int) -> tuple[bytes, int]:
+        children.append(os.getpid())
+        os.kill(os.getpid(), signal.SIGKILL)   # in the forked worker
+        return feed_bucket(index)
+
+    monkeypatch.setattr(parallel, "_feed_bucket", dying)
+    monkeypatch.setattr(state, "FEED_PARALLEL_MIN_BYTES", 0)
+    ran: list[int | None] = []
+    feed = parallel.feed_parallel
+    monkeypatch.setattr(parallel, "feed_parallel", lambda *a: ran.append(feed(*a)) or ran[-1])
+    live = LiveRun([trace_dir])
+    while live.poll():
+        pass
+    assert ran and all(n is not None for n in ran)   # the parallel path ran, and fed it all
+    assert children == []                            # the kills happened in the children only
+    batch = analyze(open_trace(trace_dir), live.config)
+    assert _comparable(report_dict("x", live.close())) == _comparable(report_dict("x", batch))
+
+
 def test_watch_coverage_is_the_reports(tmp_path: Path) -> None:
     """The view's coverage line and --json coverage are analysis.coverage's judgement."""
     from rich.console import Console
