@@ -518,6 +518,30 @@ def test_a_backlog_fed_over_forked_workers_equals_the_report(
         _comparable(report_dict("x", batch))
 
 
+def test_bad_lines_fed_over_forked_workers_are_named_as_the_report_names_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Line numbers carry over from a worker's poll to the next (the reader's state comes
+    back with its builders): bad lines late in a file fed by workers are reported at the
+    lines the batch reader names."""
+    from mlatrace.watch import state
+
+    src = mla_decode(tmp_path / "src", policy="legacy", replay_lens=tuple(range(9000, 9300)),
+                     ranks=2)
+    for path in sorted(src.glob("p*.jsonl")):
+        lines = path.read_bytes().split(b"\n")
+        lines[len(lines) // 2] = b'{"k": "graph.replay", "seq": '        # not JSON
+        lines[len(lines) * 3 // 4] = b'{"k": "graph.replay", "t": "x", "seq": 1}'  # bad field
+        path.write_bytes(b"\n".join(lines))
+    monkeypatch.setattr(state, "FEED_PARALLEL_MIN_BYTES", 0)
+    live = LiveRun([src])
+    live.tail.chunk = 4096   # many polls, each fed over a worker
+    while live.poll():
+        pass
+    batch = analyze(open_trace(src), live.config)
+    assert len(batch.problems) == 4
+    assert sorted(map(str, live.close().problems)) == sorted(map(str, batch.problems))
+
+
 def test_a_feed_worker_that_dies_is_made_up_for(tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """A forked feed worker killed mid-feed hands nothing back: the watch process feeds
