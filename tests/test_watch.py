@@ -518,6 +518,63 @@ def test_a_backlog_fed_over_forked_workers_equals_the_report(
         _comparable(report_dict("x", batch))
 
 
+def test_bad_lines_fed_over_forked_workers_are_named_as_the_report_names_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Line numbers carry over from a worker's poll to the next (the reader's state comes
+    back with its builders): bad lines late in a file fed by workers are reported at the
+    lines the batch reader names."""
+    from mlatrace.watch import state
+
+    src = mla_decode(tmp_path / "src", policy="legacy", replay_lens=tuple(range(9000, 9300)),
+                     ranks=2)
+    for path in sorted(src.glob("p*.jsonl")):
+        lines = path.read_bytes().split(b"\n")
+        lines[len(lines) // 2] = b'{"k": "graph.replay", "seq": '        # not JSON
+        lines[len(lines) * 3 // 4] = b'{"k": "graph.replay", "t": "x", "seq": 1}'  # bad field
+        path.write_bytes(b"\n".join(lines))
+    monkeypatch.setattr(state, "FEED_PARALLEL_MIN_BYTES", 0)
+    live = LiveRun([src])
+    live.tail.chunk = 4096   # many polls, each fed over a worker
+    while live.poll():
+        pass
+    batch = analyze(open_trace(src), live.config)
+    assert len(batch.problems) == 4
+    assert sorted(map(str, live.close().problems)) == sorted(map(str, batch.problems))
+
+
+def test_a_feed_worker_that_dies_is_made_up_for(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forked feed worker killed mid-feed hands nothing back: the watch process feeds
+    its records itself, and the result is the report's."""
+    import os
+    import signal
+
+    from mlatrace.analysis import parallel
+    from mlatrace.watch import state
+
+    trace_dir = MULTI_PROCESS_DIRS[0]
+    feed_bucket = parallel._feed_bucket
+    children: list[int] = []
+
+    def dying(index: int) -> tuple[bytes, int]:
+        children.append(os.getpid())
+        os.kill(os.getpid(), signal.SIGKILL)   # in the forked worker
+        return feed_bucket(index)
+
+    monkeypatch.setattr(parallel, "_feed_bucket", dying)
+    monkeypatch.setattr(state, "FEED_PARALLEL_MIN_BYTES", 0)
+    ran: list[int | None] = []
+    feed = parallel.feed_parallel
+    monkeypatch.setattr(parallel, "feed_parallel", lambda *a: ran.append(feed(*a)) or ran[-1])
+    live = LiveRun([trace_dir])
+    while live.poll():
+        pass
+    assert ran and all(n is not None for n in ran)   # the parallel path ran, and fed it all
+    assert children == []                            # the kills happened in the children only
+    batch = analyze(open_trace(trace_dir), live.config)
+    assert _comparable(report_dict("x", live.close())) == _comparable(report_dict("x", batch))
+
+
 def test_watch_coverage_is_the_reports(tmp_path: Path) -> None:
     """The view's coverage line and --json coverage are analysis.coverage's judgement."""
     from rich.console import Console

@@ -32,13 +32,15 @@ from mlatrace.analysis.model import (
     SplitDecision,
     SyncSite,
     TraceModel,
+    Unpickled,
     _int,
 )
 from mlatrace.analysis.parallel import _build_parallel, _default_workers, _pid_groups
 from mlatrace.common import hashable
-from mlatrace.trace import Problem
+from mlatrace.trace import Problem, RecordChunk
 
 MAX_PROBE_ERRORS = 200     # probe.error records kept per process (all are counted in kinds)
+_GPU_ROUNDED_FROM = 1 << GPU_HIST_BITS   # GPU times from here on lose their low bits
 _KIND = itemgetter("k")
 
 
@@ -128,7 +130,7 @@ def _infer_role(proc: ProcessModel, pids: set[int | None], captured: bool) -> st
     return role + suffix
 
 
-class _ProcessBuilder:
+class _ProcessBuilder(Unpickled):
     """Streams one process file into the model (per-thread host state, capture stacks)."""
 
     def __init__(self, model: TraceModel, proc_file: Any) -> None:
@@ -141,12 +143,15 @@ class _ProcessBuilder:
         self.pid = pid
         self.proc = ProcessModel(file=self.file, pid=pid)
         self.stacks: dict[Any, list[int]] = {}
-        self.metadata: dict[Any, dict] = {}  # tid -> latest attn.metadata record
+        # tid -> its latest attn.metadata record, with the fields every replay reads
+        # (seq_len_max, seq_len_min: ints or None; ptrs: a dict or None), read once
+        self.metadata: dict[Any, tuple[dict, int | None, int | None, dict | None]] = {}
         # tid -> {ptr name: (ptr, record)} of the step's earlier metadata records: one step
         # may fill buffers in several builds (an engine's runner, then its attention backend,
         # or the reverse); the replay after them sees every buffer named
         self.step_ptrs: dict[Any, dict[str, tuple[Any, dict]]] = {}
         self.md_since_replay: set[Any] = set()  # tids with metadata no replay has read yet
+        self.md_stats: dict[str, AttentionStats] = {}  # backend -> its attn.metadata stats
         self.by_gid: dict[Any, GraphModel] = {}
         self.replaying: set[Any] = set()
         self.eager_decisions: dict[Any, dict[str, dict]] = {}  # tid -> name -> latest eager record
@@ -297,7 +302,7 @@ class _ProcessBuilder:
         # syncs since the last replay were this capture's set-up (torch.cuda.graph and
         # engines synchronize before capturing), not the decode step path
         self.pending_syncs.pop(tid, None)
-        current = self.metadata.get(tid)
+        current = self.metadata[tid][0] if tid in self.metadata else None
         if current is not None:
             graph.capture_metadata = current
             graph.capture_metadata_ref = self._ref(current, "attn.metadata")
@@ -330,28 +335,41 @@ class _ProcessBuilder:
         if stack and gid in stack:
             del stack[stack.index(gid):]
 
-    def _count_attention(self, rec: dict, kind: str, name: str) -> None:
+    def _count_attention(self, rec: dict, kind: str, name: str,
+                         capturing: Any = None) -> AttentionStats:
         key = f"{kind}:{name}"
         stats = self.proc.attention.get(key)
         if stats is None:
             stats = self.proc.attention[key] = AttentionStats(kind, name, self._ref(rec, kind))
-        stats.add(rec, bool(rec.get("capturing")))
+        stats.add(rec, bool(rec.get("capturing") if capturing is None else capturing))
+        return stats
 
     def attn_metadata(self, rec: dict) -> None:
-        self._count_attention(rec, "attn.metadata", str(rec.get("backend")))
+        # one per decode step: the stats of a backend named by a string are looked up by it
+        backend, capturing = rec.get("backend"), rec.get("capturing")
+        smin, smax, ptrs = rec.get("seq_len_min"), rec.get("seq_len_max"), rec.get("ptrs")
+        stats = self.md_stats.get(backend) if type(backend) is str else None
+        if stats is None:
+            stats = self._count_attention(rec, "attn.metadata", str(backend), capturing)
+            if type(backend) is str:
+                self.md_stats[backend] = stats
+        else:
+            stats.add_fields(rec.get("layer"), smin, smax, bool(capturing))
         tid = rec.get("tid")
-        prev = self.metadata.get(tid)
         if tid in self.md_since_replay:
-            ptrs = prev.get("ptrs") if prev is not None else None
-            if ptrs and type(ptrs) is dict:
+            prev, _smax, _smin, prev_ptrs = self.metadata[tid]
+            if prev_ptrs:
                 held = self.step_ptrs.setdefault(tid, {})
-                for name, ptr in ptrs.items():
+                for name, ptr in prev_ptrs.items():
                     held[name] = (ptr, prev)
-        elif self.step_ptrs:
-            self.step_ptrs.pop(tid, None)  # a replay read them: a new step begins
-        self.md_since_replay.add(tid)
-        self.metadata[tid] = rec
-        gid = self._capture_gid(rec) if rec.get("capturing") else None
+        else:
+            if self.step_ptrs:
+                self.step_ptrs.pop(tid, None)  # a replay read them: a new step begins
+            self.md_since_replay.add(tid)
+        self.metadata[tid] = (rec, smax if type(smax) is int else None,
+                              smin if type(smin) is int else None,
+                              ptrs if ptrs and type(ptrs) is dict else None)
+        gid = self._capture_gid(rec) if capturing else None
         if gid is not None:
             ref = self._ref(rec, "attn.metadata")
             graph = self._graph(gid)
@@ -533,7 +551,9 @@ class _ProcessBuilder:
         model_syncs.update(sites)
 
     def replay(self, rec: dict) -> None:
-        # the hottest path of a trace (one or two per decode step): keep it lean
+        # the hottest path of a trace (one or two per decode step): keep it lean; what
+        # only some traces have (eager decisions, syncs, a step's earlier buffers) is
+        # tested once and handled out of line
         gid = rec.get("gid")
         graph = self.by_gid.get(gid)
         if graph is None:
@@ -550,7 +570,46 @@ class _ProcessBuilder:
             stats.first = self._ref(rec, "graph.replay")
             if self.proc.first_replay_seq is None:
                 self.proc.first_replay_seq = stats.first.seq
-        self.replaying.add(tid)
+        if tid not in self.replaying:
+            self.replaying.add(tid)
+        if self.eager_decisions or self.pending_syncs:
+            self._replay_host_state(graph, stats, rec, tid)
+        gpu = rec.get("gpu_ns")
+        if type(gpu) is int and gpu >= 0:  # stats.add_gpu_ns(gpu), inlined
+            if gpu >= _GPU_ROUNDED_FROM:
+                shift = gpu.bit_length() - GPU_HIST_BITS
+                gpu = gpu >> shift << shift
+            hist = stats.gpu_hist
+            hist[gpu] = hist.get(gpu, 0) + 1
+        current = self.metadata.get(tid)
+        if current is None:
+            return
+        md, smax, smin, ptrs = current
+        stats.with_metadata += 1
+        if self.track_inputs and md is not stats.last_md:  # a wrapper and its graph share a build
+            stats.last_md = md
+            self._replay_inputs(stats, md)
+        stats.latest_md = md
+        if smax is not None and (stats.seq_len_max is None or smax > stats.seq_len_max):
+            stats.seq_len_max, stats.seq_len_max_md = smax, md
+        if smin is not None:
+            if stats.seq_len_min_max is None or smin > stats.seq_len_min_max:
+                stats.seq_len_min_max, stats.seq_len_min_max_md = smin, md
+            if stats.seq_len_min_min is None or smin < stats.seq_len_min_min:
+                stats.seq_len_min_min = smin
+        if tid in self.md_since_replay:
+            self.md_since_replay.discard(tid)
+        if self.step_ptrs and self.step_ptrs.get(tid):
+            self._replay_step_ptrs(stats, ptrs, md, self.step_ptrs[tid])
+        elif ptrs is not None:
+            if ptrs == stats.ptr_run:  # the usual case: the same static buffers every step
+                stats.ptr_run_count += 1
+            else:
+                self._count_ptrs(stats, ptrs, md)
+
+    def _replay_host_state(self, graph: GraphModel, stats: ReplayStats, rec: dict,
+                           tid: Any) -> None:
+        """A replay of a thread with eager decisions or syncs pending: they are this step's."""
         if self.eager_decisions:
             self.last_replay_seq[tid] = rec.get("seq")
         if self.pending_syncs and tid in self.pending_syncs:
@@ -559,45 +618,17 @@ class _ProcessBuilder:
             pending = self.eager_decisions.get(tid)
             if pending:
                 self._replay_decisions(graph, stats, pending)
-        gpu = rec.get("gpu_ns")
-        if type(gpu) is int and gpu >= 0:  # stats.add_gpu_ns(gpu), inlined
-            shift = gpu.bit_length() - GPU_HIST_BITS
-            if shift > 0:
-                gpu = (gpu >> shift) << shift
-            hist = stats.gpu_hist
-            hist[gpu] = hist.get(gpu, 0) + 1
-            stats.gpu_seen += 1
-            stats.gpu_sum += gpu
-        md = self.metadata.get(tid)
-        if md is None:
-            return
-        stats.with_metadata += 1
-        if self.track_inputs and md is not stats.last_md:  # a wrapper and its graph share a build
-            stats.last_md = md
-            self._replay_inputs(stats, md)
-        stats.latest_md = md
-        smax = md.get("seq_len_max")
-        if type(smax) is int and (stats.seq_len_max is None or smax > stats.seq_len_max):
-            stats.seq_len_max, stats.seq_len_max_md = smax, md
-        smin = md.get("seq_len_min")
-        if type(smin) is int:
-            if stats.seq_len_min_max is None or smin > stats.seq_len_min_max:
-                stats.seq_len_min_max, stats.seq_len_min_max_md = smin, md
-            if stats.seq_len_min_min is None or smin < stats.seq_len_min_min:
-                stats.seq_len_min_min = smin
-        ptrs = md.get("ptrs")
-        sources = None
-        self.md_since_replay.discard(tid)
-        held = self.step_ptrs.get(tid) if self.step_ptrs else None
-        if held:
-            own = ptrs if ptrs and type(ptrs) is dict else {}
-            sources = {name: entry[1] for name, entry in held.items() if name not in own}
-            ptrs = {**{name: entry[0] for name, entry in held.items()}, **own}
-        if ptrs and type(ptrs) is dict:
-            if ptrs == stats.ptr_run:  # the usual case: the same static buffers every step
-                stats.ptr_run_count += 1
-            else:
-                self._count_ptrs(stats, ptrs, md, sources)
+
+    def _replay_step_ptrs(self, stats: ReplayStats, ptrs: Any, md: dict,
+                          held: dict[str, tuple[Any, dict]]) -> None:
+        """The replay sees the buffers of the step's earlier metadata builds too."""
+        own = ptrs or {}
+        sources = {name: entry[1] for name, entry in held.items() if name not in own}
+        ptrs = {**{name: entry[0] for name, entry in held.items()}, **own}
+        if ptrs == stats.ptr_run:
+            stats.ptr_run_count += 1
+        else:
+            self._count_ptrs(stats, ptrs, md, sources)
 
     def replay_time(self, rec: dict) -> None:
         """graph.replay.time: the GPU time of replay n of gid, and of each graph around it."""
@@ -720,8 +751,8 @@ class IncrementalBuilder:
             "graphs": {k: g for k, g in model.graphs.items() if k[0] in pids},
             "runtime_eager": {k: v for k, v in model.runtime_eager.items() if k[0] in pids},
             "runtime_splits": {k: v for k, v in model.runtime_splits.items() if k in pids},
-            "files": {id(f): (f.gaps, f.dropped, f.records_read, f._last_seq, f.end)
-                      for f in proc_files},
+            "files": {id(f): (f.gaps, f.dropped, f.records_read, f._last_seq, f.end,
+                              f.lines_checked) for f in proc_files},
             "reader_problems": proc_files[0].problems[reader_from:] if proc_files else [],
             "problems": self.problems[own_from:],
         }
@@ -754,7 +785,8 @@ class IncrementalBuilder:
         for proc_file in proc_files:
             if id(proc_file) in state["files"]:
                 (proc_file.gaps, proc_file.dropped, proc_file.records_read,
-                 proc_file._last_seq, proc_file.end) = state["files"][id(proc_file)]
+                 proc_file._last_seq, proc_file.end,
+                 proc_file.lines_checked) = state["files"][id(proc_file)]
         if proc_files:
             proc_files[0].problems.extend(state["reader_problems"])
         self.problems.extend(state["problems"])
@@ -788,13 +820,16 @@ def _feed(builder: _ProcessBuilder, handlers: dict[str, Any], records: Iterable[
     Records come a list at a time (a chunk of the reader): their kinds are counted in C
     and only the records of a kind with a handler reach Python code.
     """
-    if type(records) is not list:
-        records = list(records)
-    try:
-        kinds = list(map(_KIND, records))
-        counts = Counter(kinds)
-    except (TypeError, KeyError):  # not the reader's records (no dict, no k, k unhashable)
-        return _feed_each(builder, handlers, records, problems)
+    if type(records) is RecordChunk:  # the reader read their kinds already
+        kinds, counts = records.kinds, records.counts
+    else:
+        if type(records) is not list:
+            records = list(records)
+        try:
+            kinds = list(map(_KIND, records))
+            counts = Counter(kinds)
+        except (TypeError, KeyError):  # not the reader's records (no dict, no k, unhashable k)
+            return _feed_each(builder, handlers, records, problems)
     builder.proc.kinds.update(counts)
     for handler, rec in compress(zip(map(handlers.get, kinds), records, strict=True),
                                  map(handlers.__contains__, kinds)):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from operator import mul
 from typing import Any
 
 MAX_DISTINCT = 16          # distinct values kept per frozen item / per pointer name
@@ -22,6 +23,17 @@ MAX_TIMED_N = 1 << 20      # replay numbers kept per graph while summing child r
 
 PREFILL_MARKERS = ("flash_attn_varlen", "prefill", "varlen")
 DECODE_MARKERS = ("paged_attention", "decode", "mla_gluon")
+
+
+class Unpickled:
+    """A class whose instances a worker hands back pickled, and that the parent then keeps
+    updating record by record (`IncrementalBuilder.absorb`): unpickling sets their
+    attributes one by one, as construction does. The default assigns the pickled dict
+    whole, and CPython reads the attributes of such an instance about 20% slower."""
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
 
 
 @dataclass(slots=True)
@@ -48,13 +60,16 @@ class AttentionStats:
     seq_len_max: int | None = None
 
     def add(self, rec: dict, captured: bool) -> None:
+        self.add_fields(rec.get("layer"), rec.get("seq_len_min"), rec.get("seq_len_max"),
+                        captured)
+
+    def add_fields(self, layer: Any, low: Any, high: Any, captured: bool) -> None:
+        """`add` of a record whose fields the caller already read."""
         self.count += 1
         if captured:
             self.captured += 1
-        layer = rec.get("layer")
         if layer is not None and len(self.layers) < MAX_LAYERS:
             self.layers.add(str(layer))
-        low, high = rec.get("seq_len_min"), rec.get("seq_len_max")
         if type(low) is not int:
             low = _int(low)
         if low is not None and (self.seq_len_min is None or low < self.seq_len_min):
@@ -66,7 +81,7 @@ class AttentionStats:
 
 
 @dataclass
-class ProcessModel:
+class ProcessModel(Unpickled):
     file: str
     pid: int | None
     ppid: int | None = None
@@ -198,13 +213,11 @@ class ReplayStats:
     gpu_hist: dict[int, int] = field(default_factory=dict)  # value rounded to 8 bits -> count
     ptr_run: dict | None = None       # the last pointer set seen, and how many replays since
     ptr_run_count: int = 0
-    gpu_seen: int = 0
     # host.decision name -> value key -> EagerDecision made after the capture, before a replay
     decisions: dict[str, dict[Any, EagerDecision]] = field(default_factory=dict)
     # REPLAY_INPUTS name -> [lo, lo Ref, hi, hi Ref] over the metadata before the replays
     inputs: dict[str, list] = field(default_factory=dict)
     last_md: Any = None
-    gpu_sum: int = 0
     # replay n -> [GPU ns summed over the timed replays of this graph and the graphs nested
     # in it with that n, how many]; fold_timed() puts the sums in gpu_hist at each finish
     gpu_by_n: dict[int, list] | None = None
@@ -216,6 +229,17 @@ class ReplayStats:
             return max(self.exact, self.max_n, self.records)
         return max(self.max_n, self.records)
 
+    @property
+    def gpu_seen(self) -> int:
+        """Replays with a GPU time (the histogram is the one count: replays only add to it)."""
+        return sum(self.gpu_hist.values())
+
+    @property
+    def gpu_sum(self) -> int:
+        """Their GPU times summed, as the histogram keeps them (rounded down, <0.8%)."""
+        hist = self.gpu_hist
+        return sum(map(mul, hist, hist.values()))
+
     def add_gpu_ns(self, value: int) -> int:
         """Count one replay's GPU time; returns the value as the histogram keeps it."""
         shift = value.bit_length() - GPU_HIST_BITS
@@ -223,8 +247,6 @@ class ReplayStats:
             value = (value >> shift) << shift
         hist = self.gpu_hist
         hist[value] = hist.get(value, 0) + 1
-        self.gpu_seen += 1
-        self.gpu_sum += value
         return value
 
     def _remove_gpu_ns(self, value: int) -> None:
@@ -235,8 +257,6 @@ class ReplayStats:
             hist[value] = left
         else:
             del hist[value]
-        self.gpu_seen -= 1
-        self.gpu_sum -= value
 
     def add_timed(self, n: int, gpu_ns: int) -> None:
         """One timed replay numbered n, of this graph or of a graph nested in it."""
@@ -270,25 +290,26 @@ class ReplayStats:
 
     def percentiles(self) -> dict[str, int] | None:
         """GPU-time percentiles of the replays that carried gpu_ns (rounded down, <0.8%)."""
-        if not self.gpu_seen:
+        seen = self.gpu_seen
+        if not seen:
             return None
         values = sorted(self.gpu_hist.items())
         out: dict[str, int] = {}
         for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99)):
-            target, running = q * self.gpu_seen, 0
+            target, running = q * seen, 0
             for value, count in values:
                 running += count
                 if running >= target:
                     out[name] = value
                     break
         out["max"] = values[-1][0]
-        out["samples"] = self.gpu_seen
-        out["mean"] = self.gpu_sum // self.gpu_seen
+        out["samples"] = seen
+        out["mean"] = self.gpu_sum // seen
         return out
 
 
 @dataclass
-class GraphModel:
+class GraphModel(Unpickled):
     pid: int | None
     file: str
     gid: int

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import gc
 import os
+import pickle
+import signal
 import threading
 import time
 from typing import Any
@@ -38,9 +40,11 @@ def feed_parallel(incremental: Any, pieces: list[tuple[Any, Any]]) -> int | None
     problems come back with its builders, after the parent's own.
 
     The parent feeds the first bucket itself while the workers feed the others; each
-    worker returns its builders (`IncrementalBuilder.export_pids`), which replace the
-    parent's. None when it does not pay (one pid) or no worker could start: nothing was
-    fed, the caller feeds serially. A worker that fails is made up for here.
+    worker returns its builders (`IncrementalBuilder.export_pids`) through a pipe, and
+    they replace the parent's. A worker is a bare fork (no pool: one runs for every
+    poll of a backlog, so its start is on the view's path). None when it does not pay
+    (one pid) or no worker could start: nothing was fed, the caller feeds serially. A
+    worker that fails is made up for here.
     """
     global _FEED_WORK
     groups: dict[Any, list[tuple[Any, Any]]] = {}
@@ -49,9 +53,6 @@ def feed_parallel(incremental: Any, pieces: list[tuple[Any, Any]]) -> int | None
     workers = min(len(groups), os.cpu_count() or 1)
     if workers < 2 or not _can_fork():
         return None
-    import concurrent.futures
-    import multiprocessing
-
     buckets: list[list[tuple[Any, Any]]] = [[] for _ in range(workers)]
     sizes = [0] * workers
     for group in sorted(groups.values(), key=lambda g: -sum(_size(p) for p, _c in g)):
@@ -61,30 +62,87 @@ def feed_parallel(incremental: Any, pieces: list[tuple[Any, Any]]) -> int | None
     files = [proc_file for proc_file, _c in pieces]
     reader_from = len(files[0].problems) if hasattr(files[0], "problems") else 0
     _FEED_WORK = (incremental, buckets, reader_from, len(incremental.problems))
-    pool = None
+    started: list[tuple[int, int, int]] = []   # (bucket, pid, read end of its pipe)
     try:
-        ctx = multiprocessing.get_context("fork")
-        pool = concurrent.futures.ProcessPoolExecutor(workers - 1, mp_context=ctx)
-        futures = [pool.submit(_feed_bucket, i) for i in range(1, workers)]
-    except Exception:  # no workers here (sandbox): the serial path still works
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
-        _FEED_WORK = None
-        return None
-    try:
-        count = sum(incremental.feed(f, chunk) for f, chunks in buckets[0] for chunk in chunks)
-        for i, future in enumerate(futures, start=1):
+        for i in range(1, workers):
             try:
-                data, fed = future.result()
-            except Exception:  # this worker's records were not consumed here: feed them
-                count += sum(incremental.feed(f, c) for f, chunks in buckets[i] for c in chunks)
+                started.append((i, *_fork_worker(i)))
+            except OSError:  # no workers here (sandbox, limits): this process feeds them
+                break
+        if not started:
+            return None
+        count = sum(incremental.feed(f, chunk) for f, chunks in buckets[0] for chunk in chunks)
+        fed_here = {i for i in range(1, workers)} - {i for i, _pid, _r in started}
+        while started:
+            i, pid, fd = started[0]
+            result = _collect(pid, fd)
+            started.pop(0)
+            if result is None:  # this worker's records were not consumed here: feed them
+                fed_here.add(i)
                 continue
+            data, fed = result
             incremental.absorb(data, [f for f, _c in buckets[i]])
             count += fed
+        for i in sorted(fed_here):
+            count += sum(incremental.feed(f, c) for f, chunks in buckets[i] for c in chunks)
     finally:
-        pool.shutdown()
+        for _i, pid, fd in started:  # interrupted (Ctrl-C): no worker is left behind
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # closed as the interrupted read ended
+            _reap(pid, kill=True)
         _FEED_WORK = None
     return count
+
+
+def _fork_worker(index: int) -> tuple[int, int]:
+    """Fork a worker for bucket `index`; (its pid, the read end of its result pipe).
+
+    The child never returns: it writes its pickled result (`_feed_bucket`) and exits,
+    with status 1 and nothing written when anything failed."""
+    read_fd, write_fd = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(read_fd)
+        os.close(write_fd)
+        raise
+    if pid == 0:  # pragma: no cover - the child (coverage does not follow it)
+        status = 1
+        try:
+            os.close(read_fd)
+            data = pickle.dumps(_feed_bucket(index), pickle.HIGHEST_PROTOCOL)
+            with os.fdopen(write_fd, "wb") as out:
+                out.write(data)
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_fd)
+    return pid, read_fd
+
+
+def _collect(pid: int, fd: int) -> tuple[bytes, int] | None:
+    """A worker's result, once it exited cleanly; None when it failed."""
+    with os.fdopen(fd, "rb", closefd=True) as pipe:
+        data = pipe.read()
+    status = _reap(pid)
+    if status != 0 or not data:
+        return None
+    try:
+        return pickle.loads(data)
+    except Exception:  # a worker killed mid-write
+        return None
+
+
+def _reap(pid: int, kill: bool = False) -> int | None:
+    """Wait for worker `pid` (killed first when `kill`); its exit status."""
+    try:
+        if kill:
+            os.kill(pid, signal.SIGKILL)
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    except (OSError, ValueError):
+        return None
 
 
 def _feed_bucket(index: int) -> tuple[bytes, int]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from operator import itemgetter, sub
@@ -36,6 +37,16 @@ try:  # a fast codec when installed; the stdlib otherwise (the H200 image has no
 except ImportError:  # pragma: no cover - exercised where msgspec is absent
     _decode_line = json.loads
     _DecodeError = (ValueError,)
+
+
+class RecordChunk(list):
+    """A piece of a file's records as the reader's checks passed them, with their kinds
+    (`kinds`, in order, and `counts`, per kind) read on the way: the builder dispatches
+    on them without reading every record's kind again. Not to be changed once read."""
+
+    __slots__ = ("counts", "kinds")
+    kinds: list[Any]
+    counts: Counter
 
 
 class TraceError(Exception):
@@ -84,6 +95,9 @@ class ProcessFile:
     _header_line_ok: bool = field(default=False, repr=False)
     _header_problem: bool = field(default=False, repr=False)
     _last_seq: int | None = field(default=None, repr=False)
+    # the number of the last line handed to the checks (`checked_chunk`) so far: where
+    # the next piece of the file begins
+    lines_checked: int = field(default=0, repr=False)
 
     @property
     def name(self) -> str:
@@ -162,7 +176,7 @@ class ProcessFile:
     def record_chunks(self) -> Iterator[list[dict[str, Any]]]:
         """The readable records in file order, as lists of the records of a few hundred
         lines each (`checked_chunks`); the file is read a piece at a time, never whole."""
-        self.gaps = self.dropped = self.records_read = 0
+        self.gaps = self.dropped = self.records_read = self.lines_checked = 0
         self._last_seq = None
         try:
             f = self.path.open("rb")
@@ -170,44 +184,48 @@ class ProcessFile:
             self._problem(0, f"cannot read: {exc.strerror or exc}")
             return
         with f:
-            first, held = 1, b""
+            held = b""
             while data := f.read(READ_BYTES):
                 if held:
                     data = held + data
                 cut = data.rfind(b"\n") + 1
                 held = data[cut:]
                 if cut:
-                    yield from self.checked_chunks(data[:cut] if held else data, first)
-                    first += data.count(b"\n", 0, cut)
+                    yield from self.checked_chunks(data, end=cut)
             if held:  # the last line has no newline (a truncated write, or just unended)
-                yield self.checked_chunk(held, first)
+                yield self.checked_chunk(held, self.lines_checked + 1)
 
-    def checked_chunks(self, data: bytes, first: int = 1) -> Iterator[list[dict[str, Any]]]:
-        """`checked_chunk` over `data` cut (at newlines) into pieces of about DECODE_BYTES."""
-        start, size = 0, len(data)
+    def checked_chunks(self, data: bytes, start: int = 0,
+                       end: int | None = None) -> Iterator[list[dict[str, Any]]]:
+        """`checked_chunk` over `data[start:end]` (whole lines, the first of them the line
+        after `lines_checked`) cut at newlines into pieces of about DECODE_BYTES; the
+        pieces are cut as they are consumed, so `data` is never copied whole."""
+        size = len(data) if end is None else end
         while start < size:
-            end = data.rfind(b"\n", start, start + DECODE_BYTES) + 1
-            if end <= start:  # one line longer than a piece, or the unended last line
-                end = data.find(b"\n", start + DECODE_BYTES) + 1 or size
-            yield self.checked_chunk(data[start:end] if start or end < size else data, first)
-            first += data.count(b"\n", start, end)
-            start = end
+            stop = data.rfind(b"\n", start, min(start + DECODE_BYTES, size)) + 1
+            if stop <= start:  # one line longer than a piece, or the unended last line
+                stop = data.find(b"\n", start + DECODE_BYTES, size) + 1 or size
+            piece = data[start:stop] if start or stop < len(data) else data
+            yield self.checked_chunk(piece, self.lines_checked + 1)
+            start = stop
 
     def checked_chunk(self, data: bytes, first: int = 1) -> list[dict[str, Any]]:
         """The records of `data` (whole lines, the first of them line `first`; the last
         may lack its newline), with the same checks and state as `checked_lines`.
 
         Fast path: the chunk is decoded and checked in a few passes that run in C (one
-        decode per line through map, itemgetter, set of types, seq steps). Any line that
-        is not a clean record (not JSON, blank, a field missing or not an int, a seq out
-        of order, a gap just before process.end) sends the whole chunk through
+        decode per line through map, itemgetter, set of types, seq order); its records
+        come as a `RecordChunk`, which carries the kinds so read. Any line that is not a
+        clean record (not JSON, blank, a field missing or not an int, a seq out of
+        order, a gap just before process.end) sends the whole chunk through
         `checked_lines`, which says precisely what is wrong and where.
         """
         lines = data.split(b"\n")
         if not lines[-1]:
             lines.pop()
+        self.lines_checked = first - 1 + len(lines)
         try:
-            records = list(map(_decode_line, lines))
+            records = RecordChunk(map(_decode_line, lines))
             seqs = list(map(_SEQ, records))
             kinds = list(map(_KIND, records))
             ok = (bool(records) and set(map(type, seqs)) == _INT
@@ -221,22 +239,32 @@ class ProcessFile:
             elif self._header_problem:
                 ok = False
         if ok:
+            try:
+                counts = Counter(kinds)
+            except TypeError:  # a kind that is not hashable: the precise path keeps it
+                ok = False
+        if ok:
             last = self._last_seq
-            steps = list(map(sub, seqs[1:] if last is None else seqs,
-                             seqs[:-1] if last is None else [last, *seqs[:-1]]))
-            jumps = len(steps) - steps.count(1) if steps else 0
-            ok = not steps or min(steps) > 0
-            if ok and jumps and "process.end" in kinds:
-                ok = False  # a gap before process.end is not counted: the precise path
+            base = seqs[0] if last is None else last + 1
+            if seqs[-1] - base == len(seqs) - 1 and seqs == list(range(base, base + len(seqs))):
+                jumps = 0  # the usual case: every seq one after the previous
+            else:
+                steps = list(map(sub, seqs[1:] if last is None else seqs,
+                                 seqs[:-1] if last is None else [last, *seqs[:-1]]))
+                jumps = len(steps) - steps.count(1) if steps else 0
+                ok = not steps or min(steps) > 0
+                if ok and jumps and "process.end" in counts:
+                    ok = False  # a gap before process.end is not counted: the precise path
         if not ok:
             return list(self.checked_lines(enumerate(io.BytesIO(data), start=first)))
         if jumps:
             self.gaps += jumps
             self.dropped += sum(steps) - len(steps)
-        if "process.end" in kinds:
+        if "process.end" in counts:
             self.end = records[len(kinds) - 1 - kinds[::-1].index("process.end")]
         self._last_seq = seqs[-1]
         self.records_read += len(records)
+        records.kinds, records.counts = kinds, counts
         return records
 
     def checked_lines(self, lines: Iterable[tuple[int, bytes]]) -> Iterator[dict[str, Any]]:
@@ -341,5 +369,5 @@ def open_trace(path: str | Path) -> Trace:
 
 from mlatrace.trace.runs import RunInfo, find_runs, open_run  # noqa: E402  (uses the above)
 
-__all__ = ["Problem", "ProcessFile", "RunInfo", "Trace", "TraceError", "check_schema",
+__all__ = ["Problem", "ProcessFile", "RecordChunk", "RunInfo", "Trace", "TraceError", "check_schema",
            "find_runs", "open_run", "open_trace"]

@@ -37,7 +37,6 @@ class TailFile:
 
     proc: ProcessFile
     offset: int = 0
-    lines: int = 0                 # complete lines handed to the checks so far
     partial: bytes = b""           # bytes after the last newline (a line still being written)
     closed: bool = False
     started: bool = False          # the first line was seen (header taken or refused)
@@ -113,7 +112,7 @@ class TailReader:
         except OSError:
             return None  # removed: keep what was read
         if size < tail.offset:
-            self.problems.append(Problem(tail.proc.name, tail.lines + 1,
+            self.problems.append(Problem(tail.proc.name, tail.proc.lines_checked + 1,
                                          f"file shrank from {tail.offset} to {size} bytes while "
                                          "followed; no longer read"))
             tail.closed = True
@@ -134,16 +133,16 @@ class TailReader:
         tail.partial = data[cut:]
         if cut == 0:
             return None
-        return self._lines(tail, data[:cut] if cut < len(data) else data)
+        return self._lines(tail, data, cut)
 
-    def _lines(self, tail: TailFile, data: bytes) -> Iterator[list[dict[str, Any]]]:
-        """Hand complete lines (or, at close, the last partial one) to the batch checks."""
+    def _lines(self, tail: TailFile, data: bytes,
+               end: int) -> Iterator[list[dict[str, Any]]]:
+        """Hand complete lines, `data[:end]` (or, at close, the last partial one) to the
+        batch checks."""
         if not tail.started:
-            tail.proc.accept_header_line(data[:data.find(b"\n") + 1] or data)
+            tail.proc.accept_header_line(bytes(data[:data.find(b"\n", 0, end) + 1 or end]))
             tail.started = True
-        first = tail.lines + 1
-        tail.lines += data.count(b"\n") + (not data.endswith(b"\n"))
-        return tail.proc.checked_chunks(data, first)
+        return tail.proc.checked_chunks(data, end=end)
 
     def close(self) -> list[tuple[ProcessFile, list[list[dict[str, Any]]]]]:
         """The run is over: read what is left, then each held partial line as a truncated one.
@@ -165,7 +164,7 @@ class TailReader:
             if not tail.closed and (tail.partial or not tail.started):
                 data, tail.partial = tail.partial, b""
                 if data:
-                    records += self._lines(tail, data)
+                    records += self._lines(tail, data, len(data))
                 else:
                     tail.proc.accept_header_line(b"")  # an empty file, as the batch reader says
                     tail.started = True

@@ -231,7 +231,7 @@ def latest_metadata(live: LiveRun, proc_file: Any) -> dict[str, dict]:
     builder = live.builder.builder_of(proc_file) if proc_file is not None else None
     latest: dict[str, dict] = {}
     if builder is not None:
-        for rec in builder.metadata.values():
+        for rec, *_fields in builder.metadata.values():
             name = str(rec.get("backend"))
             if name not in latest or rec.get("seq", 0) > latest[name].get("seq", 0):
                 latest[name] = rec
