@@ -209,7 +209,7 @@ def test_interpreted_kernel_tests_in_a_fresh_process():
                           __file__, "-k", "interp_"], env=env, capture_output=True, text=True,
                          timeout=300, cwd=REPO)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
-    assert "5 passed" in run.stdout, run.stdout[-1000:]
+    assert "6 passed" in run.stdout, run.stdout[-1000:]
 
 
 def test_traced_subprocess_under_interpret_records_launches(tmp_path):
@@ -268,3 +268,50 @@ def test_interp_repeated_eager_launches_are_sampled_with_exact_counts(kernels, t
     (end,) = [r for r in rows if r["k"] == "process.end"]
     assert end["sampled"] == {"kernel.launch": 12}
     assert end["counts"]["kernel.launch"] == 21
+
+
+@interpreted
+def test_interp_a_stepped_aside_launch_path_is_taken_off_until_the_next_step(kernels, tmp_path,
+                                                                              monkeypatch):
+    """Steady steps (SETTLE 1): from the third step on, the first launch of a step puts
+    Triton's own `run` back on its class, so the step's later launches run no wrapper at
+    all; the next step (or a capture begin) puts the wrapper back, and a captured launch
+    is recorded in full."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from mlatrace.reference.graph import HostGraph
+
+    monkeypatch.setenv("MLATRACE_STEP_ASIDE", "1,100")
+    out = tmp_path / "aside"
+    record.start(str(out))
+    graphs.reset()
+    original = InterpretedFunction.__dict__["run"]
+    probe.install(packs("triton_launch", "reference"))
+    wrapper = InterpretedFunction.__dict__["run"]
+    held = []
+    try:
+        mod = importlib.import_module(kernels)
+        x = torch.ones(1, 16)
+        for _ in range(6):
+            graphs.next_step()
+            held.append(InterpretedFunction.__dict__["run"] is wrapper)
+            for _ in range(3):
+                mod.split_sum(x, 1)
+            held.append(InterpretedFunction.__dict__["run"] is wrapper)
+        graph = HostGraph()
+        graph.capture_begin()                        # a capture puts the wrapper back
+        mod.split_sum(x, 1)
+        graph.capture_end()
+    finally:
+        probe.uninstall()
+        record.stop()
+    assert InterpretedFunction.__dict__["run"] is original
+    # Put back at each step's start; taken off after the first launch from step 3 on.
+    assert held == [True, True, True, True] + [True, False] * 4
+    rows = [json.loads(line) for path in out.glob("p*.jsonl")
+            for line in path.read_text().splitlines()]
+    launches = [(r["repeat"] if "repeat" in r else None, r["capturing"]) for r in rows
+                if r["k"] == "kernel.launch"]
+    assert launches[0] == (1, False) and launches[-1] == (None, True)
+    end = [r for r in rows if r["k"] == "process.end"][-1]
+    assert end["steps_off"] == {"triton_launch.interpreted_run": 4}

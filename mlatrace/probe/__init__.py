@@ -55,6 +55,7 @@ def install(packs: list[Pack | str | Path], failed: dict[str, str] | None = None
         record.set_probes([p.name for p in loaded])
         record.set_end_info("coverage", engine.coverage)
         record.set_end_info("unseen", sampling.unseen_counts)
+        record.set_end_info("steps_off", sampling.steps_off_counts)
     except Exception:
         pass
     _reset_counts_in_forked_children()
@@ -119,8 +120,9 @@ def uninstall() -> None:
 
             record.set_end_info("coverage", lambda snapshot=engine.coverage(): snapshot,
                                 once=True)
-            record.set_end_info("unseen", lambda snapshot=sampling.forget_asides(): snapshot,
-                                once=True)
+            unseen, steps_off = sampling.forget_asides()
+            record.set_end_info("unseen", lambda: unseen, once=True)
+            record.set_end_info("steps_off", lambda: steps_off, once=True)
         except Exception:
             pass
         engine.uninstall()

@@ -263,12 +263,12 @@ def _recording(runtime: ProbeRuntime, info: TargetInfo, add: Callable[[str, dict
     kind = spec.kind
     limit = sampling.limit()
     entries = getattr(spec.extract, "entries", None)
-    step = graphs.STEP
+    next_step = graphs.next_step
     marks_step = kind in graphs.STEP_KINDS
     if not limit or entries is None:
         def note_all(fields: dict) -> None:
             if marks_step:
-                step.value += 1
+                next_step()
             add(kind, fields)
 
         return note_all
@@ -287,7 +287,7 @@ def _recording(runtime: ProbeRuntime, info: TargetInfo, add: Callable[[str, dict
 
     def note(fields: dict) -> None:
         if marks_step:
-            step.value += 1
+            next_step()
         if fields.get("capturing") if trusted else capturing():
             add(kind, fields)     # what a graph freezes: always recorded
             return
@@ -362,13 +362,13 @@ def _keyed_recording(runtime: ProbeRuntime, info: TargetInfo, add: Callable[[str
     no_layer = sampling.NO_LAYER
     aside = sampling.step_aside_for(spec.qualname, kind)
     seen = aside.seen
-    step = graphs.STEP
+    next_step = graphs.next_step
     marks_step = kind in graphs.STEP_KINDS
 
     def record_call(instance: Any, args: tuple, kwargs: dict, result: Any,
                     build: Callable[..., dict], cap: Any = None) -> None:
         if marks_step:
-            step.value += 1
+            next_step()
         if cap is None:
             stack = threads.stack
             cap = bool(stack) and stack[-1] is not None
@@ -916,6 +916,7 @@ class Engine:
         with self.lock:
             STATE.active = False
             STATE.generation += 1
+            graphs.forget_taken_off()       # a later step must not put a wrapper back
             try:
                 sampling.close_all()
             except Exception:

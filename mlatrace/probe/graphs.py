@@ -51,9 +51,39 @@ STEP = _Step()
 STEP_KINDS = frozenset(("attn.metadata", "dispatch"))
 
 
+# Wrappers a stepped-aside probe took off for the rest of a step (owner, attr, wrapper,
+# original): the next step puts them back (sampling.StepAside, Triton's `run`).
+_taken_off: list[tuple] = []
+
+
 def next_step() -> None:
     """A new step begins: probes stepped aside for the last one look again."""
     STEP.value += 1
+    if _taken_off:
+        put_back_wrappers()
+
+
+def take_off_wrapper(owner: object, attr: str, wrapper: object, original: object) -> bool:
+    """Put `original` back on `owner` for the rest of this step (no wrapper, no cost per
+    call) if `wrapper` is what `owner` holds now; the next step puts the wrapper back."""
+    if owner.__dict__.get(attr) is not wrapper:
+        return False
+    setattr(owner, attr, original)
+    _taken_off.append((owner, attr, wrapper, original))
+    return True
+
+
+def put_back_wrappers() -> None:
+    """Put back every wrapper taken off, unless something else replaced the attribute."""
+    while _taken_off:
+        owner, attr, wrapper, original = _taken_off.pop()
+        if owner.__dict__.get(attr) is original:
+            setattr(owner, attr, wrapper)
+
+
+def forget_taken_off() -> None:
+    """The probes are uninstalled: nothing is put back."""
+    _taken_off.clear()
 
 
 def next_gid() -> int:
@@ -71,7 +101,7 @@ def _stack() -> list[int]:
 def push_capture(gid: int, src: str | None = None) -> None:
     """Enter a capture on this thread (src: who captures, e.g. torch, vllm)."""
     EPOCH.value += 1
-    STEP.value += 1
+    next_step()
     _stack().append(gid)
     if src is not None:
         _sources()[gid] = src

@@ -26,7 +26,9 @@ aside; every VERIFY-th step it looks at the whole step again, and any difference
 keeps it looking until it has been steady for SETTLE steps again. So a change that
 lasts a step is seen at once if it touches the step's first call, and within VERIFY
 steps otherwise; captured calls are always seen (a capture begin moves the step);
-the calls not inspected are counted per probe (`process.end` `unseen`). Without
+the calls not inspected are counted per probe (`process.end` `unseen`), except where a
+wrapper looked up at every call (Triton's `run`) is taken off for the rest of the step:
+those calls cost nothing and are not counted (`steps_off`: how many steps). Without
 step-marking calls nothing steps aside. MLATRACE_STEP_ASIDE="SETTLE,VERIFY" (default
 "8,64", `mlatrace run --step-aside`); 0 turns it off.
 """
@@ -149,7 +151,7 @@ class StepAside:
     """
 
     __slots__ = ("probe", "settle", "verify", "asleep", "unseen", "step", "first",
-                 "trail", "last_trail", "steady", "countdown")
+                 "trail", "last_trail", "steady", "countdown", "take_off", "steps_off")
 
     def __init__(self, probe: str, settle: int, verify: int) -> None:
         self.probe = probe
@@ -163,6 +165,11 @@ class StepAside:
         self.last_trail: list | None = None
         self.steady = 0           # steady steps in a row
         self.countdown = verify   # steps until the next whole step is looked at
+        # (owner, attr, wrapper, original) of a wrapper that is looked up at every call
+        # (Triton's JITFunction.run): asleep, it is taken off until the next step, so the
+        # step's later calls cost nothing and are not counted (steps_off says how often).
+        self.take_off: tuple | None = None
+        self.steps_off = 0
         with _lock:
             _asides.append(self)
 
@@ -190,6 +197,8 @@ class StepAside:
         if self.steady >= self.settle and self.countdown > 0:
             self.asleep = step
             self.trail = None
+            if self.take_off is not None and graphs.take_off_wrapper(*self.take_off):
+                self.steps_off += 1
         else:
             if self.countdown <= 0:
                 self.countdown = self.verify
@@ -220,18 +229,30 @@ def step_aside_for(probe: str, kind: str | None = None) -> StepAside | Awake:
 
 def unseen_counts() -> dict[str, int]:
     """Calls not inspected per probe, summed over its targets (for process.end)."""
+    return _summed("unseen")
+
+
+def steps_off_counts() -> dict[str, int]:
+    """Steps per probe whose later calls ran with the wrapper taken off (uncounted)."""
+    return _summed("steps_off")
+
+
+def _summed(name: str) -> dict[str, int]:
     with _lock:
         asides = list(_asides)
     counts: dict[str, int] = {}
     for aside in asides:
-        if aside.unseen:
-            counts[aside.probe] = counts.get(aside.probe, 0) + aside.unseen
+        value = getattr(aside, name)
+        if value:
+            counts[aside.probe] = counts.get(aside.probe, 0) + value
     return dict(sorted(counts.items()))
 
 
-def forget_asides() -> dict[str, int]:
-    """Drop every StepAside (the probes are uninstalled); their unseen counts, returned."""
-    counts = unseen_counts()
+def forget_asides() -> tuple[dict[str, int], dict[str, int]]:
+    """Drop every StepAside (the probes are uninstalled; no wrapper is put back); their
+    unseen and steps-off counts, returned."""
+    graphs.forget_taken_off()
+    counts = unseen_counts(), steps_off_counts()
     with _lock:
         _asides.clear()
     return counts
@@ -267,7 +288,7 @@ def _forget_in_forked_child() -> None:
         sampler.open.clear()
         sampler.sampled = 0
     for aside in _asides:
-        aside.unseen = 0
+        aside.unseen = aside.steps_off = 0
 
 
 os.register_at_fork(after_in_child=_forget_in_forked_child)
