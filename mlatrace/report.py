@@ -455,9 +455,11 @@ def render_coverage(console: Any, data: dict[str, Any], verbose: bool) -> None:
         for name in ("missing", "drifted", "failed"):
             for target in t[name]:
                 say(f"    {name}: {escape(target)}")
-        if p["unseen"]:
+        if p["unseen"] or p["steps_off"]:
+            off = sum(p["steps_off"].values())
             say(f"    stepped aside in steady steps: {sum(p['unseen'].values())} calls not "
-                "inspected (`mlatrace run --step-aside 0` inspects every call)"
+                "inspected" + (f", launch wrapper off in {off} steps" if off else "")
+                + " (`mlatrace run --step-aside 0` inspects every call)"
                 + (": " + ", ".join(f"{q} {n}" for q, n in p["unseen"].items())
                    if verbose else ""))
         if verbose and p["hits"]:

@@ -86,13 +86,15 @@ class ProcessCoverage:
     records: dict[str, int]               # records per kind
     probe_errors: list[dict]
     unseen: dict[str, int]                # probe -> calls passed uninspected (step-aside)
+    steps_off: dict[str, int]             # probe -> steps its wrapper was taken off
 
     def to_dict(self) -> dict[str, Any]:
         return {"file": self.file, "pid": self.pid, "rank": self.rank,
                 "recorded": self.recorded, "ended": self.ended, "packs": self.packs,
                 "packs_attached": self.packs_attached, "packs_skipped": self.packs_skipped,
                 "targets": self.targets, "hits": self.hits, "records": self.records,
-                "probe_errors": len(self.probe_errors), "unseen": self.unseen}
+                "probe_errors": len(self.probe_errors), "unseen": self.unseen,
+                "steps_off": self.steps_off}
 
 
 @dataclass
@@ -181,12 +183,14 @@ def process_coverage(proc: ProcessModel) -> ProcessCoverage:
                            packs=list(proc.packs), packs_attached=attached,
                            packs_skipped=skipped, targets=targets, hits=hits,
                            records=dict(sorted(proc.kinds.items(), key=lambda kv: str(kv[0]))),
-                           probe_errors=list(proc.probe_errors), unseen=_unseen(end))
+                           probe_errors=list(proc.probe_errors), unseen=_per_probe(end, "unseen"),
+                           steps_off=_per_probe(end, "steps_off"))
 
 
-def _unseen(end: dict | None) -> dict[str, int]:
-    """process.end's `unseen`: calls each probe passed through uninspected."""
-    raw = (end or {}).get("unseen")
+def _per_probe(end: dict | None, name: str) -> dict[str, int]:
+    """process.end's `unseen` (calls each probe passed through uninspected) or
+    `steps_off` (steps its wrapper was taken off)."""
+    raw = (end or {}).get(name)
     if not isinstance(raw, dict):
         return {}
     return {str(probe): n for probe, n in raw.items() if isinstance(n, int) and n > 0}
