@@ -362,6 +362,8 @@ def _keyed_recording(runtime: ProbeRuntime, info: TargetInfo, add: Callable[[str
     no_layer = sampling.NO_LAYER
     aside = sampling.step_aside_for(spec.qualname, kind)
     seen = aside.seen
+    stepping = isinstance(aside, sampling.StepAside)
+    step = graphs.STEP
     next_step = graphs.next_step
     marks_step = kind in graphs.STEP_KINDS
 
@@ -376,7 +378,8 @@ def _keyed_recording(runtime: ProbeRuntime, info: TargetInfo, add: Callable[[str
             add(kind, build(instance, args, kwargs, result))   # what a graph freezes
             return
         layer, key = key_of(instance, args, kwargs, result)
-        seen(key)
+        if stepping and (aside.trail is not None or aside.step != step.value):
+            seen(key)       # else: a step it is not judging (no step marks, or asleep)
         state = local.run
         if state is None:
             state = local.run = run_state()
