@@ -8,11 +8,14 @@ sampled trace must account for every call it left out (`sampled`, `sample.run`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -163,24 +166,49 @@ x = "ptr(args.x)"
 '''
 
 
+
+class KeyedRun:
+    """keyed_probe's run: the probed module, and the trace's rows once it ended."""
+
+    def __init__(self) -> None:
+        self.module: Any = None
+        self.rows: list[dict] = []
+
+
+@contextlib.contextmanager
+def keyed_probe(tmp_path: Path, monkeypatch: Any, **env: str) -> Iterator[KeyedRun]:
+    """The keyed pack installed in this process with these MLATRACE_* settings, recording
+    to tmp_path/trace; the rows are read when the block ends."""
+    from mlatrace import probe, record
+
+    (tmp_path / "keyed_mod.py").write_text(KEYED_MODULE)
+    (tmp_path / "keyed.toml").write_text(KEYED_PACK)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    out = tmp_path / "trace"
+    record.start(str(out))
+    probe.install([tmp_path / "keyed.toml"])
+    run = KeyedRun()
+    try:
+        import keyed_mod
+
+        run.module = keyed_mod
+        yield run
+    finally:
+        probe.uninstall()
+        record.stop()
+    (path,) = out.glob("p*.jsonl")
+    run.rows = [json.loads(line) for line in path.read_text().splitlines()]
+
 def test_sampled_calls_are_compared_on_a_raw_key_and_not_extracted(tmp_path, monkeypatch):
     """A call whose key (shape, dtype, hints; not the pointers of an eager record)
     repeats is counted without being extracted: its pointer is never read. Each change
     of shape, dtype or hint is recorded in full, and the runs are exact, layers included."""
     import torch
 
-    from mlatrace import probe, record
-
-    (tmp_path / "keyed_mod.py").write_text(KEYED_MODULE)
-    (tmp_path / "keyed.toml").write_text(KEYED_PACK)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv("MLATRACE_SAMPLE", "1")
-    out = tmp_path / "trace"
-    record.start(str(out))
-    probe.install([tmp_path / "keyed.toml"])
-    try:
-        import keyed_mod
-
+    with keyed_probe(tmp_path, monkeypatch, MLATRACE_SAMPLE="1") as run:
+        keyed_mod = run.module
         x = keyed_mod.Buf((4, 16, 512), torch.bfloat16)
         for layer in range(6):                        # one run over 6 layers
             keyed_mod.attend(x, 100, layer)
@@ -190,13 +218,9 @@ def test_sampled_calls_are_compared_on_a_raw_key_and_not_extracted(tmp_path, mon
         keyed_mod.attend(keyed_mod.Buf((8, 16, 512), torch.float32), 200, 0)   # hint
         y = keyed_mod.Buf((8, 16, 512), torch.float32)
         keyed_mod.attend(y, 200, 1)                   # same key, new object: counted
-    finally:
-        probe.uninstall()
-        record.stop()
     assert reads_after_run == 1            # only the first call of the run was extracted
     assert y.ptr_reads == 0
-    (path,) = out.glob("p*.jsonl")
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows = run.rows
     calls = [(r["dtype"], r["shapes"]["x"], r["hints"]["n"], r["layer"], r["repeat"],
               r["ptrs"]["x"]) for r in rows if r["k"] == "attn.call"]
     assert calls == [("torch.bfloat16", [4, 16, 512], 100, 0, 1, 4096),
@@ -299,20 +323,11 @@ def test_a_steady_probe_steps_aside_after_the_first_call_of_each_step(tmp_path, 
     in a stepped-aside step is recorded in full."""
     import torch
 
-    from mlatrace import probe, record
     from mlatrace.probe import graphs
 
-    (tmp_path / "keyed_mod.py").write_text(KEYED_MODULE)
-    (tmp_path / "keyed.toml").write_text(KEYED_PACK)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv("MLATRACE_SAMPLE", "1")
-    monkeypatch.setenv("MLATRACE_STEP_ASIDE", "2,4")
-    out = tmp_path / "trace"
-    record.start(str(out))
-    probe.install([tmp_path / "keyed.toml"])
-    try:
-        import keyed_mod
-
+    with keyed_probe(tmp_path, monkeypatch, MLATRACE_SAMPLE="1",
+                     MLATRACE_STEP_ASIDE="2,4") as run:
+        keyed_mod = run.module
         x = keyed_mod.Buf((4, 16, 512), torch.bfloat16)
         for step in range(1, 13):
             graphs.next_step()                      # what a dispatch or metadata call does
@@ -324,11 +339,7 @@ def test_a_steady_probe_steps_aside_after_the_first_call_of_each_step(tmp_path, 
         graphs.push_capture(gid, "test")            # ... until a capture begins
         keyed_mod.attend(x, 12, 1)
         graphs.remove_capture(gid)
-    finally:
-        probe.uninstall()
-        record.stop()
-    (path,) = out.glob("p*.jsonl")
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows = run.rows
     written = [(r["hints"]["n"], r["layer"], r["capturing"]) for r in rows
                if r["k"] == "attn.call"]
     assert written == [(n, 0, False) for n in range(1, 13)] + [(12, 1, True)]
@@ -347,26 +358,12 @@ def test_without_step_marks_nothing_steps_aside(tmp_path, monkeypatch):
     has one endless step: its calls are never judged steady, so all are inspected."""
     import torch
 
-    from mlatrace import probe, record
-
-    (tmp_path / "keyed_mod.py").write_text(KEYED_MODULE)
-    (tmp_path / "keyed.toml").write_text(KEYED_PACK)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv("MLATRACE_STEP_ASIDE", "1,1000")
-    out = tmp_path / "trace"
-    record.start(str(out))
-    probe.install([tmp_path / "keyed.toml"])
-    try:
-        import keyed_mod
-
+    with keyed_probe(tmp_path, monkeypatch, MLATRACE_STEP_ASIDE="1,1000") as run:
+        keyed_mod = run.module
         x = keyed_mod.Buf((4, 16, 512), torch.bfloat16)
         for call in range(500):
             keyed_mod.attend(x, call // 50, call % 5)
-    finally:
-        probe.uninstall()
-        record.stop()
-    (path,) = out.glob("p*.jsonl")
-    end = [json.loads(line) for line in path.read_text().splitlines()][-1]
+    end = run.rows[-1]
     assert end["unseen"] == {}
     assert end["coverage"]["probes"]["keyed.attend"]["hits"] == 500
 
