@@ -176,13 +176,15 @@ class KeyedRun:
 
 
 @contextlib.contextmanager
-def keyed_probe(tmp_path: Path, monkeypatch: Any, **env: str) -> Iterator[KeyedRun]:
+def keyed_probe(tmp_path: Path, monkeypatch: Any, module: str = KEYED_MODULE,
+                pack: str = KEYED_PACK, **env: str) -> Iterator[KeyedRun]:
     """The keyed pack installed in this process with these MLATRACE_* settings, recording
     to tmp_path/trace; the rows are read when the block ends."""
     from mlatrace import probe, record
 
-    (tmp_path / "keyed_mod.py").write_text(KEYED_MODULE)
-    (tmp_path / "keyed.toml").write_text(KEYED_PACK)
+    sys.modules.pop("keyed_mod", None)
+    (tmp_path / "keyed_mod.py").write_text(module)
+    (tmp_path / "keyed.toml").write_text(pack)
     monkeypatch.syspath_prepend(str(tmp_path))
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -427,3 +429,53 @@ def test_run_rejects_a_bad_step_aside_and_parses_good_ones(tmp_path):
     assert done.returncode == 2
     assert "--step-aside wants SETTLE,VERIFY" in done.stderr
     assert not (tmp_path / "t").exists()
+
+
+FAILING_META_MODULE = KEYED_MODULE + '''
+
+class Spec:
+    def __init__(self, n, boom=False):
+        self._n, self.boom = n, boom
+
+    @property
+    def n(self):
+        if self.boom:
+            raise RuntimeError("metadata probe broken")
+        return self._n
+
+
+def build(spec):
+    return spec
+'''
+
+FAILING_META_PACK = KEYED_PACK + '''
+[[probe]]
+name = "meta"
+targets = ["keyed_mod:build"]
+params = ["spec"]
+kind = "attn.metadata"
+when = "call"
+[probe.fields]
+n = "args.spec.n"
+'''
+
+
+def test_a_failed_step_marking_probe_wakes_every_probe_for_good(tmp_path, monkeypatch):
+    """Steps advance only through step-marking calls: when that probe fails, no probe may
+    stay asleep (it would be blind from then on). SETTLE 1: steps 3-10 inspect only their
+    first call (16 calls unseen); the metadata probe breaks at step 11, and every later
+    call is inspected."""
+    import torch
+
+    with keyed_probe(tmp_path, monkeypatch, FAILING_META_MODULE, FAILING_META_PACK,
+                     MLATRACE_STEP_ASIDE="1,100") as run:
+        keyed_mod = run.module
+        x = keyed_mod.Buf((4, 16, 512), torch.bfloat16)
+        for step in range(1, 13):
+            keyed_mod.build(keyed_mod.Spec(step, boom=step == 11))
+            for layer in range(3):
+                keyed_mod.attend(x, 7, layer)
+    end = run.rows[-1]
+    assert [r["probe"] for r in run.rows if r["k"] == "probe.error"] == ["keyed.meta"]
+    assert end["unseen"] == {"keyed.attend": 16}
+    assert end["coverage"]["probes"]["keyed.attend"]["hits"] == 36 - 16

@@ -114,10 +114,13 @@ class ProbeRuntime:
         self.local = _Inside()
 
     def fail(self, target: str, exc: BaseException) -> None:
-        """Disable this probe after its first failure (during a call) and say so once."""
+        """Disable this probe after its first failure (during a call) and say so once.
+        A probe that marks steps takes step-aside down with it (sampling)."""
         if self.disabled:
             return
         self.disabled = True
+        if self.spec.kind in graphs.STEP_KINDS or getattr(self.handler, "MARKS_STEPS", False):
+            sampling.stop_stepping_aside()
         self.report(target, f"{type(exc).__name__}: {exc}", "run")
 
     def report(self, target: str, error: str, reason: str = "run") -> None:

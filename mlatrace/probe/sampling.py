@@ -218,6 +218,18 @@ class Awake:
         pass
 
 
+def stop_stepping_aside() -> None:
+    """A step-marking probe failed: steps may never advance again, so no probe may stay
+    asleep (it would be blind for the rest of the process). Every probe looks at every
+    call from now on, and the wrappers taken off are put back."""
+    with _lock:
+        asides = list(_asides)
+    for aside in asides:
+        aside.settle = 1 << 62
+        aside.asleep = NEVER
+    graphs.put_back_wrappers()
+
+
 def step_aside_for(probe: str, kind: str | None = None) -> StepAside | Awake:
     """The StepAside of one probe target, per MLATRACE_STEP_ASIDE; Awake when off or
     when the probe marks steps itself (it must see every call to advance them)."""

@@ -170,6 +170,8 @@ class AttnForward(Handler):
 class Dispatch(Handler):
     """The runner's dispatch decision: (mode, batch descriptor) or a descriptor with cg_mode."""
 
+    MARKS_STEPS = True     # each dispatch begins a step (sampling.StepAside)
+
     def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
         graphs.next_step()        # a dispatch begins a forward: a step (sampling.StepAside)
         if error is not None:
