@@ -9,7 +9,6 @@ import pickle
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import replace
-from itertools import compress
 from operator import itemgetter
 from typing import Any
 
@@ -820,7 +819,7 @@ def _feed(builder: _ProcessBuilder, handlers: dict[str, Any], records: Iterable[
     """The one loop every record of every trace goes through (batch, parallel and live).
 
     Records come a list at a time (a chunk of the reader): their kinds are counted in C
-    and only the records of a kind with a handler reach Python code.
+    and their handlers looked up in C; the loop only calls those of kinds with one.
     """
     if type(records) is RecordChunk:  # the reader read their kinds already
         kinds, counts = records.kinds, records.counts
@@ -833,12 +832,12 @@ def _feed(builder: _ProcessBuilder, handlers: dict[str, Any], records: Iterable[
         except (TypeError, KeyError):  # not the reader's records (no dict, no k, unhashable k)
             return _feed_each(builder, handlers, records, problems)
     builder.proc.kinds.update(counts)
-    for handler, rec in compress(zip(map(handlers.get, kinds), records, strict=True),
-                                 map(handlers.__contains__, kinds)):
-        try:
-            handler(rec)
-        except (AttributeError, TypeError, ValueError, KeyError) as exc:
-            problems.append(_bad_record(builder, rec, exc))
+    for handler, rec in zip(map(handlers.get, kinds), records, strict=True):
+        if handler is not None:
+            try:
+                handler(rec)
+            except (AttributeError, TypeError, ValueError, KeyError) as exc:
+                problems.append(_bad_record(builder, rec, exc))
     return len(records)
 
 
