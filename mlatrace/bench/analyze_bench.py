@@ -244,7 +244,7 @@ def _verdict(ok: bool) -> int:
 
 def main_incremental(events: int, repeat: int, idle_s: float = 5.0) -> int:
     """`bench analyze --incremental`: 1M records through the tailing reader and the
-    incremental model (refreshing the rules after every poll), then the idle poll loop."""
+    incremental model (the rules when the watch would refresh), then the idle poll loop."""
     with tempfile.TemporaryDirectory(prefix="mlatrace-bench-") as tmp:
         trace = Path(tmp) / "trace"
         written = write_trace(trace, events)
