@@ -486,6 +486,101 @@ def test_a_backlog_is_read_in_chunks_and_caught_up(tmp_path: Path) -> None:
         [f.to_dict() for f in analyze(open_trace(src)).findings]
 
 
+def test_a_backlog_poll_takes_more_while_behind_and_reads_a_piece_at_a_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a backlog remains each poll takes twice the last one's bytes (up to
+    MAX_GROWTH chunks), read a piece of READ_BYTES at a time; once caught up, a poll
+    takes one chunk again."""
+    src = mla_decode(tmp_path / "src", policy="legacy", replay_lens=tuple(range(9000, 9400)))
+    path = next(src.glob("p*.jsonl"))
+    blob = path.read_bytes()
+    half = blob.index(b"\n", len(blob) // 2) + 1
+    path.write_bytes(blob[:half])
+    reads: list[int] = []
+    real_open = open
+
+    class Spy:
+        def __init__(self, f):  # noqa: ANN001
+            self.f = f
+
+        def __enter__(self):  # noqa: ANN204
+            return self
+
+        def __exit__(self, *exc):  # noqa: ANN002, ANN204
+            self.f.close()
+
+        def seek(self, n: int) -> None:
+            self.f.seek(n)
+
+        def read(self, n: int) -> bytes:
+            data = self.f.read(n)
+            reads.append(len(data))
+            return data
+
+    monkeypatch.setattr(tail_mod, "open", lambda p, mode: Spy(real_open(p, mode)), raising=False)
+    monkeypatch.setattr(tail_mod, "READ_BYTES", 1000)
+    live = LiveRun([src])
+    live.tail.chunk = 4096
+    takes = []
+    while live.poll() or live.tail.behind:
+        takes.append(live.tail.pending)
+    assert takes[:4] == [4096, 8192, 16384, 4096 * tail_mod.MAX_GROWTH]
+    assert max(takes) == 4096 * tail_mod.MAX_GROWTH and sum(takes) == half
+    assert max(reads) == 1000 and sum(reads) == half   # each byte read once, a piece at a time
+    with path.open("ab") as f:
+        f.write(blob[half:])
+    live.poll()
+    assert live.tail.pending == 4096 and live.tail.behind   # caught up: one chunk first
+    assert [f.to_dict() for f in live.close().findings] == \
+        [f.to_dict() for f in analyze(open_trace(src)).findings]
+
+
+def test_a_feed_worker_reads_its_own_files(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A poll fed over forked workers: the watch process reads only the files it feeds
+    itself; a worker reads its own, and the watch goes on from where the worker stopped."""
+    from mlatrace.analysis import parallel
+    from mlatrace.watch import state
+
+    src = mla_decode(tmp_path / "src", policy="legacy", replay_lens=tuple(range(9000, 9300)),
+                     ranks=2)
+    opened: list[str] = []   # in this process only: a forked worker appends to its own copy
+    real_open = open
+
+    def spy(p: Path, mode: str):  # noqa: ANN202
+        opened.append(Path(p).name)
+        return real_open(p, mode)
+
+    monkeypatch.setattr(tail_mod, "open", spy, raising=False)
+    monkeypatch.setattr(state, "FEED_PARALLEL_MIN_BYTES", 0)
+    ran: list[int | None] = []
+    feed = parallel.feed_parallel
+    monkeypatch.setattr(parallel, "feed_parallel", lambda *a: ran.append(feed(*a)) or ran[-1])
+    live = LiveRun([src])
+    live.tail.chunk = 4096
+    while live.poll():
+        pass
+    assert len(ran) > 3 and all(n is not None for n in ran)
+    assert len(set(opened)) == 1   # the file the watch feeds itself, never the worker's
+    assert all(t.offset == t.proc.path.stat().st_size for t in live.tail.files.values())
+    batch = analyze(open_trace(src), live.config)
+    assert _comparable(report_dict("x", live.close())) == _comparable(report_dict("x", batch))
+
+
+def test_refreshes_while_catching_up_are_fewer(tmp_path: Path) -> None:
+    """The follow loop shows new records within POLL_S once caught up, but only every
+    BACKLOG_REFRESH_S while a backlog remains; with nothing new, every IDLE_REFRESH_S."""
+    from mlatrace.watch import BACKLOG_REFRESH_S, IDLE_REFRESH_S, POLL_S, refresh_due
+
+    live = LiveRun([tmp_path])
+    assert POLL_S < BACKLOG_REFRESH_S < IDLE_REFRESH_S
+    assert refresh_due(live, True, POLL_S) and not refresh_due(live, True, POLL_S / 2)
+    live.tail.behind = True
+    assert not refresh_due(live, True, POLL_S) and refresh_due(live, True, BACKLOG_REFRESH_S)
+    assert not refresh_due(live, False, BACKLOG_REFRESH_S)
+    assert refresh_due(live, False, IDLE_REFRESH_S)
+
+
 MULTI_PROCESS_DIRS = [d for d in TRACE_DIRS if len(list(d.glob("p*.jsonl"))) >= 2]
 
 

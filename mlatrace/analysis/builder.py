@@ -9,7 +9,6 @@ import pickle
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import replace
-from itertools import compress
 from operator import itemgetter
 from typing import Any
 
@@ -752,7 +751,8 @@ class IncrementalBuilder:
             "runtime_eager": {k: v for k, v in model.runtime_eager.items() if k[0] in pids},
             "runtime_splits": {k: v for k, v in model.runtime_splits.items() if k in pids},
             "files": {id(f): (f.gaps, f.dropped, f.records_read, f._last_seq, f.end,
-                              f.lines_checked) for f in proc_files},
+                              f.lines_checked, f.header, f._header_line_ok, f._header_problem)
+                      for f in proc_files},
             "reader_problems": proc_files[0].problems[reader_from:] if proc_files else [],
             "problems": self.problems[own_from:],
         }
@@ -785,8 +785,9 @@ class IncrementalBuilder:
         for proc_file in proc_files:
             if id(proc_file) in state["files"]:
                 (proc_file.gaps, proc_file.dropped, proc_file.records_read,
-                 proc_file._last_seq, proc_file.end,
-                 proc_file.lines_checked) = state["files"][id(proc_file)]
+                 proc_file._last_seq, proc_file.end, proc_file.lines_checked,
+                 proc_file.header, proc_file._header_line_ok,
+                 proc_file._header_problem) = state["files"][id(proc_file)]
         if proc_files:
             proc_files[0].problems.extend(state["reader_problems"])
         self.problems.extend(state["problems"])
@@ -818,7 +819,7 @@ def _feed(builder: _ProcessBuilder, handlers: dict[str, Any], records: Iterable[
     """The one loop every record of every trace goes through (batch, parallel and live).
 
     Records come a list at a time (a chunk of the reader): their kinds are counted in C
-    and only the records of a kind with a handler reach Python code.
+    and their handlers looked up in C; the loop only calls those of kinds with one.
     """
     if type(records) is RecordChunk:  # the reader read their kinds already
         kinds, counts = records.kinds, records.counts
@@ -831,12 +832,12 @@ def _feed(builder: _ProcessBuilder, handlers: dict[str, Any], records: Iterable[
         except (TypeError, KeyError):  # not the reader's records (no dict, no k, unhashable k)
             return _feed_each(builder, handlers, records, problems)
     builder.proc.kinds.update(counts)
-    for handler, rec in compress(zip(map(handlers.get, kinds), records, strict=True),
-                                 map(handlers.__contains__, kinds)):
-        try:
-            handler(rec)
-        except (AttributeError, TypeError, ValueError, KeyError) as exc:
-            problems.append(_bad_record(builder, rec, exc))
+    for handler, rec in zip(map(handlers.get, kinds), records, strict=True):
+        if handler is not None:
+            try:
+                handler(rec)
+            except (AttributeError, TypeError, ValueError, KeyError) as exc:
+                problems.append(_bad_record(builder, rec, exc))
     return len(records)
 
 

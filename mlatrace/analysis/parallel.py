@@ -37,7 +37,8 @@ def feed_parallel(incremental: Any, pieces: list[tuple[Any, Any]]) -> int | None
     """Feed `pieces` ((process file, its record lists)) over forked workers, by pid.
 
     The process files are one reader's (they share its problems list); each worker's new
-    problems come back with its builders, after the parent's own.
+    problems come back with its builders, after the parent's own. Records that are read
+    as they are consumed (the tailing reader's) are read by the worker that feeds them.
 
     The parent feeds the first bucket itself while the workers feed the others; each
     worker returns its builders (`IncrementalBuilder.export_pids`) through a pipe, and
@@ -80,8 +81,11 @@ def feed_parallel(incremental: Any, pieces: list[tuple[Any, Any]]) -> int | None
             if result is None:  # this worker's records were not consumed here: feed them
                 fed_here.add(i)
                 continue
-            data, fed = result
+            data, fed, positions = result
             incremental.absorb(data, [f for f, _c in buckets[i]])
+            for (_f, chunks), position in zip(buckets[i], positions, strict=True):
+                if position is not None:  # read where consumed: the worker read it
+                    chunks.resume(position)
             count += fed
         for i in sorted(fed_here):
             count += sum(incremental.feed(f, c) for f, chunks in buckets[i] for c in chunks)
@@ -122,7 +126,7 @@ def _fork_worker(index: int) -> tuple[int, int]:
     return pid, read_fd
 
 
-def _collect(pid: int, fd: int) -> tuple[bytes, int] | None:
+def _collect(pid: int, fd: int) -> tuple[bytes, int, list] | None:
     """A worker's result, once it exited cleanly; None when it failed."""
     with os.fdopen(fd, "rb", closefd=True) as pipe:
         data = pipe.read()
@@ -145,13 +149,18 @@ def _reap(pid: int, kill: bool = False) -> int | None:
         return None
 
 
-def _feed_bucket(index: int) -> tuple[bytes, int]:
-    """Worker: feed bucket `index` into the builder inherited from the parent."""
+def _feed_bucket(index: int) -> tuple[bytes, int, list]:
+    """Worker: feed bucket `index` into the builder inherited from the parent; with the
+    builders, where each file's reading stopped (records read as they are consumed, the
+    tailing reader's, carry a `position()`), so the parent goes on from there."""
     incremental, buckets, reader_from, own_from = _FEED_WORK
     bucket = buckets[index]
     count = sum(incremental.feed(f, chunk) for f, chunks in bucket for chunk in chunks)
     pids = {b.pid for f, _c in bucket if (b := incremental.builder_of(f)) is not None}
-    return incremental.export_pids(pids, [f for f, _c in bucket], reader_from, own_from), count
+    positions = [chunks.position() if hasattr(chunks, "position") else None
+                 for _f, chunks in bucket]
+    return (incremental.export_pids(pids, [f for f, _c in bucket], reader_from, own_from),
+            count, positions)
 
 
 def _pid_groups(processes: list) -> list[list]:

@@ -1,17 +1,23 @@
 """Tailing reader: follows the `p<pid>.jsonl` files of a trace that is still being written.
 
 `mlatrace watch` reads a trace while the traced processes append to it. Each poll looks
-at the directory (and its per-host subdirectories) for new files, compares each known
-file's size with the offset read so far, and reads only the new bytes: a file is never
-read twice. A writer flushes whole batches of lines, but a poll can land mid-write, so
-the bytes after the last newline are held until their line completes. Every complete
-line goes through the batch reader's own checks (`ProcessFile.checked_chunk`), so a
-malformed line is reported as `file:line: reason` exactly as `report` would, and the
-records handed out are the ones `report` would stream.
+at the directory (and its per-host subdirectories) for new files and compares each known
+file's size with the offset read so far; the new bytes are read, a piece at a time, only
+as the poll's records are consumed, so a file is never read twice, the reader holds no
+more than a piece of each file however long the backlog, and a forked feed worker
+(`mlatrace.analysis.parallel`) reads its own files. A writer flushes whole batches of
+lines, but a poll can land mid-write, so the bytes after the last newline are held until
+their line completes. Every complete line goes through the batch reader's own checks
+(`ProcessFile.checked_chunk`), so a malformed line is reported as `file:line: reason`
+exactly as `report` would, and the records handed out are the ones `report` would stream.
+
+A poll takes at most `chunk` bytes of a file, so a long backlog is caught up over several
+polls and the view refreshes meanwhile; while a backlog remains, each poll takes twice
+the last one's, up to `MAX_GROWTH` times `chunk` (fewer polls, each with its fixed cost).
 
     tail = TailReader([run_dir])
     for proc, chunks in tail.poll():    # new records since the last poll, per file, as
-        for records in chunks: ...      # lists: consume them before the next poll
+        for records in chunks: ...      # lists: consume them in order, before the next poll
     tail.close()                        # the run is over: held partial lines are read as
                                         # the batch reader reads them (a truncated line)
 """
@@ -25,10 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlatrace.trace import Problem, ProcessFile, _file_order
+from mlatrace.trace import READ_BYTES, Problem, ProcessFile, _file_order
 
-READ_CHUNK = 8 * 1024 * 1024   # bytes read from one file per poll: a long backlog is
-                                # caught up over several polls, so the view stays live
+READ_CHUNK = 8 * 1024 * 1024   # bytes taken from one file by a poll after one that caught up
+MAX_GROWTH = 4                 # while behind, a poll takes up to this many times READ_CHUNK
 
 
 @dataclass
@@ -41,6 +47,54 @@ class TailFile:
     closed: bool = False
     started: bool = False          # the first line was seen (header taken or refused)
 
+    def lines(self, data: bytes, end: int) -> Iterator[list[dict[str, Any]]]:
+        """Hand complete lines, `data[:end]` (or, at close, the last partial one) to the
+        batch checks, the first line of the file as its header."""
+        if not self.started:
+            self.proc.accept_header_line(bytes(data[:data.find(b"\n", 0, end) + 1 or end]))
+            self.started = True
+        return self.proc.checked_chunks(data, end=end)
+
+
+class NewRecords:
+    """The records of one file's bytes up to `end`, read a piece at a time as they are
+    iterated (the bytes after the last newline are held in the `TailFile`).
+
+    Iterate once. A forked feed worker that consumed them in its own memory hands back
+    `position()`, and the watch process `resume`s from it.
+    """
+
+    __slots__ = ("end", "tail")
+
+    def __init__(self, tail: TailFile, end: int) -> None:
+        self.tail, self.end = tail, end
+
+    def __iter__(self) -> Iterator[list[dict[str, Any]]]:
+        tail = self.tail
+        try:
+            f = open(tail.proc.path, "rb")  # noqa: SIM115 - held while the records are consumed
+        except OSError:
+            return  # removed since the poll: keep what was read
+        with f:
+            f.seek(tail.offset)
+            while tail.offset < self.end:
+                data = f.read(min(self.end - tail.offset, READ_BYTES))
+                if not data:
+                    return  # replaced since the poll: the next poll sees its size
+                tail.offset += len(data)
+                if tail.partial:
+                    data = tail.partial + data
+                cut = data.rfind(b"\n") + 1
+                tail.partial = data[cut:]
+                if cut:
+                    yield from tail.lines(data, cut)
+
+    def position(self) -> tuple[int, bytes, bool]:
+        return self.tail.offset, self.tail.partial, self.tail.started
+
+    def resume(self, position: tuple[int, bytes, bool]) -> None:
+        self.tail.offset, self.tail.partial, self.tail.started = position
+
 
 class TailReader:
     """Follows every process file under `roots` (each root and its direct subdirectories)."""
@@ -52,6 +106,8 @@ class TailReader:
         self.files: dict[Path, TailFile] = {}
         self.run: dict[str, Any] | None = None
         self.behind = False   # the last poll left bytes unread (a backlog over one chunk)
+        self.pending = 0      # bytes the last poll's records will read, over all files
+        self._budget: int | None = None  # bytes the next poll takes from one file (None: chunk)
         self._run_stat: tuple[int, int] | None = None
 
     # -- discovery -------------------------------------------------------------
@@ -80,69 +136,58 @@ class TailReader:
             pass  # mid-replace or damaged: try again next poll
 
     # -- reading ---------------------------------------------------------------
-    def poll(self) -> list[tuple[ProcessFile, Iterator[list[dict[str, Any]]]]]:
-        """The records added to each file since the last poll (files with none left out).
+    def poll(self) -> list[tuple[ProcessFile, NewRecords]]:
+        """The records added to each file since the last poll (files with no new bytes
+        left out).
 
-        Each file's records come as an iterator of lists (a few hundred records each,
-        `ProcessFile.checked_chunks`), decoded as they are consumed: consume them in
-        order, before the next poll. At most `chunk` bytes are read from a file per poll.
+        Each file's records come as an iterable of lists (a few hundred records each,
+        `ProcessFile.checked_chunks`), read and decoded as they are consumed: consume
+        them in order, before the next poll (records not consumed are read by a later
+        poll). A poll takes at most its budget of bytes from each file (see the module
+        docstring).
         """
+        self._discover()
+        budget = self._budget or self.chunk
+        out = []
+        behind = False
+        self.pending = 0
+        for tail in self._ordered():
+            new = self._new_bytes(tail)
+            if new:
+                behind = behind or new > budget
+                take = min(new, budget)
+                self.pending += take
+                out.append((tail.proc, NewRecords(tail, tail.offset + take)))
+        self.behind = behind
+        self._budget = min(budget * 2, self.chunk * MAX_GROWTH) if behind else None
+        return out
+
+    def _discover(self) -> None:
         self._read_run_json()
-        self.behind = False
         for path, label in self._scan():
             if path not in self.files:
                 self.files[path] = TailFile(ProcessFile(path, self.problems, label=label))
-        out = []
-        for tail in self._ordered():
-            records = self._read_new(tail)
-            if records is not None:
-                out.append((tail.proc, records))
-        return out
 
     def _ordered(self) -> list[TailFile]:
         return sorted(self.files.values(), key=lambda t: (_file_order(t.proc.path),
                                                          t.proc.name))
 
-    def _read_new(self, tail: TailFile) -> Iterator[list[dict[str, Any]]] | None:
-        """The records of the complete lines appended since the last read, or None."""
+    def _new_bytes(self, tail: TailFile) -> int:
+        """How many bytes were appended to the file since it was read (0: none, closed,
+        removed, or shrunk: a file that shrinks is no longer read)."""
         if tail.closed:
-            return None
+            return 0
         try:
             size = os.stat(tail.proc.path).st_size
         except OSError:
-            return None  # removed: keep what was read
+            return 0  # removed: keep what was read
         if size < tail.offset:
             self.problems.append(Problem(tail.proc.name, tail.proc.lines_checked + 1,
                                          f"file shrank from {tail.offset} to {size} bytes while "
                                          "followed; no longer read"))
             tail.closed = True
-            return None
-        if size == tail.offset:
-            return None
-        try:
-            with open(tail.proc.path, "rb") as f:
-                f.seek(tail.offset)
-                data = f.read(min(size - tail.offset, self.chunk))
-        except OSError:
-            return None
-        self.behind = self.behind or size - tail.offset > len(data)
-        tail.offset += len(data)
-        if tail.partial:
-            data = tail.partial + data
-        cut = data.rfind(b"\n") + 1
-        tail.partial = data[cut:]
-        if cut == 0:
-            return None
-        return self._lines(tail, data, cut)
-
-    def _lines(self, tail: TailFile, data: bytes,
-               end: int) -> Iterator[list[dict[str, Any]]]:
-        """Hand complete lines, `data[:end]` (or, at close, the last partial one) to the
-        batch checks."""
-        if not tail.started:
-            tail.proc.accept_header_line(bytes(data[:data.find(b"\n", 0, end) + 1 or end]))
-            tail.started = True
-        return tail.proc.checked_chunks(data, end=end)
+            return 0
+        return size - tail.offset
 
     def close(self) -> list[tuple[ProcessFile, list[list[dict[str, Any]]]]]:
         """The run is over: read what is left, then each held partial line as a truncated one.
@@ -151,33 +196,29 @@ class TailReader:
         more comes), those without new records too, so that a consumer knows of each (an
         empty file is a problem the batch reader reports as well).
         """
-        out = {id(proc): (proc, list(records)) for proc, records in self.poll()}
+        self._discover()
+        out = []
         for tail in self._ordered():
-            records = out.pop(id(tail.proc), (tail.proc, []))[1]
-            while not tail.closed:  # a backlog larger than one chunk
+            records: list[list[dict[str, Any]]] = []
+            while new := self._new_bytes(tail):  # the whole backlog, whatever the budget
                 before = tail.offset
-                more = self._read_new(tail)
-                if more is not None:
-                    records += more
+                records += NewRecords(tail, tail.offset + new)
                 if tail.offset == before:
                     break
             if not tail.closed and (tail.partial or not tail.started):
                 data, tail.partial = tail.partial, b""
                 if data:
-                    records += self._lines(tail, data, len(data))
+                    records += tail.lines(data, len(data))
                 else:
                     tail.proc.accept_header_line(b"")  # an empty file, as the batch reader says
                     tail.started = True
             tail.closed = True
-            out[id(tail.proc)] = (tail.proc, records)
-        return [out[id(t.proc)] for t in self._ordered()]
+            out.append((tail.proc, records))
+        self.behind, self.pending = False, 0
+        return out
 
     def processes(self) -> list[ProcessFile]:
         return [t.proc for t in self._ordered()]
-
-    def stat_total(self) -> int:
-        """Bytes read so far over all files."""
-        return sum(t.offset for t in self.files.values())
 
 
 def _process_files(root: Path) -> list[tuple[Path, str]]:
@@ -204,4 +245,4 @@ def _process_files(root: Path) -> list[tuple[Path, str]]:
     return out
 
 
-__all__ = ["READ_CHUNK", "TailFile", "TailReader"]
+__all__ = ["MAX_GROWTH", "READ_CHUNK", "NewRecords", "TailFile", "TailReader"]

@@ -26,17 +26,32 @@ from mlatrace.watch.state import LiveRun, newest_run
 
 DEFAULT_DIR = "mlatrace-trace"
 POLL_S = 0.25           # between polls while caught up: at most 4 refreshes a second
+BACKLOG_REFRESH_S = 1.0  # catching up on a backlog: the rules and the view this often
 IDLE_REFRESH_S = 3.0    # nothing new: redraw only this often (elapsed time, process states)
 LOG_NAME = "cmd.log"    # `run --watch`: the command's output, in the trace dir
 
 __all__ = ["DEFAULT_DIR", "LOG_NAME", "LiveRun", "catch_up", "follow", "main", "newest_run",
-           "print_final", "snapshot"]
+           "print_final", "refresh_due", "snapshot"]
 
 
 def catch_up(live: LiveRun) -> None:
     """Read everything already written (a backlog takes several polls)."""
     while live.poll() or live.tail.behind:
         pass
+
+
+def refresh_due(live: LiveRun, unseen: bool, since: float) -> bool:
+    """Whether the follow loop runs the rules and redraws now, `since` seconds after it
+    last did, `unseen` when records were read since then.
+
+    New records are shown at most every POLL_S; while a backlog is caught up (the last
+    poll left bytes unread) only every BACKLOG_REFRESH_S, since each refresh (the rules,
+    the view's tables) holds up the reading; the poll that catches up is always shown
+    within POLL_S. Nothing new: every IDLE_REFRESH_S (elapsed time, process states).
+    """
+    if unseen:
+        return since >= (BACKLOG_REFRESH_S if live.tail.behind else POLL_S)
+    return since >= IDLE_REFRESH_S
 
 
 def snapshot(live: LiveRun, console: Any, log_path: str | None = None,
@@ -69,18 +84,19 @@ def follow(live: LiveRun, console: Any, log_path: str | None = None,
     try:
         with Live(render(live, log_path), console=console, auto_refresh=False,
                   redirect_stdout=False, redirect_stderr=False) as view:
+            unseen = False  # records read since the last refresh
             while True:
-                added = live.poll()
+                unseen = bool(live.poll()) or unseen
                 over = done()
                 now = time.monotonic()
-                if over or (added and now - last >= POLL_S) or now - last >= IDLE_REFRESH_S:
+                if over or refresh_due(live, unseen, now - last):
                     live.refresh()
                     view.update(render(live, log_path), refresh=True)
-                    last = now
+                    last, unseen = now, False
                 if over:
                     return True
                 if not live.tail.behind:  # caught up: wait for the writers
-                    time.sleep(POLL_S)
+                    time.sleep(max(0.0, last + POLL_S - now) if unseen else POLL_S)
     except KeyboardInterrupt:
         return False
 

@@ -110,9 +110,8 @@ class LiveRun:
         gc_was_enabled = gc.isenabled()
         gc.disable()  # a backlog is many short-lived dicts without cycles (as build_model)
         try:
-            before = self.tail.stat_total()
             pieces = self.tail.poll()
-            backlog = self.tail.stat_total() - before >= FEED_PARALLEL_MIN_BYTES
+            backlog = self.tail.pending >= FEED_PARALLEL_MIN_BYTES
             added = self.builder.feed_files(pieces, parallel=backlog and len(pieces) > 1)
         finally:
             if gc_was_enabled:
