@@ -118,10 +118,8 @@ def test_tail_holds_a_partial_line_until_it_completes(tmp_path: Path) -> None:
     assert tail.poll() == [] and tail.problems == []
 
 
-def test_tail_reads_only_new_bytes_and_finds_new_files_and_host_dirs(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    first = SynthProcess(tmp_path, 10)
-    first.write(end=False)
+def _spy_tail_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The byte counts of every read the tail makes from now on (its `open` spied on)."""
     reads: list[int] = []
     real_open = open
 
@@ -144,6 +142,14 @@ def test_tail_reads_only_new_bytes_and_finds_new_files_and_host_dirs(
             return data
 
     monkeypatch.setattr(tail_mod, "open", lambda p, mode: Spy(real_open(p, mode)), raising=False)
+    return reads
+
+
+def test_tail_reads_only_new_bytes_and_finds_new_files_and_host_dirs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = SynthProcess(tmp_path, 10)
+    first.write(end=False)
+    reads = _spy_tail_reads(monkeypatch)
     tail = TailReader([tmp_path])
     assert [sum(map(len, c)) for _p, c in tail.poll()] == [1]
     size = (tmp_path / "p10.jsonl").stat().st_size
@@ -496,28 +502,7 @@ def test_a_backlog_poll_takes_more_while_behind_and_reads_a_piece_at_a_time(
     blob = path.read_bytes()
     half = blob.index(b"\n", len(blob) // 2) + 1
     path.write_bytes(blob[:half])
-    reads: list[int] = []
-    real_open = open
-
-    class Spy:
-        def __init__(self, f):  # noqa: ANN001
-            self.f = f
-
-        def __enter__(self):  # noqa: ANN204
-            return self
-
-        def __exit__(self, *exc):  # noqa: ANN002, ANN204
-            self.f.close()
-
-        def seek(self, n: int) -> None:
-            self.f.seek(n)
-
-        def read(self, n: int) -> bytes:
-            data = self.f.read(n)
-            reads.append(len(data))
-            return data
-
-    monkeypatch.setattr(tail_mod, "open", lambda p, mode: Spy(real_open(p, mode)), raising=False)
+    reads = _spy_tail_reads(monkeypatch)
     monkeypatch.setattr(tail_mod, "READ_BYTES", 1000)
     live = LiveRun([src])
     live.tail.chunk = 4096
