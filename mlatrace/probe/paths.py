@@ -500,8 +500,8 @@ def _len(value: Any) -> int | None:
         return None
     try:
         shape = getattr(value, "shape", None)
-        if type(shape) is not tuple and isinstance(shape, tuple) and shape:
-            return int(shape[0])        # a tensor: its Size (Tensor.__len__ is Python)
+        if isinstance(shape, tuple) and shape:
+            return int(shape[0])        # an array's length (Tensor.__len__ is Python)
         return len(value)
     except Exception:
         return None

@@ -261,9 +261,8 @@ def _summed(name: str) -> dict[str, int]:
 
 
 def forget_asides() -> tuple[dict[str, int], dict[str, int]]:
-    """Drop every StepAside (the probes are uninstalled; no wrapper is put back); their
-    unseen and steps-off counts, returned."""
-    graphs.forget_taken_off()
+    """Drop every StepAside (the probes are uninstalled: Engine.uninstall forgets the
+    wrappers taken off); their unseen and steps-off counts, returned."""
     counts = unseen_counts(), steps_off_counts()
     with _lock:
         _asides.clear()
