@@ -51,3 +51,15 @@ def test_bad_options_exit_2_with_one_line(args: tuple[str, ...], says: str) -> N
     done = _bench(*args)
     assert done.returncode == 2 and says in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_bench_probes_measures_every_row() -> None:
+    """`bench probes` runs its launch path, probed calls and real launches; its exit code
+    says only whether the launch goal was met."""
+    done = subprocess.run([*MLATRACE, "bench", "probes", "--launches", "100"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    for row in ("triton launch path, grid tuple", "probed Python call, forward_mqa fields",
+                "same through the AttnForward handler", "real eager launches on"):
+        assert row in done.stdout, done.stdout
+    assert "Traceback" not in done.stderr

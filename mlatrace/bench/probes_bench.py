@@ -107,6 +107,7 @@ def bench_launch_path(module: Any, calls: int) -> tuple[float, float]:
 
     class Info:
         func = original
+        owner = None          # not on a class: never taken off at a step aside
         attr = "run"
         target = "bench:run"
 
