@@ -1,20 +1,26 @@
-"""In one traced process: decode step time with the probes at work vs passed through.
+"""In one traced process: decode step time with the probes at work vs without them.
 
     mlatrace bench overhead --in-process --graph breakable,none
     (each mode runs: mlatrace run -- python -m mlatrace.bench.overhead_ab --graph G)
 
 Runs the reference engine (the shapes of `mlatrace bench overhead`) and alternates
-blocks of steps with the probe engine active and with every wrapper passing straight
-through (`probe.engine.STATE.active`), so both halves share the process, its caches and
-the machine's state: the difference is what the probes' work costs per step, beyond
-bare wrappers (which `bench overhead`'s traced/untraced ratio includes). A host whose
-speed drifts between runs moves both halves alike. Prints one JSON line: median GPU
-time (CUDA events) and wall time (host clock over each block, synchronised at its ends)
-per step, each half, and the main thread's CPU time per step.
+blocks of steps with the probes at work and without them, so both halves share the
+process, its caches and the machine's state; a host whose speed drifts between runs
+moves both halves alike. Without them means, by `--baseline`:
+
+- `unpatched` (default): every patch taken off, the originals back where the probes
+  were (`probe.engine.Engine.patches`): the traced/untraced ratio of `bench overhead`,
+  wrappers included, in one process;
+- `passthrough`: the wrappers stay and pass every call straight through
+  (`probe.engine.STATE.active`): what the probes' work costs beyond bare wrappers.
+
+Prints one JSON line: median GPU time (CUDA events) and wall time (host clock over each
+block, synchronised at its ends) per step, each half, and the main thread's CPU time
+per step.
 
 `--passthrough GLOB,...` passes through only the probes whose names match (fnmatch, e.g.
 `triton_launch.*` or `reference.forward_mqa`) in the off half, the others staying at work
-in both: what those probes alone cost per step.
+in both: what those probes alone cost per step, beyond their wrappers.
 
 `--host-only` replaces the device work (the torch stage bodies and projections) by
 no-ops, so that what is left is the step's Python, where the probes' share shows on a
@@ -47,6 +53,9 @@ def main() -> int:
     parser.add_argument("--passthrough", default="",
                         help="comma-separated globs of probe names passed through in the off "
                              "half (default: every probe)")
+    parser.add_argument("--baseline", choices=("unpatched", "passthrough"), default="unpatched",
+                        help="the off half: the originals back in place of every patch, or "
+                             "the wrappers passing calls through")
     options = parser.parse_args()
     if options.host_only:
         from mlatrace.reference import engine as reference_engine
@@ -75,12 +84,15 @@ def main() -> int:
         runner.execute_model(hidden[step], lens[step])
     cuda = device.type == "cuda"
     chosen = _chosen_runtimes(options.passthrough)
+    unpatch = options.baseline == "unpatched" and chosen is None
     halves: dict[bool, dict[str, list[float]]] = {
         active: {"gpu": [], "wall": [], "cpu": []} for active in (True, False)}
     step = 20
     for block in range(options.blocks):
         active = block % 2 == 0
-        if chosen is None:
+        if unpatch:
+            _set_patched(active)
+        elif chosen is None:
             engine.STATE.active = active
         else:
             for runtime, disabled in chosen:
@@ -104,9 +116,12 @@ def main() -> int:
         if cuda:
             halves[active]["gpu"] += [a.elapsed_time(b) * 1e3 for a, b in events]
     engine.STATE.active = True
+    if unpatch:
+        _set_patched(True)
     for runtime, disabled in chosen or ():
         runtime.disabled = disabled
     result = {"bench": "overhead_ab", "graph": options.graph, "policy": policy,
+              "baseline": "unpatched" if unpatch else "passthrough",
               "passthrough": [runtime.spec.qualname for runtime, _ in chosen]
               if chosen is not None else "all",
               "device": device.type, "block": options.block, "blocks": options.blocks}
@@ -119,6 +134,27 @@ def main() -> int:
             result[f"ratio_{clock}"] = result[f"active_{clock}_us"] / result[f"passthrough_{clock}_us"]
     print(json.dumps(result))
     return 0
+
+
+def _set_patched(patched: bool) -> None:
+    """Every patch of the installed engine in place (True) or taken off (False).
+
+    Wrappers a stepped-aside probe took off for the rest of a step are put back first,
+    so that each owner holds either the replacement or the original."""
+    from mlatrace import probe
+    from mlatrace.probe import graphs
+
+    installed = probe.installed()
+    graphs.put_back_wrappers()
+    for patch in installed.patches if installed is not None else ():
+        if patch.replacement is patch.original:
+            continue
+        holds = (patch.owner.__dict__.get(patch.attr) if isinstance(patch.owner, type)
+                 else getattr(patch.owner, patch.attr, None))
+        if patched and holds is patch.original:
+            setattr(patch.owner, patch.attr, patch.replacement)
+        elif not patched and holds is patch.replacement:
+            setattr(patch.owner, patch.attr, patch.original)
 
 
 def _chosen_runtimes(globs: str) -> list[tuple[engine.ProbeRuntime, bool]] | None:

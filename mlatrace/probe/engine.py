@@ -515,7 +515,7 @@ def _make_function(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
             finally:
                 local.inside = False
 
-        return _like(keyed_call_probe, original)
+        return _taking_off(_like(keyed_call_probe, original), aside, info)
 
     if when == "call" and method:
         def call_probe_method(*args: Any, **kwargs: Any) -> Any:
@@ -569,7 +569,16 @@ def _make_function(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
         finally:
             local.inside = False
 
-    return _like(return_probe, original)
+    return _taking_off(_like(return_probe, original), aside, info)
+
+
+def _taking_off(replacement: Callable, aside: Any, info: TargetInfo) -> Callable:
+    """Let a stepped-aside probe take its replacement off its class or module for the
+    rest of a step (sampling.StepAside.take_off): the step's later calls then run the
+    original with no wrapper at all, instead of a wrapper that passes them through."""
+    if isinstance(aside, sampling.StepAside) and hasattr(info.owner, "__dict__"):
+        aside.take_off = (info.owner, info.attr, replacement, info.raw)
+    return replacement
 
 
 def _like(replacement: Callable, original: Callable) -> Callable:

@@ -52,7 +52,7 @@ STEP_KINDS = frozenset(("attn.metadata", "dispatch"))
 
 
 # Wrappers a stepped-aside probe took off for the rest of a step (owner, attr, wrapper,
-# original): the next step puts them back (sampling.StepAside, Triton's `run`).
+# original): the next step puts them back (sampling.StepAside).
 _taken_off: list[tuple] = []
 
 
@@ -76,7 +76,10 @@ def take_off_wrapper(owner: object, attr: str, wrapper: object, original: object
 def put_back_wrappers() -> None:
     """Put back every wrapper taken off, unless something else replaced the attribute."""
     while _taken_off:
-        owner, attr, wrapper, original = _taken_off.pop()
+        try:
+            owner, attr, wrapper, original = _taken_off.pop()
+        except IndexError:      # another thread's step emptied it meanwhile
+            return
         if owner.__dict__.get(attr) is original:
             setattr(owner, attr, wrapper)
 

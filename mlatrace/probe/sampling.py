@@ -26,10 +26,11 @@ aside; every VERIFY-th step it looks at the whole step again, and any difference
 keeps it looking until it has been steady for SETTLE steps again. So a change that
 lasts a step is seen at once if it touches the step's first call, and within VERIFY
 steps otherwise; captured calls are always seen (a capture begin moves the step);
-the calls not inspected are counted per probe (`process.end` `unseen`), except where a
-wrapper looked up at every call (Triton's `run`) is taken off for the rest of the step:
-those calls cost nothing and are not counted (`steps_off`: how many steps). Without
-step-marking calls nothing steps aside. MLATRACE_STEP_ASIDE="SETTLE,VERIFY" (default
+the calls not inspected are counted per probe (`process.end` `unseen`), except where
+callers look the wrapper up on its owner at every call (a class's method, a module's
+function, Triton's `run`): it is taken off for the rest of the step, so those calls
+cost nothing and are not counted (`steps_off`: how many steps). Without step-marking
+calls nothing steps aside. MLATRACE_STEP_ASIDE="SETTLE,VERIFY" (default
 "8,64", `mlatrace run --step-aside`); 0 turns it off.
 """
 
@@ -151,7 +152,8 @@ class StepAside:
     """
 
     __slots__ = ("probe", "settle", "verify", "asleep", "unseen", "step", "first",
-                 "trail", "last_trail", "steady", "countdown", "take_off", "steps_off")
+                 "trail", "last_trail", "steady", "countdown", "take_off", "steps_off",
+                 "unseen_when_off")
 
     def __init__(self, probe: str, settle: int, verify: int) -> None:
         self.probe = probe
@@ -165,11 +167,15 @@ class StepAside:
         self.last_trail: list | None = None
         self.steady = 0           # steady steps in a row
         self.countdown = verify   # steps until the next whole step is looked at
-        # (owner, attr, wrapper, original) of a wrapper that is looked up at every call
-        # (Triton's JITFunction.run): asleep, it is taken off until the next step, so the
-        # step's later calls cost nothing and are not counted (steps_off says how often).
+        # (owner, attr, wrapper, original) of a wrapper that callers look up on its owner
+        # (a class's method, a module's function, Triton's JITFunction.run): asleep, it is
+        # taken off until the next step, so the step's later calls cost nothing and are
+        # not counted (steps_off says how often). Calls that still reach the wrapper while
+        # it is off come through an alias (a caller that imported the patched name): the
+        # wrapper then stays on for good and counts them (unseen), as it always did.
         self.take_off: tuple | None = None
         self.steps_off = 0
+        self.unseen_when_off: int | None = None
         with _lock:
             _asides.append(self)
 
@@ -197,12 +203,25 @@ class StepAside:
         if self.steady >= self.settle and self.countdown > 0:
             self.asleep = step
             self.trail = None
-            if self.take_off is not None and graphs.take_off_wrapper(*self.take_off):
-                self.steps_off += 1
+            if self.take_off is not None:
+                self._take_off()
         else:
             if self.countdown <= 0:
                 self.countdown = self.verify
             self.trail = []
+
+
+    def _take_off(self) -> None:
+        if self.unseen_when_off is not None and self.unseen != self.unseen_when_off:
+            # The wrapper was called while off its owner: callers hold an alias of it.
+            self.take_off = self.unseen_when_off = None
+            self.steps_off -= 1       # that step's calls were counted unseen
+            return
+        if graphs.take_off_wrapper(*self.take_off):
+            self.steps_off += 1
+            self.unseen_when_off = self.unseen
+        else:
+            self.unseen_when_off = None
 
 
 class Awake:
@@ -300,6 +319,7 @@ def _forget_in_forked_child() -> None:
         sampler.sampled = 0
     for aside in _asides:
         aside.unseen = aside.steps_off = 0
+        aside.unseen_when_off = None
 
 
 os.register_at_fork(after_in_child=_forget_in_forked_child)
