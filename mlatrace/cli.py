@@ -330,20 +330,26 @@ def bench_splits(out: str, quick: bool) -> None:
               help="`mlatrace run --step-aside` of the traced runs (default: mlatrace's).")
 @click.option("--in-process", is_flag=True,
               help="One traced process per mode, alternating blocks of steps with the probes "
-                   "at work and passed through (the probes' own cost, immune to host drift).")
+                   "at work and without them (immune to host drift between runs).")
+@click.option("--baseline", type=click.Choice(["unpatched", "passthrough"]),
+              default="unpatched", show_default=True,
+              help="With --in-process, the steps without probes: every patch taken off "
+                   "(traced vs untraced), or the wrappers passing calls through (the "
+                   "probes' work beyond bare wrappers).")
 @click.option("--host-only", is_flag=True,
               help="With --in-process: drop the device work, leaving the step's Python.")
 @click.option("--json-out", type=click.Path(dir_okay=False), default="bench-overhead.json",
               help="Where the JSON summary goes.")
 def bench_overhead(steps: int, graph_modes: str, rounds: int, sample: int | None,
-                   step_aside: str | None, in_process: bool, host_only: bool,
+                   step_aside: str | None, in_process: bool, baseline: str, host_only: bool,
                    json_out: str) -> None:
     """Decode step time, traced vs untraced, per graph mode (GPU time and wall)."""
     from mlatrace.bench import overhead_bench
 
     sys.exit(overhead_bench.main(steps=steps, graphs=graph_modes, rounds=rounds,
                                  sample=sample, json_out=json_out, in_process=in_process,
-                                 host_only=host_only, step_aside=step_aside))
+                                 host_only=host_only, step_aside=step_aside,
+                                 baseline=baseline))
 
 
 @main.command()

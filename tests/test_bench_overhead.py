@@ -28,10 +28,35 @@ def test_in_process_alternates_probes_at_work_and_passed_through(tmp_path: Path)
     assert done.returncode == 0, done.stdout + done.stderr
     [row] = json.loads(out.read_text())["modes"]
     assert row["graph"] == "none" and row["device"] == "cpu"
-    for half in ("active", "passthrough"):
+    assert row["baseline"] == "unpatched"
+    for half in ("active", "off"):
         assert row[f"{half}_wall_us"] > 0 and row[f"{half}_cpu_us"] > 0
-    assert row["ratio_wall"] == pytest.approx(row["active_wall_us"] / row["passthrough_wall_us"])
-    assert "none (device)" in done.stdout and "probes at work" in done.stdout
+    assert row["ratio_wall"] == pytest.approx(row["active_wall_us"] / row["off_wall_us"])
+    assert "none (device)" in done.stdout and "probes at work / unpatched" in done.stdout
+
+
+def test_in_process_unpatched_puts_every_original_back_in_the_off_half() -> None:
+    """The unpatched baseline takes every patch off for its blocks and puts it back."""
+    from mlatrace import probe
+    from mlatrace.bench.overhead_ab import _set_patched
+    from mlatrace.probe.packs import shipped_pack_dir
+    from mlatrace.reference import engine, policies
+
+    original = policies.num_kv_splits
+    probe.install([shipped_pack_dir() / "reference.toml"])
+    try:
+        wrapper = policies.num_kv_splits
+        wrapped_method = engine.ReferenceMLAImpl.__dict__["forward_mqa"]
+        assert wrapper is not original
+        _set_patched(False)
+        assert policies.num_kv_splits is original
+        assert engine.ReferenceMLAImpl.__dict__["forward_mqa"] is not wrapped_method
+        _set_patched(True)
+        assert policies.num_kv_splits is wrapper
+        assert engine.ReferenceMLAImpl.__dict__["forward_mqa"] is wrapped_method
+    finally:
+        probe.uninstall()
+    assert policies.num_kv_splits is original
 
 
 def test_traced_and_untraced_runs_count_the_records_per_step(tmp_path: Path) -> None:

@@ -15,8 +15,8 @@ moves both halves alike. Without them means, by `--baseline`:
   (`probe.engine.STATE.active`): what the probes' work costs beyond bare wrappers.
 
 Prints one JSON line: median GPU time (CUDA events) and wall time (host clock over each
-block, synchronised at its ends) per step, each half, and the main thread's CPU time
-per step.
+block, synchronised at its ends) per step, each half (`active_*`, `off_*`), and the main
+thread's CPU time per step.
 
 `--passthrough GLOB,...` passes through only the probes whose names match (fnmatch, e.g.
 `triton_launch.*` or `reference.forward_mqa`) in the off half, the others staying at work
@@ -125,13 +125,13 @@ def main() -> int:
               "passthrough": [runtime.spec.qualname for runtime, _ in chosen]
               if chosen is not None else "all",
               "device": device.type, "block": options.block, "blocks": options.blocks}
-    for label, active in (("active", True), ("passthrough", False)):
+    for label, active in (("active", True), ("off", False)):    # off: per "baseline"
         for clock in ("gpu", "wall", "cpu"):
             values = halves[active][clock]
             result[f"{label}_{clock}_us"] = statistics.median(values) if values else None
     for clock in ("gpu", "wall", "cpu"):
-        if result[f"passthrough_{clock}_us"]:
-            result[f"ratio_{clock}"] = result[f"active_{clock}_us"] / result[f"passthrough_{clock}_us"]
+        if result[f"off_{clock}_us"]:
+            result[f"ratio_{clock}"] = result[f"active_{clock}_us"] / result[f"off_{clock}_us"]
     print(json.dumps(result))
     return 0
 

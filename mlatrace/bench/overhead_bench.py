@@ -15,10 +15,12 @@ step, both ratios, and the records per step of the traced runs; writes it all as
 Runs on CPU too (host graph, small shapes), clearly marked: indicative only.
 
 `--in-process` measures instead, per mode, one traced process that alternates blocks
-of steps with the probes at work and passed through (`mlatrace.bench.overhead_ab`): a
-figure that the host's drift between runs does not move, and that leaves out the bare
-wrappers' cost (the traced/untraced ratio includes it). `--host-only` (with it) drops
-the device work, so the step's Python is what remains: the probes' share on a CPU box.
+of steps with the probes at work and without them (`mlatrace.bench.overhead_ab`): a
+figure that the host's drift between runs does not move. Without them is, by
+`--baseline`, every patch taken off (`unpatched`, default: traced vs untraced in one
+process) or the wrappers passing every call through (`passthrough`: the probes' work
+beyond bare wrappers). `--host-only` (with it) drops the device work, so the step's
+Python is what remains: the probes' share on a CPU box.
 
 Exit codes: 0 ok (goals met, or CPU, or --in-process), 1 a CUDA ratio missed its goal,
 2 a run failed.
@@ -126,11 +128,12 @@ def bench_mode(mode: str, on_cuda: bool, steps: int, rounds: int, options: tuple
 
 
 def in_process_mode(mode: str, on_cuda: bool, host_only: bool, options: tuple[str, ...],
-                    tmp: Path) -> dict:
+                    tmp: Path, baseline: str = "unpatched") -> dict:
     """One traced run of overhead_ab for `mode`: its JSON line (RuntimeError if it failed)."""
     command = [sys.executable, "-m", "mlatrace", "run", "--out", str(tmp / f"{mode}-ab"),
                *options, "--",
                sys.executable, "-m", "mlatrace.bench.overhead_ab", "--graph", mode,
+               "--baseline", baseline,
                "--policy", POLICY[mode], "--device", "cuda" if on_cuda else "cpu",
                *([] if on_cuda else ["--ctx", "512"]), *(["--host-only"] if host_only else [])]
     done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
@@ -142,31 +145,35 @@ def in_process_mode(mode: str, on_cuda: bool, host_only: bool, options: tuple[st
 
 
 def main_in_process(modes: list[str], on_cuda: bool, host_only: bool,
-                    options: tuple[str, ...], json_out: str | None) -> int:
-    """`bench overhead --in-process`: probes at work vs passed through, one process a mode."""
+                    options: tuple[str, ...], json_out: str | None,
+                    baseline: str = "unpatched") -> int:
+    """`bench overhead --in-process`: probes at work vs without, one process a mode."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="mlatrace-bench-overhead-") as tmp:
         try:
             for mode in modes:
-                rows.append(in_process_mode(mode, on_cuda, host_only, options, Path(tmp)))
+                rows.append(in_process_mode(mode, on_cuda, host_only, options, Path(tmp),
+                                            baseline))
         except (RuntimeError, subprocess.TimeoutExpired) as error:
             print(f"bench overhead: a run failed: {error}", file=sys.stderr)
             return 2
     clock = "gpu" if on_cuda and not host_only else "wall"
+    without = "unpatched" if baseline == "unpatched" else "passed through"
     print(f"mlatrace bench overhead --in-process: device {'CUDA' if on_cuda else 'CPU'}"
           f"{', host only (device work dropped)' if host_only else ''}; one traced process "
-          "a mode, blocks of steps alternating probes at work / passed through")
-    print(f"{'graph mode':22s} {'passed through':>15s} {'probes at work':>15s} "
+          f"a mode, blocks of steps alternating probes at work / {without}")
+    print(f"{'graph mode':22s} {without:>15s} {'probes at work':>15s} "
           f"{'ratio ' + clock:>10s} {'ratio cpu':>10s}")
     for row in rows:
         label = f"{row['graph']} ({row['policy']})"
-        print(f"{label:22s} {row[f'passthrough_{clock}_us']:12.1f} us "
+        print(f"{label:22s} {row[f'off_{clock}_us']:12.1f} us "
               f"{row[f'active_{clock}_us']:12.1f} us {row[f'ratio_{clock}']:10.4f} "
               f"{row['ratio_cpu']:10.4f}")
     if json_out:
         Path(json_out).write_text(json.dumps({"bench": "overhead --in-process",
                                               "device": "cuda" if on_cuda else "cpu",
                                               "host_only": host_only,
+                                              "baseline": baseline,
                                               "options": list(options), "modes": rows},
                                              indent=1) + "\n")
         print(f"wrote {json_out}")
@@ -175,7 +182,8 @@ def main_in_process(modes: list[str], on_cuda: bool, host_only: bool,
 
 def main(steps: int = 300, graphs: str = "full", rounds: int = ROUNDS,
          sample: int | None = None, json_out: str | None = None, in_process: bool = False,
-         host_only: bool = False, step_aside: str | None = None) -> int:
+         host_only: bool = False, step_aside: str | None = None,
+         baseline: str = "unpatched") -> int:
     modes = [m.strip() for m in graphs.split(",") if m.strip()]
     unknown = [m for m in modes if m not in GOALS]
     if unknown or not modes:
@@ -185,7 +193,7 @@ def main(steps: int = 300, graphs: str = "full", rounds: int = ROUNDS,
     on_cuda = cuda_available()
     options = trace_options(sample, step_aside)
     if in_process:
-        return main_in_process(modes, on_cuda, host_only, options, json_out)
+        return main_in_process(modes, on_cuda, host_only, options, json_out, baseline)
     if host_only:
         print("bench overhead: --host-only goes with --in-process", file=sys.stderr)
         return 2
