@@ -48,14 +48,17 @@ def test_in_process_unpatched_puts_every_original_back_in_the_off_half() -> None
         wrapper = policies.num_kv_splits
         wrapped_method = engine.ReferenceMLAImpl.__dict__["forward_mqa"]
         assert wrapper is not original
+        alias = sys.modules[__name__].__dict__
+        alias["num_kv_splits"] = wrapper       # a module that imported the patched name
         _set_patched(False)
-        assert policies.num_kv_splits is original
+        assert policies.num_kv_splits is original and alias["num_kv_splits"] is original
         assert engine.ReferenceMLAImpl.__dict__["forward_mqa"] is not wrapped_method
         _set_patched(True)
-        assert policies.num_kv_splits is wrapper
+        assert policies.num_kv_splits is wrapper and alias["num_kv_splits"] is wrapper
         assert engine.ReferenceMLAImpl.__dict__["forward_mqa"] is wrapped_method
     finally:
         probe.uninstall()
+        sys.modules[__name__].__dict__.pop("num_kv_splits", None)
     assert policies.num_kv_splits is original
 
 

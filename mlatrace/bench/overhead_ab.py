@@ -137,24 +137,27 @@ def main() -> int:
 
 
 def _set_patched(patched: bool) -> None:
-    """Every patch of the installed engine in place (True) or taken off (False).
+    """Every patch of the installed engine in place (True) or taken off (False), on its
+    owner and in every module that imported the replacement by name.
 
     Wrappers a stepped-aside probe took off for the rest of a step are put back first,
     so that each owner holds either the replacement or the original."""
     from mlatrace import probe
-    from mlatrace.probe import graphs
+    from mlatrace.probe import graphs, sampling
 
     installed = probe.installed()
     graphs.put_back_wrappers()
     for patch in installed.patches if installed is not None else ():
         if patch.replacement is patch.original:
             continue
-        holds = (patch.owner.__dict__.get(patch.attr) if isinstance(patch.owner, type)
-                 else getattr(patch.owner, patch.attr, None))
-        if patched and holds is patch.original:
-            setattr(patch.owner, patch.attr, patch.replacement)
-        elif not patched and holds is patch.replacement:
-            setattr(patch.owner, patch.attr, patch.original)
+        have, want = ((patch.original, patch.replacement) if patched
+                      else (patch.replacement, patch.original))
+        for owner, attr in [(patch.owner, patch.attr),
+                            *sampling.imported_as(patch.attr, have, patch.owner)]:
+            holds = (owner.__dict__.get(attr) if isinstance(owner, type)
+                     else getattr(owner, attr, None))
+            if holds is have:
+                setattr(owner, attr, want)
 
 
 def _chosen_runtimes(globs: str) -> list[tuple[engine.ProbeRuntime, bool]] | None:

@@ -27,9 +27,9 @@ keeps it looking until it has been steady for SETTLE steps again. So a change th
 lasts a step is seen at once if it touches the step's first call, and within VERIFY
 steps otherwise; captured calls are always seen (a capture begin moves the step);
 the calls not inspected are counted per probe (`process.end` `unseen`), except where
-callers look the wrapper up on its owner at every call (a class's method, a module's
-function, Triton's `run`): it is taken off for the rest of the step, so those calls
-cost nothing and are not counted (`steps_off`: how many steps). Without step-marking
+callers look the wrapper up at every call (on its class or module, or in a module that
+imported it by name; Triton's `run`): it is taken off for the rest of the step, so those
+calls cost nothing and are not counted (`steps_off`: how many steps). Without step-marking
 calls nothing steps aside. MLATRACE_STEP_ASIDE="SETTLE,VERIFY" (default
 "8,64", `mlatrace run --step-aside`); 0 turns it off.
 """
@@ -37,6 +37,7 @@ calls nothing steps aside. MLATRACE_STEP_ASIDE="SETTLE,VERIFY" (default
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from typing import Any
 
@@ -153,7 +154,7 @@ class StepAside:
 
     __slots__ = ("probe", "settle", "verify", "asleep", "unseen", "step", "first",
                  "trail", "last_trail", "steady", "countdown", "take_off", "steps_off",
-                 "unseen_when_off")
+                 "sites")
 
     def __init__(self, probe: str, settle: int, verify: int) -> None:
         self.probe = probe
@@ -169,13 +170,13 @@ class StepAside:
         self.countdown = verify   # steps until the next whole step is looked at
         # (owner, attr, wrapper, original) of a wrapper that callers look up on its owner
         # (a class's method, a module's function, Triton's JITFunction.run): asleep, it is
-        # taken off until the next step, so the step's later calls cost nothing and are
-        # not counted (steps_off says how often). Calls that still reach the wrapper while
-        # it is off come through an alias (a caller that imported the patched name): the
-        # wrapper then stays on for good and counts them (unseen), as it always did.
+        # taken off until the next step, there and wherever a module imported it under
+        # its name (`sites`, found at the first take-off), so the step's later calls cost
+        # nothing and are not counted (steps_off says how often). Callers holding it some
+        # other way still reach the wrapper, which counts their calls (unseen).
         self.take_off: tuple | None = None
         self.steps_off = 0
-        self.unseen_when_off: int | None = None
+        self.sites: list[tuple[Any, str]] | None = None
         with _lock:
             _asides.append(self)
 
@@ -212,16 +213,27 @@ class StepAside:
 
 
     def _take_off(self) -> None:
-        if self.unseen_when_off is not None and self.unseen != self.unseen_when_off:
-            # The wrapper was called while off its owner: callers hold an alias of it.
-            self.take_off = self.unseen_when_off = None
-            self.steps_off -= 1       # that step's calls were counted unseen
-            return
-        if graphs.take_off_wrapper(*self.take_off):
+        owner, attr, wrapper, original = self.take_off
+        sites = self.sites
+        if sites is None:
+            sites = self.sites = [(owner, attr), *imported_as(attr, wrapper, owner)]
+        off = False
+        for site, name in sites:
+            off = graphs.take_off_wrapper(site, name, wrapper, original) or off
+        if off:
             self.steps_off += 1
-            self.unseen_when_off = self.unseen
-        else:
-            self.unseen_when_off = None
+
+
+def imported_as(attr: str, wrapper: Any, owner: Any) -> list[tuple[Any, str]]:
+    """The modules other than `owner` that hold `wrapper` as `attr` (`from m import f`
+    after the patch): one dict lookup per loaded module, once per probe target."""
+    found = []
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if module is not owner and type(namespace) is dict \
+                and namespace.get(attr) is wrapper:
+            found.append((module, attr))
+    return found
 
 
 class Awake:
@@ -319,7 +331,6 @@ def _forget_in_forked_child() -> None:
         sampler.sampled = 0
     for aside in _asides:
         aside.unseen = aside.steps_off = 0
-        aside.unseen_when_off = None
 
 
 os.register_at_fork(after_in_child=_forget_in_forked_child)
