@@ -115,7 +115,8 @@ def test_chunk_reader_equals_the_line_by_line_checks(data):
         i = data.draw(st.integers(0, len(lines) - 1))
         choice = data.draw(st.integers(0, 2))
         if choice == 0:
-            lines.insert(i, data.draw(st.sampled_from(["", "  ", "[1]", '{"k":"x"}{"k":"y"}'])))
+            lines.insert(i, data.draw(st.sampled_from(
+                ["", "  ", "[1]", '{"k":"x"}{"k":"y"}', '{"k":"x","t":1,"seq":1},{"k":"x","t":1,"seq":2}'])))
         elif choice == 1:  # a line written twice: its seq is not after the last
             lines.insert(i + 1, lines[i])
         else:  # a seq jump: records dropped by the writer

@@ -688,7 +688,7 @@ from mlatrace.analysis import analyze
 from mlatrace.report import report_dict
 from mlatrace.trace import open_trace, typed
 from mlatrace.watch import LiveRun
-assert typed.decode_record is None
+assert typed.decode_records is None
 out = {}
 for path in sys.argv[1:]:
     live = LiveRun([__import__("pathlib").Path(path)])

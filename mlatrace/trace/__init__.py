@@ -20,7 +20,7 @@ from operator import attrgetter, itemgetter, sub
 from pathlib import Path
 from typing import Any
 
-from mlatrace.trace.typed import TYPED_KINDS, Record, decode_record, to_record
+from mlatrace.trace.typed import TYPED_KINDS, Record, decode_records, to_record
 
 SCHEMA_NAME = "mlatrace"
 SCHEMA_MAJOR = 1
@@ -226,20 +226,27 @@ class ProcessFile:
         clean record (not JSON, blank, a field missing or not an int, a seq out of
         order, a gap just before process.end) sends the whole chunk through
         `checked_lines`, which says precisely what is wrong and where. `typed` (with
-        msgspec): each line is decoded into a `Record`, which checks k, t and seq as it
-        is built, and a line of a kind not in `TYPED_KINDS` is decoded again into its dict.
+        msgspec): the lines are decoded in one call, as a JSON array of `Record`s (which
+        check k, t and seq as they are built; one per line), and a line of a kind not in
+        `TYPED_KINDS` is decoded again into its dict.
         """
-        lines = data.split(b"\n")
-        if not lines[-1]:
-            lines.pop()
-        self.lines_checked = first - 1 + len(lines)
-        as_records = typed and decode_record is not None
+        as_records = typed and decode_records is not None
+        if as_records:
+            ended = data.endswith(b"\n")
+            self.lines_checked = first - 1 + data.count(b"\n") + (not ended)
+        else:
+            lines = data.split(b"\n")
+            if not lines[-1]:
+                lines.pop()
+            self.lines_checked = first - 1 + len(lines)
         try:
-            if as_records:  # k present, t and seq ints: the Record's own checks
-                records = RecordChunk(map(decode_record, lines))
+            if as_records:  # one decode of the lines as a JSON array; k, t and seq checked
+                # as each Record is built; one record per line (not two on one line)
+                body = data.replace(b"\n", b",")
+                records = RecordChunk(decode_records(b"[" + (body[:-1] if ended else body) + b"]"))
+                ok = len(records) == self.lines_checked - first + 1 and bool(records)
                 seqs = list(map(_SEQ_ATTR, records))
                 kinds = list(map(_KIND_ATTR, records))
-                ok = bool(records)
             else:
                 records = RecordChunk(map(_decode_line, lines))
                 seqs = list(map(_SEQ, records))
@@ -278,6 +285,7 @@ class ProcessFile:
             self.dropped += sum(steps) - len(steps)
         if as_records:
             if not counts.keys() <= TYPED_KINDS:  # other kinds: their whole dicts
+                lines = data.split(b"\n")
                 for i, kind in enumerate(kinds):
                     if kind not in TYPED_KINDS and type(records[i]) is Record:
                         records[i] = _decode_line(lines[i])  # (not the header: a dict)

@@ -8,10 +8,11 @@ looking keys up. The reader hands out `Record`s only when asked (`typed=True`: t
 builder's reads); every other consumer keeps the dicts of the whole records.
 
 `TYPED_KINDS` come as `Record`s, every other kind as its dict, whatever the codec:
-with msgspec the line is decoded into a `Record` and a line of another kind is decoded
-again into its dict; with the stdlib's json (msgspec absent) the dicts of the typed
-kinds are turned into `Record`s. A field a line does not carry reads None, as
-`dict.get` would, so the builder's handlers read both forms alike (`get`).
+with msgspec a piece's lines are decoded at once (one JSON array) into `Record`s and a
+line of another kind is decoded again into its dict; with the stdlib's json (msgspec
+absent) the dicts of the typed kinds are turned into `Record`s. A field a line does not
+carry reads None, as `dict.get` would, so code that reads a stored record (the rules,
+the view) reads both forms alike (`get`).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ try:
         "Record", [("k", Any), ("t", int), ("seq", int),
                    *((name, Any, None) for name in RECORD_FIELDS)],
         gc=False, namespace={"get": _get}, module=__name__)
-    decode_record: Any = msgspec.json.Decoder(Record).decode
+    decode_records: Any = msgspec.json.Decoder(list[Record]).decode  # a JSON array of them
 except ImportError:  # pragma: no cover - exercised where msgspec is absent (see tests)
     from dataclasses import make_dataclass
 
@@ -48,7 +49,7 @@ except ImportError:  # pragma: no cover - exercised where msgspec is absent (see
                                        *((name, Any, None) for name in RECORD_FIELDS)],
                             namespace={"get": _get}, slots=True)
     Record.__module__ = __name__
-    decode_record = None
+    decode_records = None
 
 
 def to_record(rec: dict[str, Any]) -> Any:
@@ -59,4 +60,4 @@ def to_record(rec: dict[str, Any]) -> Any:
 _ALL_FIELDS = ("k", "t", "seq", *RECORD_FIELDS)
 
 
-__all__ = ["RECORD_FIELDS", "TYPED_KINDS", "Record", "decode_record", "to_record"]
+__all__ = ["RECORD_FIELDS", "TYPED_KINDS", "Record", "decode_records", "to_record"]
