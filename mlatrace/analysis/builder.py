@@ -576,8 +576,10 @@ class _ProcessBuilder(Unpickled):
             if gpu >= _GPU_ROUNDED_FROM:
                 shift = gpu.bit_length() - GPU_HIST_BITS
                 gpu = gpu >> shift << shift
-            hist = stats.gpu_hist
-            hist[gpu] = hist.get(gpu, 0) + 1
+            try:
+                stats.gpu_hist[gpu] += 1
+            except KeyError:  # a value not seen before (few: 8 significant bits)
+                stats.gpu_hist[gpu] = 1
         current = self.metadata.get(tid)
         if current is None:
             return

@@ -16,7 +16,7 @@ import json
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from operator import attrgetter, itemgetter, sub
+from operator import itemgetter, sub
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,6 @@ READ_BYTES = 1 << 20        # bytes the batch reader reads at once
 DECODE_BYTES = 64 * 1024    # bytes of lines decoded into one list: the records are used
                             # while their memory is still in the CPU cache
 _KIND, _T, _SEQ = itemgetter("k"), itemgetter("t"), itemgetter("seq")
-_KIND_ATTR, _SEQ_ATTR = attrgetter("k"), attrgetter("seq")
 _INT = {int}
 
 try:  # a fast codec when installed; the stdlib otherwise (the H200 image has no msgspec)
@@ -245,8 +244,8 @@ class ProcessFile:
                 body = data.replace(b"\n", b",")
                 records = RecordChunk(decode_records(b"[" + (body[:-1] if ended else body) + b"]"))
                 ok = len(records) == self.lines_checked - first + 1 and bool(records)
-                seqs = list(map(_SEQ_ATTR, records))
-                kinds = list(map(_KIND_ATTR, records))
+                seqs = [r.seq for r in records]  # (attribute reads: faster than attrgetter)
+                kinds = [r.k for r in records]
             else:
                 records = RecordChunk(map(_decode_line, lines))
                 seqs = list(map(_SEQ, records))
