@@ -13,6 +13,7 @@ from mlatrace.analysis import analyze
 from mlatrace.diff import diff_dict
 from mlatrace.report import report_dict
 from mlatrace.trace import open_trace
+from mlatrace.trace.typed import TYPED_KINDS, to_record
 
 FIXTURE = Path(__file__).parent / "fixtures" / "legacy_one_split" / "p1000.jsonl"
 VALID = FIXTURE.read_text().splitlines()
@@ -114,7 +115,8 @@ def test_chunk_reader_equals_the_line_by_line_checks(data):
         i = data.draw(st.integers(0, len(lines) - 1))
         choice = data.draw(st.integers(0, 2))
         if choice == 0:
-            lines.insert(i, data.draw(st.sampled_from(["", "  ", "[1]", '{"k":"x"}{"k":"y"}'])))
+            lines.insert(i, data.draw(st.sampled_from(
+                ["", "  ", "[1]", '{"k":"x"}{"k":"y"}', '{"k":"x","t":1,"seq":1},{"k":"x","t":1,"seq":2}'])))
         elif choice == 1:  # a line written twice: its seq is not after the last
             lines.insert(i + 1, lines[i])
         else:  # a seq jump: records dropped by the writer
@@ -129,15 +131,23 @@ def test_chunk_reader_equals_the_line_by_line_checks(data):
         expected = list(by_line.checked_lines(enumerate(io.BytesIO(blob), start=1)))
         chunked = trace_mod.ProcessFile(path, [])
         chunked.read_header()
+        typed = trace_mod.ProcessFile(path, [])  # the builder's reads: Records for some kinds
+        typed.read_header()
         old = trace_mod.DECODE_BYTES
         trace_mod.DECODE_BYTES = data.draw(st.integers(1, 400))
         try:
             got = [r for chunk in chunked.record_chunks() for r in chunk]
+            got_typed = [r for chunk in typed.record_chunks(typed=True) for r in chunk]
         finally:
             trace_mod.DECODE_BYTES = old
     assert got == expected
     assert list(map(str, chunked.problems)) == list(map(str, by_line.problems))
     assert (chunked.gaps, chunked.dropped, chunked.records_read, chunked.end) == \
+        (by_line.gaps, by_line.dropped, by_line.records_read, by_line.end)
+    assert got_typed == [to_record(r) if type(r["k"]) is str and r["k"] in TYPED_KINDS else r
+                         for r in expected]
+    assert list(map(str, typed.problems)) == list(map(str, by_line.problems))
+    assert (typed.gaps, typed.dropped, typed.records_read, typed.end) == \
         (by_line.gaps, by_line.dropped, by_line.records_read, by_line.end)
 
 

@@ -6,10 +6,8 @@ import gc
 import json
 import os
 import pickle
-from collections import Counter
 from collections.abc import Iterable
 from dataclasses import replace
-from operator import itemgetter
 from typing import Any
 
 from mlatrace.analysis.model import (
@@ -37,10 +35,10 @@ from mlatrace.analysis.model import (
 from mlatrace.analysis.parallel import _build_parallel, _default_workers, _pid_groups
 from mlatrace.common import hashable
 from mlatrace.trace import Problem, RecordChunk
+from mlatrace.trace.typed import TYPED_KINDS, Record, to_record
 
 MAX_PROBE_ERRORS = 200     # probe.error records kept per process (all are counted in kinds)
 _GPU_ROUNDED_FROM = 1 << GPU_HIST_BITS   # GPU times from here on lose their low bits
-_KIND = itemgetter("k")
 
 
 def _flush_ptr_run(stats: ReplayStats) -> None:
@@ -343,18 +341,18 @@ class _ProcessBuilder(Unpickled):
         stats.add(rec, bool(rec.get("capturing") if capturing is None else capturing))
         return stats
 
-    def attn_metadata(self, rec: dict) -> None:
+    def attn_metadata(self, rec: Record) -> None:
         # one per decode step: the stats of a backend named by a string are looked up by it
-        backend, capturing = rec.get("backend"), rec.get("capturing")
-        smin, smax, ptrs = rec.get("seq_len_min"), rec.get("seq_len_max"), rec.get("ptrs")
+        backend, capturing = rec.backend, rec.capturing
+        smin, smax, ptrs = rec.seq_len_min, rec.seq_len_max, rec.ptrs
         stats = self.md_stats.get(backend) if type(backend) is str else None
         if stats is None:
             stats = self._count_attention(rec, "attn.metadata", str(backend), capturing)
             if type(backend) is str:
                 self.md_stats[backend] = stats
         else:
-            stats.add_fields(rec.get("layer"), smin, smax, bool(capturing))
-        tid = rec.get("tid")
+            stats.add_fields(rec.layer, smin, smax, bool(capturing))
+        tid = rec.tid
         if tid in self.md_since_replay:
             prev, _smax, _smin, prev_ptrs = self.metadata[tid]
             if prev_ptrs:
@@ -372,7 +370,7 @@ class _ProcessBuilder(Unpickled):
         if gid is not None:
             ref = self._ref(rec, "attn.metadata")
             graph = self._graph(gid)
-            for name, ptr in _dict(rec.get("ptrs")).items():
+            for name, ptr in _dict(ptrs).items():
                 if isinstance(ptr, int) and name not in graph.capture_ptrs:
                     graph.capture_ptrs[name] = (ptr, ref)
             if graph.capture_metadata is None:
@@ -549,20 +547,20 @@ class _ProcessBuilder(Unpickled):
                 _add_step_syncs(sites, self.pid, self.file, pending)
         model_syncs.update(sites)
 
-    def replay(self, rec: dict) -> None:
+    def replay(self, rec: Record) -> None:
         # the hottest path of a trace (one or two per decode step): keep it lean; what
         # only some traces have (eager decisions, syncs, a step's earlier buffers) is
         # tested once and handled out of line
-        gid = rec.get("gid")
+        gid = rec.gid
         graph = self.by_gid.get(gid)
         if graph is None:
             if type(gid) is not int:
                 return
             graph = self.by_gid[gid] = self._graph(gid)
         stats = graph.replays
-        tid = rec.get("tid")
+        tid = rec.tid
         stats.records += 1
-        n = rec.get("n")
+        n = rec.n
         if type(n) is int and n > stats.max_n:
             stats.max_n = n
         if stats.first is None:
@@ -573,13 +571,15 @@ class _ProcessBuilder(Unpickled):
             self.replaying.add(tid)
         if self.eager_decisions or self.pending_syncs:
             self._replay_host_state(graph, stats, rec, tid)
-        gpu = rec.get("gpu_ns")
+        gpu = rec.gpu_ns
         if type(gpu) is int and gpu >= 0:  # stats.add_gpu_ns(gpu), inlined
             if gpu >= _GPU_ROUNDED_FROM:
                 shift = gpu.bit_length() - GPU_HIST_BITS
                 gpu = gpu >> shift << shift
-            hist = stats.gpu_hist
-            hist[gpu] = hist.get(gpu, 0) + 1
+            try:
+                stats.gpu_hist[gpu] += 1
+            except KeyError:  # a value not seen before (few: 8 significant bits)
+                stats.gpu_hist[gpu] = 1
         current = self.metadata.get(tid)
         if current is None:
             return
@@ -606,11 +606,11 @@ class _ProcessBuilder(Unpickled):
             else:
                 self._count_ptrs(stats, ptrs, md)
 
-    def _replay_host_state(self, graph: GraphModel, stats: ReplayStats, rec: dict,
+    def _replay_host_state(self, graph: GraphModel, stats: ReplayStats, rec: Record,
                            tid: Any) -> None:
         """A replay of a thread with eager decisions or syncs pending: they are this step's."""
         if self.eager_decisions:
-            self.last_replay_seq[tid] = rec.get("seq")
+            self.last_replay_seq[tid] = rec.seq
         if self.pending_syncs and tid in self.pending_syncs:
             self._flush_syncs(tid)
         if self.eager_decisions:
@@ -629,9 +629,9 @@ class _ProcessBuilder(Unpickled):
         else:
             self._count_ptrs(stats, ptrs, md, sources)
 
-    def replay_time(self, rec: dict) -> None:
+    def replay_time(self, rec: Record) -> None:
         """graph.replay.time: the GPU time of replay n of gid, and of each graph around it."""
-        gid, n, gpu = rec.get("gid"), rec.get("n"), rec.get("gpu_ns")
+        gid, n, gpu = rec.gid, rec.n, rec.gpu_ns
         if type(gid) is not int or type(n) is not int or type(gpu) is not int or gpu < 0:
             return
         graph, seen = self._graph(gid), set()
@@ -818,19 +818,14 @@ def _feed(builder: _ProcessBuilder, handlers: dict[str, Any], records: Iterable[
           problems: list[Problem]) -> int:
     """The one loop every record of every trace goes through (batch, parallel and live).
 
-    Records come a list at a time (a chunk of the reader): their kinds are counted in C
+    Records come a list at a time (a chunk of the reader, read `typed`: those of
+    `TYPED_KINDS` as `Record`s, which their handlers read): their kinds are counted in C
     and their handlers looked up in C; the loop only calls those of kinds with one.
+    Records of other sources (dicts) go one at a time (`_feed_each`).
     """
-    if type(records) is RecordChunk:  # the reader read their kinds already
-        kinds, counts = records.kinds, records.counts
-    else:
-        if type(records) is not list:
-            records = list(records)
-        try:
-            kinds = list(map(_KIND, records))
-            counts = Counter(kinds)
-        except (TypeError, KeyError):  # not the reader's records (no dict, no k, unhashable k)
-            return _feed_each(builder, handlers, records, problems)
+    if type(records) is not RecordChunk or not records.typed:
+        return _feed_each(builder, handlers, records, problems)
+    kinds, counts = records.kinds, records.counts  # the reader read their kinds already
     builder.proc.kinds.update(counts)
     for handler, rec in zip(map(handlers.get, kinds), records, strict=True):
         if handler is not None:
@@ -841,20 +836,25 @@ def _feed(builder: _ProcessBuilder, handlers: dict[str, Any], records: Iterable[
     return len(records)
 
 
-def _feed_each(builder: _ProcessBuilder, handlers: dict[str, Any], records: list,
+def _feed_each(builder: _ProcessBuilder, handlers: dict[str, Any], records: Iterable,
                problems: list[Problem]) -> int:
-    """`_feed` one record at a time, for records the reader would not hand out."""
+    """`_feed` one record at a time: records as dicts (the reader's precise path, tests),
+    those of `TYPED_KINDS` made `Record`s first, and records the reader would not hand out."""
     kinds = builder.proc.kinds
+    count = 0
     for rec in records:
+        count += 1
         try:
             kind = rec.get("k")
             kinds[kind] = kinds.get(kind, 0) + 1
+            if type(rec) is dict and type(kind) is str and kind in TYPED_KINDS:
+                rec = to_record(rec)
             handler = handlers.get(kind)
             if handler is not None:
                 handler(rec)
         except (AttributeError, TypeError, ValueError, KeyError) as exc:
             problems.append(_bad_record(builder, rec, exc))
-    return len(records)
+    return count
 
 
 def _bad_record(builder: _ProcessBuilder, rec: Any, exc: Exception) -> Problem:
@@ -927,6 +927,7 @@ def _stream_process(model: TraceModel, proc_file: Any) -> ProcessModel:
 
 
 def _chunks(proc_file: Any) -> Iterable[list[dict]]:
-    """The records of a process file as the reader's lists (or one list of them all)."""
+    """The records of a process file as the reader's lists, read `typed` (or one list of
+    them all)."""
     chunks = getattr(proc_file, "record_chunks", None)
-    return chunks() if chunks is not None else [list(proc_file.records())]
+    return chunks(typed=True) if chunks is not None else [list(proc_file.records())]

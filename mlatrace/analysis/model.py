@@ -205,9 +205,10 @@ class ReplayStats:
     seq_len_max_ref: Ref | None = None
     seq_len_min_max: int | None = None  # largest seq_len_min seen (every request at least this long)
     seq_len_min_max_ref: Ref | None = None
-    seq_len_max_md: dict | None = None  # the metadata records behind the two refs (while streaming)
-    seq_len_min_max_md: dict | None = None
-    latest_md: dict | None = None     # the metadata before the latest replay (watch shows it)
+    # attn.metadata records are `mlatrace.trace.typed.Record`s (read like dicts: `get`)
+    seq_len_max_md: Any = None  # the metadata records behind the two refs (while streaming)
+    seq_len_min_max_md: Any = None
+    latest_md: Any = None     # the metadata before the latest replay (watch shows it)
     seq_len_min_min: int | None = None
     ptrs: dict[str, dict[int, list]] = field(default_factory=dict)  # name -> ptr -> [count, Ref]
     gpu_hist: dict[int, int] = field(default_factory=dict)  # value rounded to 8 bits -> count
@@ -324,7 +325,7 @@ class GraphModel(Unpickled):
     dur_ns: int | None = None
     capture_error: str | None = None   # graph.capture.end error: the capture raised
     capture_tid: Any = None
-    capture_metadata: dict | None = None   # seq lens of the metadata current when capture began
+    capture_metadata: Any = None   # the attn.metadata Record current when capture began (seq lens)
     capture_metadata_ref: Ref | None = None
     splits: list[SplitDecision] = field(default_factory=list)
     launches: list[LaunchShape] = field(default_factory=list)

@@ -20,6 +20,8 @@ from operator import itemgetter, sub
 from pathlib import Path
 from typing import Any
 
+from mlatrace.trace.typed import TYPED_KINDS, Record, decode_records, to_record
+
 SCHEMA_NAME = "mlatrace"
 SCHEMA_MAJOR = 1
 REQUIRED_FIELDS = ("k", "t", "seq")
@@ -42,11 +44,13 @@ except ImportError:  # pragma: no cover - exercised where msgspec is absent
 class RecordChunk(list):
     """A piece of a file's records as the reader's checks passed them, with their kinds
     (`kinds`, in order, and `counts`, per kind) read on the way: the builder dispatches
-    on them without reading every record's kind again. Not to be changed once read."""
+    on them without reading every record's kind again; `typed`: the records of
+    `TYPED_KINDS` are `Record`s (`mlatrace.trace.typed`). Not to be changed once read."""
 
-    __slots__ = ("counts", "kinds")
+    __slots__ = ("counts", "kinds", "typed")
     kinds: list[Any]
     counts: Counter
+    typed: bool
 
 
 class TraceError(Exception):
@@ -173,9 +177,10 @@ class ProcessFile:
         for chunk in self.record_chunks():
             yield from chunk
 
-    def record_chunks(self) -> Iterator[list[dict[str, Any]]]:
+    def record_chunks(self, typed: bool = False) -> Iterator[list[dict[str, Any]]]:
         """The readable records in file order, as lists of the records of a few hundred
-        lines each (`checked_chunks`); the file is read a piece at a time, never whole."""
+        lines each (`checked_chunks`); the file is read a piece at a time, never whole.
+        `typed`: those of `TYPED_KINDS` as `Record`s (the builder's reads)."""
         self.gaps = self.dropped = self.records_read = self.lines_checked = 0
         self._last_seq = None
         try:
@@ -191,12 +196,12 @@ class ProcessFile:
                 cut = data.rfind(b"\n") + 1
                 held = data[cut:]
                 if cut:
-                    yield from self.checked_chunks(data, end=cut)
+                    yield from self.checked_chunks(data, end=cut, typed=typed)
             if held:  # the last line has no newline (a truncated write, or just unended)
-                yield self.checked_chunk(held, self.lines_checked + 1)
+                yield self.checked_chunk(held, self.lines_checked + 1, typed)
 
-    def checked_chunks(self, data: bytes, start: int = 0,
-                       end: int | None = None) -> Iterator[list[dict[str, Any]]]:
+    def checked_chunks(self, data: bytes, start: int = 0, end: int | None = None,
+                       typed: bool = False) -> Iterator[list[dict[str, Any]]]:
         """`checked_chunk` over `data[start:end]` (whole lines, the first of them the line
         after `lines_checked`) cut at newlines into pieces of about DECODE_BYTES; the
         pieces are cut as they are consumed, so `data` is never copied whole."""
@@ -206,10 +211,11 @@ class ProcessFile:
             if stop <= start:  # one line longer than a piece, or the unended last line
                 stop = data.find(b"\n", start + DECODE_BYTES, size) + 1 or size
             piece = data[start:stop] if start or stop < len(data) else data
-            yield self.checked_chunk(piece, self.lines_checked + 1)
+            yield self.checked_chunk(piece, self.lines_checked + 1, typed)
             start = stop
 
-    def checked_chunk(self, data: bytes, first: int = 1) -> list[dict[str, Any]]:
+    def checked_chunk(self, data: bytes, first: int = 1,
+                      typed: bool = False) -> list[dict[str, Any]]:
         """The records of `data` (whole lines, the first of them line `first`; the last
         may lack its newline), with the same checks and state as `checked_lines`.
 
@@ -218,18 +224,34 @@ class ProcessFile:
         come as a `RecordChunk`, which carries the kinds so read. Any line that is not a
         clean record (not JSON, blank, a field missing or not an int, a seq out of
         order, a gap just before process.end) sends the whole chunk through
-        `checked_lines`, which says precisely what is wrong and where.
+        `checked_lines`, which says precisely what is wrong and where. `typed` (with
+        msgspec): the lines are decoded in one call, as a JSON array of `Record`s (which
+        check k, t and seq as they are built; one per line), and a line of a kind not in
+        `TYPED_KINDS` is decoded again into its dict.
         """
-        lines = data.split(b"\n")
-        if not lines[-1]:
-            lines.pop()
-        self.lines_checked = first - 1 + len(lines)
+        as_records = typed and decode_records is not None
+        if as_records:
+            ended = data.endswith(b"\n")
+            self.lines_checked = first - 1 + data.count(b"\n") + (not ended)
+        else:
+            lines = data.split(b"\n")
+            if not lines[-1]:
+                lines.pop()
+            self.lines_checked = first - 1 + len(lines)
         try:
-            records = RecordChunk(map(_decode_line, lines))
-            seqs = list(map(_SEQ, records))
-            kinds = list(map(_KIND, records))
-            ok = (bool(records) and set(map(type, seqs)) == _INT
-                  and set(map(type, map(_T, records))) == _INT)
+            if as_records:  # one decode of the lines as a JSON array; k, t and seq checked
+                # as each Record is built; one record per line (not two on one line)
+                body = data.replace(b"\n", b",")
+                records = RecordChunk(decode_records(b"[" + (body[:-1] if ended else body) + b"]"))
+                ok = len(records) == self.lines_checked - first + 1 and bool(records)
+                seqs = [r.seq for r in records]  # (attribute reads: faster than attrgetter)
+                kinds = [r.k for r in records]
+            else:
+                records = RecordChunk(map(_decode_line, lines))
+                seqs = list(map(_SEQ, records))
+                kinds = list(map(_KIND, records))
+                ok = (bool(records) and set(map(type, seqs)) == _INT
+                      and set(map(type, map(_T, records))) == _INT)
         except (KeyError, TypeError, IndexError, *_DecodeError):
             ok = False
         if ok and first == 1:
@@ -256,10 +278,21 @@ class ProcessFile:
                 if ok and jumps and "process.end" in counts:
                     ok = False  # a gap before process.end is not counted: the precise path
         if not ok:
-            return list(self.checked_lines(enumerate(io.BytesIO(data), start=first)))
+            return list(self.checked_lines(enumerate(io.BytesIO(data), start=first), typed))
         if jumps:
             self.gaps += jumps
             self.dropped += sum(steps) - len(steps)
+        if as_records:
+            if not counts.keys() <= TYPED_KINDS:  # other kinds: their whole dicts
+                lines = data.split(b"\n")
+                for i, kind in enumerate(kinds):
+                    if kind not in TYPED_KINDS and type(records[i]) is Record:
+                        records[i] = _decode_line(lines[i])  # (not the header: a dict)
+        elif typed and not counts.keys().isdisjoint(TYPED_KINDS):
+            for i, kind in enumerate(kinds):
+                if kind in TYPED_KINDS:
+                    records[i] = to_record(records[i])
+        records.typed = typed
         if "process.end" in counts:
             self.end = records[len(kinds) - 1 - kinds[::-1].index("process.end")]
         self._last_seq = seqs[-1]
@@ -267,11 +300,13 @@ class ProcessFile:
         records.kinds, records.counts = kinds, counts
         return records
 
-    def checked_lines(self, lines: Iterable[tuple[int, bytes]]) -> Iterator[dict[str, Any]]:
+    def checked_lines(self, lines: Iterable[tuple[int, bytes]],
+                      typed: bool = False) -> Iterator[dict[str, Any]]:
         """Decode and check (line number, raw line) pairs: the one path every reader takes.
 
         Keeps the seq order, gaps and drops across calls, so the tailing reader can hand
-        over each new piece of the file as it arrives.
+        over each new piece of the file as it arrives. `typed`: the records of
+        `TYPED_KINDS` come as `Record`s.
         """
         last_seq = self._last_seq
         decode, errors = _decode_line, _DecodeError
@@ -302,6 +337,8 @@ class ProcessFile:
                 if record["k"] == "process.end":
                     self.end = record
                 self.records_read += 1
+                if typed and type(record["k"]) is str and record["k"] in TYPED_KINDS:
+                    record = to_record(record)
                 yield record
         finally:
             self._last_seq = last_seq

@@ -46,6 +46,7 @@ class TailFile:
     partial: bytes = b""           # bytes after the last newline (a line still being written)
     closed: bool = False
     started: bool = False          # the first line was seen (header taken or refused)
+    typed: bool = False            # hand records of TYPED_KINDS as Records (the builder's)
 
     def lines(self, data: bytes, end: int) -> Iterator[list[dict[str, Any]]]:
         """Hand complete lines, `data[:end]` (or, at close, the last partial one) to the
@@ -53,7 +54,7 @@ class TailFile:
         if not self.started:
             self.proc.accept_header_line(bytes(data[:data.find(b"\n", 0, end) + 1 or end]))
             self.started = True
-        return self.proc.checked_chunks(data, end=end)
+        return self.proc.checked_chunks(data, end=end, typed=self.typed)
 
 
 class NewRecords:
@@ -97,11 +98,15 @@ class NewRecords:
 
 
 class TailReader:
-    """Follows every process file under `roots` (each root and its direct subdirectories)."""
+    """Follows every process file under `roots` (each root and its direct subdirectories).
 
-    def __init__(self, roots: list[Path], chunk: int = READ_CHUNK) -> None:
+    `typed`: the records of `mlatrace.trace.typed.TYPED_KINDS` come as `Record`s (what
+    the builder reads), the others as dicts."""
+
+    def __init__(self, roots: list[Path], chunk: int = READ_CHUNK, typed: bool = False) -> None:
         self.roots = [Path(r) for r in roots]
         self.chunk = chunk
+        self.typed = typed
         self.problems: list[Problem] = []
         self.files: dict[Path, TailFile] = {}
         self.run: dict[str, Any] | None = None
@@ -166,7 +171,8 @@ class TailReader:
         self._read_run_json()
         for path, label in self._scan():
             if path not in self.files:
-                self.files[path] = TailFile(ProcessFile(path, self.problems, label=label))
+                self.files[path] = TailFile(ProcessFile(path, self.problems, label=label),
+                                            typed=self.typed)
 
     def _ordered(self) -> list[TailFile]:
         return sorted(self.files.values(), key=lambda t: (_file_order(t.proc.path),

@@ -100,7 +100,7 @@ class LiveRun:
     _analysed_problems: int = field(default=-1, init=False)
 
     def __post_init__(self) -> None:
-        self.tail = TailReader(self.roots)
+        self.tail = TailReader(self.roots, typed=True)  # records for the builder
         self.builder = IncrementalBuilder(root=str(self.roots[0]))
         self.started = self.clock()
 
