@@ -573,11 +573,8 @@ def _make_function(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
 
 
 def _taking_off(replacement: Callable, aside: Any, info: TargetInfo) -> Callable:
-    """Let a stepped-aside probe take its replacement off its class or module for the
-    rest of a step (sampling.StepAside.take_off): the step's later calls then run the
-    original with no wrapper at all, instead of a wrapper that passes them through."""
-    if isinstance(aside, sampling.StepAside) and hasattr(info.owner, "__dict__"):
-        aside.take_off = (info.owner, info.attr, replacement, info.raw)
+    """The replacement, which its step-aside may take off its owner (sampling)."""
+    sampling.may_take_off(aside, info.owner, info.attr, replacement, info.raw)
     return replacement
 
 

@@ -211,7 +211,6 @@ class StepAside:
                 self.countdown = self.verify
             self.trail = []
 
-
     def _take_off(self) -> None:
         owner, attr, wrapper, original = self.take_off
         sites = self.sites
@@ -222,6 +221,15 @@ class StepAside:
             off = graphs.take_off_wrapper(site, name, wrapper, original) or off
         if off:
             self.steps_off += 1
+
+
+def may_take_off(aside: StepAside | Awake, owner: Any, attr: str, wrapper: Any,
+                 original: Any) -> None:
+    """Let a stepped-aside probe take `wrapper` off `owner` (a class or module) for the
+    rest of a step (StepAside.take_off): the step's later calls then run `original` with
+    no wrapper at all, instead of a wrapper that passes them through."""
+    if isinstance(aside, StepAside) and hasattr(owner, "__dict__"):
+        aside.take_off = (owner, attr, wrapper, original)
 
 
 def imported_as(attr: str, wrapper: Any, owner: Any) -> list[tuple[Any, str]]:

@@ -284,11 +284,9 @@ class TritonRun(Handler):
         run.__qualname__ = getattr(original, "__qualname__", "run")
         run.__doc__ = getattr(original, "__doc__", None)
         run.__wrapped__ = original  # type: ignore[attr-defined]
-        if isinstance(aside, sampling.StepAside) and isinstance(info.owner, type) \
-                and info.owner.__dict__.get(info.attr) is original:
-            # Every launch looks `run` up on its class: a stepped-aside step's later
-            # launches then run the original itself, not even the wrapper.
-            aside.take_off = (info.owner, info.attr, run, original)
+        # Every launch looks `run` up on its class: a stepped-aside step's later
+        # launches then run the original itself, not even the wrapper.
+        sampling.may_take_off(aside, info.owner, info.attr, run, original)
         return run
 
     def close(self) -> None:
