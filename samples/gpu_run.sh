@@ -40,7 +40,7 @@ for step in $steps; do
     overhead) run_step bench_overhead 300 python3 -m mlatrace bench overhead ;;
     probes) run_step bench_probes 180 python3 -m mlatrace bench probes ;;
     record) run_step bench_record 180 python3 -m mlatrace bench record ;;
-    cost)  # issue 18: timed serve traces, whatif, report/diff, the host cost of timing replays
+    cost)  # timed serve traces, whatif, report/diff, the host cost of timing replays
       SERVE="python3 -m mlatrace.reference.serve --graph full --device cuda --ctx 32768 --steps 64 --batch 2 --heads 16 --layers 4 --check --sync-debug"
       for policy in legacy device; do
         run_step "trace_${policy}_timed" 180 python3 -m mlatrace run --out "$R/gpu_serve_${policy}_timed" \

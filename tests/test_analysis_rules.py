@@ -1,4 +1,4 @@
-"""Rules MLT001-MLT006 on hand-made traces: each rule's positive and negative case."""
+"""The rules on hand-made traces: each rule's positive and negative case."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`mlatrace bench overhead` on CPU: both measurements run end to end and write their JSON.
 
-The figures themselves are benchmarks (recorded in the README), never asserted here.
+The figures themselves are benchmarks (recorded in docs/benchmarks.md), never asserted here.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Never green when blind (issue 15): probe isolation, coverage in the trace and in every
+"""Never green when blind: probe isolation, coverage in the trace and in every
 output, and `check` exit 3 for each blind case, on real `mlatrace run` subprocesses."""
 
 from __future__ import annotations

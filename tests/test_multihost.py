@@ -1,4 +1,4 @@
-"""One run traced on several hosts (issue 20): host directories sharing a run_id read as
+"""One run traced on several hosts: host directories sharing a run_id read as
 one run by report, check and diff; `merge` writes one directory that reads the same;
 a world size with a rank that no host traced is named by the report (coverage: blind).
 

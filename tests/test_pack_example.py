@@ -1,6 +1,7 @@
-"""The README's "Write your own pack" example, run as written, and what the pack checks catch.
+"""The "Write your own pack" example of docs/probes.md, run as written, and what the pack
+checks catch.
 
-The files and commands are taken from README.md itself, so the example cannot drift from
+The files and commands are taken from docs/probes.md itself, so the example cannot drift from
 what works. Then the same pack with a mistyped option, an option of the wrong type, a
 `versions` range the installed library is outside of, `--no-pack`, and the same pack found
 through a `mlatrace.packs` entry point of an installed (dist-info on the path) distribution.
@@ -22,12 +23,14 @@ from mlatrace.probe.packs import OptionError, PackError, load_pack, shipped_pack
 
 REPO = Path(__file__).resolve().parent.parent
 SECTION = "## Write your own pack"
+# doctor imports the pack's handler module, found through PYTHONPATH as in the example
+DOCTOR = "PYTHONPATH=$PWD:$PYTHONPATH mlatrace probes doctor --probes shop_pack.toml"
 
 
 def readme_blocks() -> dict[str, str]:
-    """The fenced blocks of the README section, by their first line (a file name comment,
+    """The fenced blocks of the docs section, by their first line (a file name comment,
     or 'bash')."""
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "probes.md").read_text()
     section = text[text.index(SECTION):]
     section = section[:section.index("\n## ", len(SECTION))]
     blocks = {}
@@ -52,11 +55,13 @@ def shop(tmp_path: Path, monkeypatch) -> Path:
 
 
 def sh(script: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run a bash script with this interpreter first on PATH and this checkout importable."""
+    """Run a bash script with this interpreter first on PATH and this checkout importable.
+    `mlatrace` runs as the console script does: the current directory is not on sys.path
+    (`python -P`), so the user's modules import only through PYTHONPATH."""
     environ = {**os.environ, **(env or {}),
                "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
                "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    prelude = 'mlatrace() { python -m mlatrace "$@"; }\n'
+    prelude = 'mlatrace() { python -P -m mlatrace "$@"; }\n'
     return subprocess.run(["bash", "-c", prelude + script], cwd=cwd, env=environ,
                           capture_output=True, text=True, timeout=240)
 
@@ -111,7 +116,7 @@ def test_a_mistyped_option_is_named_by_doctor_and_reported_by_run(shop):
                                         "'currncy'")
     assert "did you mean 'currency'?" in str(caught.value)
 
-    doctor = sh("mlatrace probes doctor --probes shop_pack.toml", shop)
+    doctor = sh(DOCTOR, shop)
     assert doctor.returncode == 1, doctor.stdout + doctor.stderr
     assert doctor.stdout.splitlines()[0].endswith("-> 1 pack problem"), doctor.stdout
     assert f"PROBLEM shop_pack.toml:{line}: probe 'checkout': unknown option 'currncy'" in doctor.stdout
@@ -126,14 +131,14 @@ def test_a_mistyped_option_is_named_by_doctor_and_reported_by_run(shop):
 
 def test_an_option_of_the_wrong_type_is_named_by_doctor(shop):
     set_option(shop / "shop_pack.toml", "currency = 1")
-    doctor = sh("mlatrace probes doctor --probes shop_pack.toml", shop)
+    doctor = sh(DOCTOR, shop)
     assert doctor.returncode == 1, doctor.stdout + doctor.stderr
     assert "option 'currency' must be str, not int (1)" in doctor.stdout
 
 
 def test_a_version_range_that_does_not_match_is_reported_and_the_pack_left_out(shop):
     installed(shop, "shop", "0.5")          # the pack says versions = ">=1.0"
-    doctor = sh("mlatrace probes doctor --probes shop_pack.toml", shop)
+    doctor = sh(DOCTOR, shop)
     assert doctor.returncode == 1, doctor.stdout + doctor.stderr
     assert "shop: shop 0.5; versions >=1.0: MISMATCH: run leaves it out" in doctor.stdout
     assert "pack 'shop' is for shop >=1.0; installed: 0.5" in doctor.stdout
@@ -158,7 +163,7 @@ def test_no_pack_and_the_environment_variable_turn_a_pack_off(shop):
 
 
 def test_a_pack_declared_by_an_installed_distribution_is_found(shop):
-    """The README's entry-point declaration: no --probes needed for list, doctor or run."""
+    """The docs' entry-point declaration: no --probes needed for list, doctor or run."""
     with (shop / "shop_probes.py").open("a") as f:
         f.write('\nfrom pathlib import Path\nPACK = Path(__file__).with_name("shop_pack.toml")\n')
     installed(shop, "shop", "1.2", """

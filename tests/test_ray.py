@@ -1,4 +1,4 @@
-"""Ray workers traced through Ray's runtime environment (issue 20), on a real local cluster.
+"""Ray workers traced through Ray's runtime environment, on a real local cluster.
 
 The cluster is started by the test with `ray start --head --block` (not by the traced
 program), on 127.0.0.1 only, one CPU, no dashboard; the finalizer ends exactly the

@@ -1,4 +1,4 @@
-"""Recorder behaviour in-process: sampling, bounded memory, mark, header (issue 2)."""
+"""Recorder behaviour in-process: sampling, bounded memory, mark, header."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`mlatrace run` end to end on real process trees (issue 2)."""
+"""`mlatrace run` end to end on real process trees."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`mlatrace run -- torchrun --nproc-per-node 2 prog.py`: every rank traced (issue 20)."""
+"""`mlatrace run -- torchrun --nproc-per-node 2 prog.py`: every rank traced."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What a new user meets first (issue 15): errors, widths, wording, help, shutdown."""
+"""What a new user meets first: errors, widths, wording, help, shutdown."""
 
 from __future__ import annotations
 

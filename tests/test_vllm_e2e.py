@@ -1,4 +1,4 @@
-"""`mlatrace run -- vllm serve` against a real vLLM on CPU (issue 6).
+"""`mlatrace run -- vllm serve` against a real vLLM on CPU.
 
 Needs the vLLM venv built by tests/e2e_vllm/setup_env.sh (default
 /work/vllm-venv, or MLATRACE_VLLM_VENV); skipped when it is absent. The run
@@ -114,7 +114,7 @@ def test_loaded_vllm_server_writes_every_process_end(vllm_venv: Path, tiny_model
 
     vLLM's API server SIGTERMs EngineCore and SIGKILLs its process tree ~20 ms later
     (shutdown timeout 0): before mlatrace wrote process.end when SIGTERM arrived, the
-    Worker (and often EngineCore) had none under this load (issue 15)."""
+    Worker (and often EngineCore) had none under this load."""
     out = tmp_path / "trace"
     result = _run_e2e(vllm_venv, tiny_model, out, "--load", "32", "--concurrency", "16",
                       "--max-tokens", "48")

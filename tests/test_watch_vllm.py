@@ -1,4 +1,4 @@
-"""`mlatrace watch --once` on a real vLLM CPU server while it serves (issue 19).
+"""`mlatrace watch --once` on a real vLLM CPU server while it serves.
 
 Needs the vLLM venv of tests/e2e_vllm (skipped without it, like test_vllm_e2e.py). The
 server runs under `mlatrace run` in that venv; the snapshots are taken with this

@@ -15,7 +15,7 @@ Three measurements, each the median over repeated batches, traced minus untraced
    (shape, ptr, dtype, nested hints, capturing/gid) vs the bare function, with
    `when = "call"` and again through the AttnForward handler (the vllm_mla path).
 
-Goal (issue 3): <= 1 us per eager Triton launch; <= 2 us per probed call of that shape.
+Goal: <= 1 us per eager Triton launch; <= 2 us per probed call of that shape.
 """
 
 from __future__ import annotations

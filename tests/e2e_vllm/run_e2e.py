@@ -10,7 +10,7 @@ Starts the server under `mlatrace run` (or plainly with --no-trace), waits for
 127.0.0.1, stops the server with SIGTERM sent to the mlatrace process, and
 checks the trace with mlatrace's own reader. Prints one line per check and
 exits 0 when all pass, 1 otherwise. --json writes the requests, timings and
-check results for the pytest wrapper and the README.
+check results for the pytest wrapper and docs/testing.md.
 """
 
 from __future__ import annotations
@@ -151,10 +151,10 @@ def expected_seq_lens(req: Request) -> set[int]:
 
 def check_trace(out: Path, requests: list[Request], exit_code: int | None,
                 loaded: bool = False) -> tuple[list[dict], dict]:
-    """Assertions of issue 6 on a trace directory; returns (checks, facts).
+    """What the end-to-end test asserts on a trace directory; returns (checks, facts).
 
     `loaded`: the requests overlapped (--load), so per-request step counts are not
-    checked; every process must end with process.end instead (issue 15)."""
+    checked; every process must end with process.end instead."""
     from mlatrace.trace import open_trace
 
     checks: list[dict[str, Any]] = []
