@@ -306,7 +306,7 @@ def test_small_host_tensor_reductions_match_the_tensor_ones():
     own reductions; float tensors keep the tensor path."""
     import torch
 
-    from mlatrace.probe.paths import _reduce
+    from mlatrace.probe.pathlang.values import reducer as _reduce
 
     for values in ([5, 1, 9, 3], [7], list(range(300))):
         tensor = torch.tensor(values, dtype=torch.int32)

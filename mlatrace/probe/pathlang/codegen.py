@@ -1,0 +1,213 @@
+"""Code generator of the path language: a bound probe's extraction (and its sampling key)
+written as one straight-line Python function per target.
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+from collections.abc import Callable
+from typing import Any
+
+from mlatrace.probe import graphs
+from mlatrace.probe.pathlang.evaluate import CAUGHT, NULLARY, PLAIN, Binding, build
+from mlatrace.probe.pathlang.parser import Node
+from mlatrace.probe.pathlang.values import (
+    FUNC_IMPL,
+    SCALAR_TYPES,
+    dtype_of,
+    host_values_key,
+    len_of,
+    plain,
+    ptr_of,
+    raw_dtype,
+    raw_key,
+    raw_shape,
+    shape_plain,
+)
+
+NO_LAYER = object()     # a key's layer when the probe records none
+
+
+class NotGenerated(Exception):
+    """An entry shape the generator does not cover: the closure chain takes it."""
+
+
+class Generator:
+    """Writes one bound extraction as a Python function: each argument read once by index,
+    each path one attribute/item expression, each field one line, the record one dict
+    display. The source holds only validated identifiers, ints and repr() of strings
+    (the parser's tokens); constants, defaults and helpers live in its namespace. Paths
+    the generator does not cover (alternatives, nested functions, steps on attributes
+    that None itself has) call their closure from build(), so results are identical."""
+
+    def __init__(self, binding: Binding) -> None:
+        self.binding = binding
+        self.ns: dict[str, Any] = {"_CAUGHT": CAUGHT, "_S": SCALAR_TYPES, "_plain": plain,
+                                   "_ptr": ptr_of, "_dtype": dtype_of, "_len": len_of,
+                                   "_shape": shape_plain, "_rshape": raw_shape,
+                                   "_rdtype": raw_dtype, "_rkey": raw_key, "_NL": NO_LAYER,
+                                   "_hkey": host_values_key}
+        self.lines: list[str] = []
+        self.reduced: set[str] = set()      # paths whose values a key holds (key_leaf)
+        self.roots: dict[str, str] = {}
+        self.paths: dict[str, str] = {}
+        self.uses_nargs = False
+        self.count = 0
+
+    def name(self, prefix: str, value: Any = None, bind: bool = False) -> str:
+        self.count += 1
+        name = f"{prefix}{self.count}"
+        if bind:
+            self.ns[name] = value
+        return name
+
+    def root(self, kind: str, arg: str | None) -> str:
+        if kind == "self":
+            return "instance"
+        if kind == "result":
+            return "result"
+        if arg in self.roots:
+            return self.roots[arg]
+        index, default = self.binding.arg(arg)
+        var = self.name("a")
+        dflt = self.name("_d", default, bind=True)
+        if index is None:
+            self.lines.append(f"{var} = kwargs.get({arg!r}, {dflt})")
+        else:
+            self.uses_nargs = True
+            self.lines.append(f"{var} = kwargs[{arg!r}] if kwargs and {arg!r} in kwargs "
+                              f"else (args[{index}] if nargs > {index} else {dflt})")
+        self.roots[arg] = var
+        return var
+
+    def path(self, node: Node) -> str:
+        """A local holding the raw value of a path node (chain applied, None on a miss)."""
+        _, kind, arg, steps = node
+        base = self.root(kind, arg)
+        if not steps:
+            return base
+        if any(step == "attr" and hasattr(None, key) for step, key in steps[1:]):
+            raise NotGenerated
+        text = base
+        for step, key in steps:
+            if step == "attr":
+                if not _IDENT.match(key) or keyword.iskeyword(key):
+                    raise NotGenerated
+                text += "." + key
+            elif type(key) is int or type(key) is str:
+                text += f"[{key!r}]"
+            else:
+                raise NotGenerated
+        if text in self.paths:
+            return self.paths[text]
+        var = self.paths[text] = self.name("v")
+        self.lines += [f"{var} = None",
+                       f"if {base} is not None:",
+                       "    try:",
+                       f"        {var} = {text}",
+                       "    except _CAUGHT:",
+                       "        pass"]
+        return var
+
+    def leaf(self, node: Node) -> str:
+        """An expression (or local) for one computed field, finished as plain() would."""
+        tag = node[0]
+        if tag == "path":
+            var = self.path(node)
+            return f"({var} if type({var}) in _S else _plain({var}))"
+        if tag == "call1" and node[2][0] == "path":
+            var = self.path(node[2])
+            func = node[1]
+            if func in ("ptr", "dtype", "len"):
+                return f"_{func}({var})"
+            if func == "shape":
+                return f"_shape({var})"
+            if func == "isnone":
+                return f"({var} is None)"
+            if func == "notnone":
+                return f"({var} is not None)"
+            apply = self.name("_f", FUNC_IMPL[func], bind=True)
+            return f"_plain({apply}({var}))"
+        if tag == "call0":
+            fn = self.name("_g", getattr(graphs, NULLARY[node[1]]), bind=True)
+            return f"_plain({fn}())" if node[1] == "layer" else f"{fn}()"
+        if tag == "const":
+            return self.name("_k", plain(node[1]), bind=True)
+        compiled = self.name("_c", build(node, self.binding, PLAIN), bind=True)
+        return f"{compiled}(instance, args, kwargs, result)"
+
+    def table(self, entries: tuple) -> str:
+        items = []
+        for name, item in entries:
+            if not isinstance(item, tuple) or not item or isinstance(item[0], tuple):
+                value = self.table(item)
+            else:
+                value = self.leaf(item)
+            items.append(f"{name!r}: {value}")
+        return "{" + ", ".join(items) + "}"
+
+    def key_leaf(self, node: Node) -> str | None:
+        """The comparison value of one field (None: a literal, nothing to compare, or
+        a reduction of a path whose values the key already holds)."""
+        tag = node[0]
+        if tag == "const":
+            return None
+        if tag == "call1" and node[2][0] == "path":
+            if node[1] == "shape":
+                return f"_rshape({self.path(node[2])})"
+            if node[1] == "dtype":
+                return f"_rdtype({self.path(node[2])})"
+            if node[1] in ("min", "max", "sum", "len"):
+                # min, max, sum and len of one path (a request's lengths): its values,
+                # read once, are the key of all four.
+                var = self.path(node[2])
+                if var in self.reduced:
+                    return None
+                self.reduced.add(var)
+                return f"_hkey({var})"
+        if tag == "path":
+            var = self.path(node)
+            return f"({var} if type({var}) in _S else _rkey({var}))"
+        return self.leaf(node)
+
+    def key_items(self, entries: tuple, out: list[str]) -> None:
+        for _, item in entries:
+            if not isinstance(item, tuple) or not item or isinstance(item[0], tuple):
+                self.key_items(item, out)
+                continue
+            value = self.key_leaf(item)
+            if value is not None:
+                out.append(value)
+
+    def key_function(self, entries: tuple, layer: Node | None) -> Callable[..., tuple]:
+        items: list[str] = []
+        self.key_items(entries, items)
+        layer_text = "_NL" if layer is None else self.leaf(layer)
+        values = "(" + "".join(f"{item}, " for item in items) + ")"
+        head = ["nargs = len(args)"] if self.uses_nargs else []
+        source = "def key(instance, args, kwargs, result):\n" + "".join(
+            f"    {line}\n" for line in head + self.lines) + \
+            f"    return ({layer_text}, {values})\n"
+        exec(compile(source, "<mlatrace probe key>", "exec"), self.ns)  # noqa: S102
+        key = self.ns["key"]
+        key.source = source  # type: ignore[attr-defined]
+        return key
+
+    def function(self, entries: tuple) -> Callable[..., dict[str, Any]]:
+        body = self.table(entries)
+        head = ["nargs = len(args)"] if self.uses_nargs else []
+        source = "def extract(instance, args, kwargs, result):\n" + "".join(
+            f"    {line}\n" for line in head + self.lines) + f"    return {body}\n"
+        exec(compile(source, "<mlatrace probe fields>", "exec"), self.ns)  # noqa: S102
+        extract = self.ns["extract"]
+        extract.source = source  # type: ignore[attr-defined]
+        return extract
+
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z_0-9]*\Z")
+
+
+def generate(entries: tuple, binding: Binding) -> Callable[..., dict[str, Any]]:
+    """Straight-line extraction of a bound program (raises NotGenerated to fall back)."""
+    return Generator(binding).function(entries)
