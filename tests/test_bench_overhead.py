@@ -22,6 +22,7 @@ def _bench(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_in_process_alternates_probes_at_work_and_passed_through(tmp_path: Path) -> None:
     out = tmp_path / "ab.json"
     done = _bench("--in-process", "--host-only", "--graph", "none", "--json-out", str(out))
@@ -62,6 +63,7 @@ def test_in_process_unpatched_puts_every_original_back_in_the_off_half() -> None
     assert policies.num_kv_splits is original
 
 
+@pytest.mark.slow
 def test_traced_and_untraced_runs_count_the_records_per_step(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     done = _bench("--graph", "full", "--steps", "4", "--rounds", "1", "--json-out", str(out))

@@ -24,6 +24,7 @@ import pytest
 from mlatrace.trace import open_trace
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.slow     # a real local Ray cluster: ~30 s on the 2-core box
 
 PROGS = Path(__file__).parent / "progs"
 MLATRACE = [sys.executable, "-m", "mlatrace"]

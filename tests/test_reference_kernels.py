@@ -314,6 +314,7 @@ def triton_results() -> dict[str, list[float]]:
     return json.loads(child.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow      # the Triton cases run under TRITON_INTERPRET=1 on CPU: minutes
 @pytest.mark.parametrize("case_id", list(TRITON_MLA_CASES))
 def test_mla_triton_matches_float64(triton_results, case_id):
     dtype = TRITON_MLA_CASES[case_id][4]
@@ -322,11 +323,13 @@ def test_mla_triton_matches_float64(triton_results, case_id):
     assert lse_err < 1e-4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case_id", ["pa-shorter-fp32", "pa-shorter-bf16"])
 def test_pa_v1_triton_shorter_than_captured_is_correct(triton_results, case_id):
     assert max(triton_results[case_id]) < TOL[getattr(torch, TRITON_PA_CASES[case_id][2])]
 
 
+@pytest.mark.slow
 def test_pa_v1_triton_longer_than_captured_is_wrong(triton_results):
     errors = triton_results["pa-longer"]
     assert errors[0] > 0.1 and max(errors[1:]) < 1e-5

@@ -49,9 +49,12 @@ def findings(out: Path) -> list[tuple]:
 
 @pytest.mark.parametrize("args, expected", [
     (("--policy", "legacy"), {"MLT001"}),                         # the seed-002 bug
-    (("--policy", "bucketed"), {"MLT001"}),                       # bucketed frozen at capture
-    (("--policy", "bucketed", "--graph", "breakable"), set()),    # eager MLA per layer
-    (("--policy", "device", "--graph", "none"), set()),           # all eager
+    pytest.param(("--policy", "bucketed"), {"MLT001"},            # bucketed frozen at capture
+                 marks=pytest.mark.slow),
+    pytest.param(("--policy", "bucketed", "--graph", "breakable"), set(),  # eager MLA per layer
+                 marks=pytest.mark.slow),
+    pytest.param(("--policy", "device", "--graph", "none"), set(),         # all eager
+                 marks=pytest.mark.slow),
 ])
 def test_sampling_keeps_findings_and_exact_counts(tmp_path, args, expected):
     full = traced_serve(tmp_path / "all", "0", *args)
@@ -397,10 +400,11 @@ def traced_serve_with(out: Path, options: list[str], *args: str) -> list[dict]:
 
 
 @pytest.mark.parametrize("args, expected, steps_aside", [
-    (("--policy", "legacy"), {"MLT001"}, False),
-    (("--policy", "bucketed"), {"MLT001"}, False),
-    (("--policy", "bucketed", "--graph", "breakable"), set(), True),
-    (("--policy", "device", "--graph", "none"), set(), True),
+    pytest.param(("--policy", "legacy"), {"MLT001"}, False, marks=pytest.mark.slow),
+    pytest.param(("--policy", "bucketed"), {"MLT001"}, False, marks=pytest.mark.slow),
+    pytest.param(("--policy", "bucketed", "--graph", "breakable"), set(), True,
+                 marks=pytest.mark.slow),
+    pytest.param(("--policy", "device", "--graph", "none"), set(), True, marks=pytest.mark.slow),
     (("--policy", "legacy", "--graph", "breakable"), set(), True),
 ])
 def test_step_aside_keeps_findings_and_accounts_for_every_call(tmp_path, args, expected,

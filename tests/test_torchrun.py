@@ -15,6 +15,7 @@ import pytest
 from mlatrace.trace import open_trace
 
 pytest.importorskip("torch.distributed")
+pytestmark = pytest.mark.slow     # two gloo ranks under torchrun: ~15 s on the 2-core box
 
 PROGS = Path(__file__).parent / "progs"
 MLATRACE = [sys.executable, "-m", "mlatrace"]
