@@ -19,17 +19,10 @@ Keys (all optional):
 from __future__ import annotations
 
 import fnmatch
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    try:
-        import tomli as tomllib  # type: ignore[no-redef]
-    except ModuleNotFoundError:
-        tomllib = None  # type: ignore[assignment]
 
 RULE_IDS = ("MLT001", "MLT002", "MLT003", "MLT004", "MLT005", "MLT006", "MLT007")
 
@@ -114,8 +107,6 @@ def config_from_dict(table: dict, source: str | None = None) -> Config:
 
 
 def _read_toml(path: Path) -> dict:
-    if tomllib is None:
-        raise ConfigError(f"{path}: reading TOML needs Python 3.11+ or the tomli package")
     try:
         with path.open("rb") as fh:
             return tomllib.load(fh)
