@@ -1,8 +1,9 @@
-"""Fixtures shared by several test modules."""
+"""Fixtures and constants shared by several test modules (`from conftest import REPO`)."""
 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -10,6 +11,12 @@ import pytest
 
 from mlatrace import probe, record
 from mlatrace.probe import graphs
+
+REPO = Path(__file__).resolve().parent.parent      # the checkout under test
+SAMPLES = REPO / "samples"
+FIXTURES = REPO / "tests" / "fixtures"
+PROGS = REPO / "tests" / "progs"                   # small programs the tests trace
+MLATRACE = [sys.executable, "-m", "mlatrace"]      # the CLI, run by this interpreter
 
 
 @pytest.fixture

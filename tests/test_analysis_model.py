@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
+
+from conftest import FIXTURES
 
 from mlatrace.analysis import analyze, build_model, synth
 from mlatrace.analysis.model import ReplayStats
 from mlatrace.analysis.summary import units
 from mlatrace.trace import open_trace
-
-FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def test_nested_capture_and_replays(tmp_path):

@@ -11,12 +11,12 @@ import io
 from pathlib import Path
 
 import pytest
+from conftest import SAMPLES
 
 pytest.importorskip("torch")
 
 from mlatrace.pytest_plugin import MlaTrace  # noqa: E402
 
-SAMPLES = Path(__file__).resolve().parents[1] / "samples"
 SERVE = ["--device", "cpu", "--steps", "3", "--ctx", "4096", "--layers", "2"]
 
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import FIXTURES
 
 from mlatrace.analysis import Config, analyze, synth
 from mlatrace.analysis.decisions import bucketed_splits, legacy_splits
 from mlatrace.trace import open_trace
-
-FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def findings_of(path: Path, config: Config | None = None) -> list:

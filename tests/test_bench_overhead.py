@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import MLATRACE
 
 pytest.importorskip("torch")
 
-MLATRACE = [sys.executable, "-m", "mlatrace"]
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess:

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import FIXTURES
 
 from mlatrace.analysis import ConfigError, load_config, synth
 from mlatrace.cli import main
-
-FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def run(*args: str):

@@ -11,13 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 from mlatrace.analysis import analyze
 from mlatrace.analysis.model import ReplayStats
 from mlatrace.record import DEFAULT_REPLAY_TIMING, parse_replay_timing
 from mlatrace.trace import open_trace
 
-REPO = Path(__file__).resolve().parent.parent
 LEGACY = REPO / "samples" / "gpu_serve_legacy_timed"
 DEVICE = REPO / "samples" / "gpu_serve_device_timed"
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -12,15 +12,11 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from conftest import FIXTURES, MLATRACE, SAMPLES
 
 from mlatrace.analysis import analyze
 from mlatrace.check import ExitCode
 from mlatrace.trace import open_trace
-
-ROOT = Path(__file__).resolve().parent.parent
-SAMPLES = ROOT / "samples"
-FIXTURES = Path(__file__).parent / "fixtures"
-MLATRACE = [sys.executable, "-m", "mlatrace"]
 
 USER_MODULE = """\
 def work(x, y=1):

@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import FIXTURES, REPO
 
 from mlatrace.analysis import Config, analyze, decisions
 from mlatrace.analysis.synth import SynthProcess, write_run
@@ -25,9 +26,7 @@ from mlatrace.probe.triton_launch import DEFAULT_KERNEL_FILTER
 from mlatrace.reference import policies
 from mlatrace.trace import open_trace
 
-ROOT = Path(__file__).resolve().parents[1]
-GPU = ROOT / "samples" / "gpu_backends"
-FIXTURES = Path(__file__).parent / "fixtures"
+GPU = REPO / "samples" / "gpu_backends"
 
 
 def findings(path: Path, config: Config | None = None) -> list:
@@ -85,7 +84,7 @@ def test_fa3_heuristic_bounds():
 
 
 def test_analysis_policies_have_one_home():
-    assert not (ROOT / "mlatrace" / "analysis" / "policies.py").exists()
+    assert not (REPO / "mlatrace" / "analysis" / "policies.py").exists()
     assert policies.BUCKETS is decisions.BUCKETS
 
 
@@ -377,7 +376,7 @@ def test_decision_probes_record_host_decision(tmp_path):
         capturing = "capturing()"
     """))
     out = tmp_path / "trace"
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}"}
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}"}
     subprocess.run([sys.executable, "-m", "mlatrace", "run", "--out", str(out), "--probes",
                     str(pack), "--", sys.executable, "-c",
                     "import backend_mod; backend_mod.compute_num_kv_splits(9000, 132); "
@@ -417,7 +416,7 @@ def test_static_signatures_and_drift(tmp_path):
     pack.write_text('[pack]\nname = "t"\nlibrary = "lib"\nchecked = ["x"]\n\n'
                     '[[probe]]\nname = "p"\ntargets = ["lib.mod:free"]\nparams = ["x", "z"]\n'
                     'kind = "attn.call"\n')
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-m", "mlatrace", "probes", "doctor", "--probes",
                            str(pack), "--source", str(tmp_path / "src")],
                           env=env, capture_output=True, text=True, timeout=120)

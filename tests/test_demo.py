@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 pytest.importorskip("torch")
 
-REPO = Path(__file__).resolve().parent.parent
 
 def run_demo(tmp_path: Path, policy: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))

@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import MLATRACE
 
-MLATRACE = [sys.executable, "-m", "mlatrace"]
 SERVE = ["-m", "mlatrace.reference.serve", "--device", "cpu", "--steps", "3", "--ctx", "4096",
          "--layers", "2", "--graph", "full"]
 

@@ -18,10 +18,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 from mlatrace.probe.packs import OptionError, PackError, load_pack, shipped_pack_paths
 
-REPO = Path(__file__).resolve().parent.parent
 SECTION = "## Write your own pack"
 # doctor imports the pack's handler module, found through PYTHONPATH as in the example
 DOCTOR = "PYTHONPATH=$PWD:$PYTHONPATH mlatrace probes doctor --probes shop_pack.toml"

@@ -9,11 +9,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 from mlatrace.probe import commands
 from mlatrace.probe.packs import load_pack, shipped_pack_dir
 
-REPO = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = Path(os.environ.get("MLATRACE_VLLM_PYTHON", "/work/vllm-venv/bin/python"))
 
 

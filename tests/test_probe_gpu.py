@@ -10,11 +10,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from conftest import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "samples" / "gpu_capture_triton.py"
 SAVED = REPO / "samples" / "capture_triton"
 

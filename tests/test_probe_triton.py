@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 pytest.importorskip("triton")
 torch = pytest.importorskip("torch")
@@ -25,7 +26,6 @@ from mlatrace import probe, record  # noqa: E402
 from mlatrace.probe import graphs  # noqa: E402
 from mlatrace.probe.packs import shipped_pack_dir  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 interpreted = pytest.mark.skipif(not INTERPRETING, reason="runs in the TRITON_INTERPRET=1 "
                                  "process started by test_interpreted_kernel_tests_...")

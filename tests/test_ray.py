@@ -20,14 +20,13 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import MLATRACE, PROGS
 
 from mlatrace.trace import open_trace
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow     # a real local Ray cluster: ~30 s on the 2-core box
 
-PROGS = Path(__file__).parent / "progs"
-MLATRACE = [sys.executable, "-m", "mlatrace"]
 # Loopback only: Ray otherwise replaces 127.0.0.1 by the machine's address and listens there.
 RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 

@@ -9,9 +9,9 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 torch = pytest.importorskip("torch")
 
@@ -22,7 +22,6 @@ from mlatrace.reference.engine import (  # noqa: E402
     ReferenceModelRunner,
 )
 
-REPO = Path(__file__).resolve().parent.parent
 LONG = 2048
 
 

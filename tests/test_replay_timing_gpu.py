@@ -14,8 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parent.parent
+from conftest import REPO
 
 
 def _has_cuda() -> bool:

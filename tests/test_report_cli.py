@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from click.testing import CliRunner
+from conftest import FIXTURES
 
 from mlatrace.analysis import synth
 from mlatrace.cli import main
-
-FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def run(*args: str):

@@ -8,7 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import REPO
 
 INNER = textwrap.dedent('''
     import pytest
@@ -59,7 +59,7 @@ INNER = textwrap.dedent('''
 def run_inner(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     (tmp_path / "test_inner.py").write_text(INNER)
     env = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("MLATRACE_OUT", None)
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "mlatrace.pytest_plugin",
                            "-p", "no:cacheprovider", "-q", "-rA", "test_inner.py", *args],
@@ -102,7 +102,7 @@ def test_plugin_is_inert_and_torch_free():
             "assert 'mlatrace.record' not in sys.modules; "
             "import mlatrace.analysis, mlatrace.report, mlatrace.check, mlatrace.diff; "
             "assert 'torch' not in sys.modules, 'torch imported by analysis'")
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)
 
 
@@ -113,7 +113,7 @@ def test_plugin_under_mlatrace_run_keeps_the_outer_recording(tmp_path):
             record.emit("mark", name="after_the_traced_tests", attrs={})
     '''))
     env = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     outer = tmp_path / "outer"
     proc = subprocess.run([sys.executable, "-m", "mlatrace", "run", "--out", str(outer), "--",
                            sys.executable, "-m", "pytest", "-p", "mlatrace.pytest_plugin",

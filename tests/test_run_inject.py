@@ -11,11 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import MLATRACE, PROGS
 
 from mlatrace.trace import open_trace
-
-PROGS = Path(__file__).parent / "progs"
-MLATRACE = [sys.executable, "-m", "mlatrace"]
 
 
 def run_traced(out: Path, *cmd: str, env: dict | None = None, opts: tuple = ()) -> int:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import REPO
 
 pytest.importorskip("torch")
 
@@ -26,7 +27,6 @@ from mlatrace.trace import open_trace  # noqa: E402
 
 SERVE = ["--device", "cpu", "--ctx", "2048", "--steps", "4", "--batch", "2", "--layers", "3",
          "--hidden", "64"]
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def traced_serve(out: Path, sample: str | None, *args: str) -> list[dict]:
@@ -34,7 +34,7 @@ def traced_serve(out: Path, sample: str | None, *args: str) -> list[dict]:
     cmd = [sys.executable, "-m", "mlatrace", "run", "--out", str(out), *options, "--",
            sys.executable, "-m", "mlatrace.reference.serve", *SERVE, *args]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
     env.pop("MLATRACE_SAMPLE", None)
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -97,7 +97,7 @@ def test_every_change_is_recorded_and_runs_are_exact(tmp_path, monkeypatch):
     monkeypatch.setenv("MLATRACE_SAMPLE", "2")
     out = tmp_path / "trace"
     record.start(str(out))
-    probe.install([ROOT / "probes" / "reference.toml"])
+    probe.install([REPO / "probes" / "reference.toml"])
     try:
         calls = [1000] * 5 + [2000] * 3 + [1000] * 4
         for n in calls:
@@ -274,7 +274,7 @@ def test_replay_handler_counts_replays_and_lets_errors_through(tmp_path, monkeyp
     monkeypatch.setenv("MLATRACE_REPLAY_TIMING", "off")
     out = tmp_path / "trace"
     record.start(str(out))
-    probe.install([ROOT / "probes" / "reference.toml"])
+    probe.install([REPO / "probes" / "reference.toml"])
     fail = []
 
     def work() -> None:
@@ -392,7 +392,7 @@ def traced_serve_with(out: Path, options: list[str], *args: str) -> list[dict]:
            sys.executable, "-m", "mlatrace.reference.serve", "--device", "cpu", "--ctx",
            "2048", "--steps", "24", "--batch", "2", "--layers", "3", "--hidden", "64", *args]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     (path,) = out.glob("p*.jsonl")
@@ -445,7 +445,7 @@ def test_run_rejects_a_bad_step_aside_and_parses_good_ones(tmp_path):
     assert parse_step_aside("3,16") == (3, 16)
     assert parse_step_aside("0") is parse_step_aside("off") is parse_step_aside("3,1") is None
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
     done = subprocess.run([sys.executable, "-m", "mlatrace", "run", "--out",
                            str(tmp_path / "t"), "--step-aside", "8", "--", sys.executable,
                            "-c", "pass"], env=env, capture_output=True, text=True, timeout=120)

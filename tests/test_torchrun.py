@@ -11,14 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import MLATRACE, PROGS
 
 from mlatrace.trace import open_trace
 
 pytest.importorskip("torch.distributed")
 pytestmark = pytest.mark.slow     # two gloo ranks under torchrun: ~15 s on the 2-core box
 
-PROGS = Path(__file__).parent / "progs"
-MLATRACE = [sys.executable, "-m", "mlatrace"]
 
 
 def test_torchrun_two_ranks_gloo(tmp_path: Path) -> None:

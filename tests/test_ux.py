@@ -17,16 +17,12 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
+from conftest import FIXTURES, MLATRACE, PROGS, REPO, SAMPLES
 
 from mlatrace.cli import main
 from mlatrace.tables import Column, fit_columns
 from mlatrace.trace import open_trace
 
-ROOT = Path(__file__).resolve().parent.parent
-SAMPLES = ROOT / "samples"
-FIXTURES = Path(__file__).parent / "fixtures"
-PROGS = Path(__file__).parent / "progs"
-MLATRACE = [sys.executable, "-m", "mlatrace"]
 GPU_TRACES = sorted([*SAMPLES.glob("gpu_serve_*"), SAMPLES / "capture_triton"])
 WIDTHS = (80, 100, 120, 160)
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -285,7 +281,7 @@ def test_demo_without_torch_says_what_to_install(tmp_path: Path) -> None:
     (blocker / "__init__.py").write_text(
         "raise ModuleNotFoundError(\"No module named 'torch'\", name='torch')\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(blocker.parent), str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        [str(blocker.parent), str(REPO), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([*MLATRACE, "demo", "--out", str(tmp_path / "t")], capture_output=True,
                           text=True, env=env, timeout=120)
     assert proc.returncode == 2

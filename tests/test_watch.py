@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 from mlatrace.analysis import analyze, analyze_model
 from mlatrace.analysis.builder import IncrementalBuilder
@@ -25,8 +26,7 @@ from mlatrace.trace import tail as tail_mod
 from mlatrace.trace.tail import TailReader
 from mlatrace.watch import LiveRun, newest_run
 
-ROOT = Path(__file__).resolve().parents[1]
-TRACE_DIRS = sorted({p.parent for base in (ROOT / "samples", ROOT / "tests" / "fixtures")
+TRACE_DIRS = sorted({p.parent for base in (REPO / "samples", REPO / "tests" / "fixtures")
                      for p in base.rglob("p*.jsonl")})
 
 
@@ -86,7 +86,7 @@ def _follow_piecewise(src: Path, dst: Path, seed: int, cuts: int = 7,
     return live
 
 
-@pytest.mark.parametrize("trace_dir", TRACE_DIRS, ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("trace_dir", TRACE_DIRS, ids=lambda p: str(p.relative_to(REPO)))
 def test_incremental_equals_report_on_every_fixture(trace_dir: Path, tmp_path: Path) -> None:
     assert len(TRACE_DIRS) >= 10  # the fixtures and the recorded GPU traces are all here
     live = _follow_piecewise(trace_dir, tmp_path / "live", seed=len(trace_dir.name))
@@ -166,7 +166,7 @@ def test_tail_reads_only_new_bytes_and_finds_new_files_and_host_dirs(
 
 
 def test_tail_reports_bad_lines_as_the_batch_reader_does(tmp_path: Path) -> None:
-    src = ROOT / "tests" / "fixtures" / "garbage_line"
+    src = REPO / "tests" / "fixtures" / "garbage_line"
     dst = tmp_path / "t"
     live = _follow_piecewise(src, dst, seed=3, check_prefixes=False)
     live.close()
@@ -178,7 +178,7 @@ def test_tail_reports_bad_lines_as_the_batch_reader_does(tmp_path: Path) -> None
 
 
 def test_truncated_last_line_is_held_while_running_and_reported_at_close(tmp_path: Path) -> None:
-    shutil.copytree(ROOT / "tests" / "fixtures" / "truncated_last_line", tmp_path / "t")
+    shutil.copytree(REPO / "tests" / "fixtures" / "truncated_last_line", tmp_path / "t")
     live = LiveRun([tmp_path / "t"])
     live.poll()
     live.refresh()
@@ -305,14 +305,14 @@ def test_newest_run_picks_the_latest_start(tmp_path: Path) -> None:
 
 
 def _watch(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    env_path = str(ROOT)
+    env_path = str(REPO)
     return subprocess.run([sys.executable, "-m", "mlatrace", "watch", *args], capture_output=True,
                           text=True, timeout=120, cwd=cwd,
                           env={**__import__("os").environ, "PYTHONPATH": env_path})
 
 
 def test_watch_once_cli(tmp_path: Path) -> None:
-    shutil.copytree(ROOT / "tests" / "fixtures" / "legacy_tp2", tmp_path / "mlatrace-trace" / "r1")
+    shutil.copytree(REPO / "tests" / "fixtures" / "legacy_tp2", tmp_path / "mlatrace-trace" / "r1")
     proc = _watch("--once", cwd=tmp_path)   # default dir: the newest run of ./mlatrace-trace
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
@@ -333,7 +333,7 @@ SERVE = [sys.executable, "-m", "mlatrace.reference.serve", "--policy", "legacy",
 def _env() -> dict[str, str]:
     import os
 
-    return {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    return {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
 
 
 def _start_traced(out: Path, cmd: list[str]) -> subprocess.Popen:
@@ -421,7 +421,7 @@ def test_watch_in_a_terminal_updates_and_survives_a_sigkill(tmp_path: Path) -> N
     try:
         _poll_until(lambda: list(out.glob("p*.jsonl")), 120)
         script = tmp_path / "watch.sh"
-        script.write_text(f"sleep 1\ncd {tmp_path}\nexport PYTHONPATH={ROOT}\n"
+        script.write_text(f"sleep 1\ncd {tmp_path}\nexport PYTHONPATH={REPO}\n"
                           f"{sys.executable} -m mlatrace watch {out}\necho WATCH-EXIT $?\n"
                           f"{sys.executable} -m mlatrace watch {out}\necho SECOND-EXIT $?\n"
                           "sleep 120\n")
@@ -570,7 +570,7 @@ MULTI_PROCESS_DIRS = [d for d in TRACE_DIRS if len(list(d.glob("p*.jsonl"))) >= 
 
 
 @pytest.mark.parametrize("trace_dir", MULTI_PROCESS_DIRS,
-                         ids=lambda p: str(p.relative_to(ROOT)))
+                         ids=lambda p: str(p.relative_to(REPO)))
 def test_a_backlog_fed_over_forked_workers_equals_the_report(
         trace_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every poll that brings records of several processes goes to the parallel feed

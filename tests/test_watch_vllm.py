@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
 sys.path.insert(0, str(HERE / "e2e_vllm"))
 import run_e2e  # noqa: E402  (the e2e helpers: ports, env, readiness, requests)
 
@@ -41,7 +41,7 @@ def tiny_model() -> Path:
 def _snapshot(out: Path) -> dict:
     proc = subprocess.run([sys.executable, "-m", "mlatrace", "watch", "--once", "--json", str(out)],
                           capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -60,7 +60,7 @@ def test_watch_once_while_vllm_serves(tiny_model: Path, tmp_path: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="mlatrace-watch-vllm-") as tmp_s:
         tmp = Path(tmp_s)
         port = run_e2e.free_port()
-        env = {**run_e2e.server_env(tmp), "PYTHONPATH": str(ROOT)}  # this checkout's mlatrace
+        env = {**run_e2e.server_env(tmp), "PYTHONPATH": str(REPO)}  # this checkout's mlatrace
         cmd = [str(VENV / "bin" / "python"), "-m", "mlatrace", "run", "--out", str(out), "--",
                *run_e2e.serve_cmd(VENV, tiny_model, port, [])]
         with (tmp / "server.log").open("wb") as log:
@@ -77,7 +77,7 @@ def test_watch_once_while_vllm_serves(tiny_model: Path, tmp_path: Path) -> None:
                 assert server.poll() is None  # still serving while both snapshots were taken
                 text = subprocess.run([sys.executable, "-m", "mlatrace", "watch", "--once",
                                        str(out)], capture_output=True, text=True, timeout=120,
-                                      env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout
+                                      env={**os.environ, "PYTHONPATH": str(REPO)}).stdout
             finally:
                 run_e2e.stop(server)
     first, second = snaps
