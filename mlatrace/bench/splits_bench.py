@@ -406,13 +406,14 @@ def stage_breakdown(cfg: Config, timer: Timer, length: int, log: Callable[[str],
 
     from mlatrace.reference import mla, policies
     from mlatrace.reference.kernel_config import DEFAULT
+    from mlatrace.reference.layout import D_LATENT
 
     sets = make_sets(length, cfg.nhead, cfg.device)
     splits = policies.num_kv_splits("device", 1, 1, cfg.nhead, 1,
                                     device_budget=DEFAULT.device_budget)
     block_dv = DEFAULT.stage2.block_dv
     grid1 = (1, splits, policies.head_blocks(cfg.nhead))
-    grid2 = (1, cfg.nhead, mla.D_LATENT // block_dv)
+    grid2 = (1, cfg.nhead, D_LATENT // block_dv)
     scale = 1.0 / math.sqrt(576)
     stage1, stage2 = [], []
     for s in sets:

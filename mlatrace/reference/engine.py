@@ -37,7 +37,8 @@ from typing import Any, NamedTuple
 import torch
 
 from mlatrace.reference import graph, policies
-from mlatrace.reference.mla import D_LATENT, D_ROPE, KV_ROW, mla_gluon, mla_reference
+from mlatrace.reference.layout import D_LATENT, D_ROPE, KV_ROW
+from mlatrace.reference.mla import mla_gluon, mla_reference
 
 GRAPH_MODES = ("full", "breakable", "none")
 

@@ -27,9 +27,7 @@ from __future__ import annotations
 import torch
 import triton
 
-# triton_mla imports this module too; it reads this one's names only when it launches,
-# and the kernel below reads `triton_mla._device_partition` only when it compiles.
-from mlatrace.reference import triton_mla
+from mlatrace.reference import triton_partition
 
 GLUON_TRITON = "3.6"
 """The Triton release this Gluon code is written and measured against (the H200's).
@@ -137,8 +135,8 @@ if gluon is not None:
 
         seq_len = gl.load(seq_info + b)
         if DEVICE_PARTITION:
-            active, chunk = triton_mla._device_partition(seq_len, NUM_KV_SPLITS, BLOCK_N,
-                                                         MIN_TILES)
+            active, chunk = triton_partition.device_partition(seq_len, NUM_KV_SPLITS,
+                                                              BLOCK_N, MIN_TILES)
         else:
             active = NUM_KV_SPLITS
             chunk = (seq_len + NUM_KV_SPLITS - 1) // NUM_KV_SPLITS

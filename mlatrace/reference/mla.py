@@ -28,11 +28,11 @@ import torch
 
 from mlatrace.reference import graph, policies
 from mlatrace.reference.kernel_config import DEFAULT, MlaConfig
+
+# KV_ROW is imported from here by callers that predate layout.py (whatif).
+from mlatrace.reference.layout import D_LATENT, D_ROPE, KV_ROW  # noqa: F401
 from mlatrace.reference.policies import BLOCK_N, HEAD_BLOCK
 
-D_LATENT = 512
-D_ROPE = 64
-KV_ROW = D_LATENT + D_ROPE
 STAGE1_NAME = "_mla_stage1_kernel"
 STAGE2_NAME = "_mla_stage2_kernel"
 BACKENDS = ("auto", "torch", "triton")

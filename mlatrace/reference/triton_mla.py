@@ -35,21 +35,12 @@ from mlatrace.reference.kernel_config import (
     Stage1Config,
     Stage2Config,
 )
-from mlatrace.reference.mla import D_LATENT, D_ROPE
+from mlatrace.reference.layout import D_LATENT, D_ROPE
+from mlatrace.reference.triton_partition import device_partition
 
 # The configuration types live in kernel_config (no Triton import there); they are
 # re-exported here so a caller tuning the kernels needs one import.
 __all__ = ["DEFAULT", "MlaConfig", "Stage1Config", "Stage2Config", "stage1", "stage2"]
-
-
-@triton.jit
-def _device_partition(seq_len, NUM_KV_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
-                      MIN_TILES: tl.constexpr):
-    """(active splits, chunk) of the device policy; same integers as policies.device_partition.
-    Both stage-1 kernels call it (the Gluon one too) and stage 2."""
-    tiles = tl.maximum(tl.cdiv(seq_len, BLOCK_N), 1)
-    tiles_per_split = tl.maximum(tl.cdiv(tiles, tl.minimum(tiles, NUM_KV_SPLITS)), MIN_TILES)
-    return tl.cdiv(tiles, tiles_per_split), tiles_per_split * BLOCK_N
 
 
 @triton.jit
@@ -87,7 +78,7 @@ def _mla_stage1_kernel(
                  mask=head_ok[:, None], other=0.0)
     seq_len = tl.load(seq_info + b)
     if DEVICE_PARTITION:
-        active, chunk = _device_partition(seq_len, NUM_KV_SPLITS, BLOCK_N, MIN_TILES)
+        active, chunk = device_partition(seq_len, NUM_KV_SPLITS, BLOCK_N, MIN_TILES)
     else:
         active = NUM_KV_SPLITS
         chunk = tl.cdiv(seq_len, NUM_KV_SPLITS)
@@ -179,7 +170,7 @@ def _mla_stage2_kernel(
     dblock = tl.program_id(2)
     if DEVICE_PARTITION:
         seq_len = tl.load(seq_info + b)
-        active, _ = _device_partition(seq_len, NUM_KV_SPLITS, BLOCK_N, MIN_TILES)
+        active, _ = device_partition(seq_len, NUM_KV_SPLITS, BLOCK_N, MIN_TILES)
     else:
         active = NUM_KV_SPLITS
     if PDL:
