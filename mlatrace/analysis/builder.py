@@ -221,6 +221,7 @@ class _ProcessBuilder(Unpickled):
             "graph.capture.begin": self.capture_begin,
             "graph.capture.end": self.capture_end,
             "graph.nodes": self.graph_nodes,
+            "device": self.device,
             "process": self.header,
             "process.rank": self.process_info,
             "process.info": self.process_info,
@@ -264,6 +265,14 @@ class _ProcessBuilder(Unpickled):
             graph.nodes_total = len(kernels)
             graph.nodes_ref = self._ref(rec, "graph.nodes")
 
+    def device(self, rec: dict) -> None:
+        """A `device` record (the reader checked its fields): the SM count of one GPU."""
+        index = _int(rec.get("index"))
+        if index is not None and index not in self.proc.devices:
+            self.proc.devices[index] = {
+                "index": index, "name": _text(rec.get("name")), "arch": _text(rec.get("arch")),
+                "sms": _int(rec.get("sms")), "ref": self._ref(rec, "device")}
+
     def process_info(self, rec: dict) -> None:
         rank = _int(rec.get("rank"))
         if rank is not None:
@@ -290,6 +299,7 @@ class _ProcessBuilder(Unpickled):
         graph.key = _key_text(rec.get("key"))
         graph.mode = _text(rec.get("mode"))
         graph.begin = self._ref(rec, "graph.capture.begin")
+        graph.device = _int(rec.get("device"))
         tid = rec.get("tid")
         graph.capture_tid = tid
         if graph.parent is None:
@@ -635,9 +645,18 @@ class _ProcessBuilder(Unpickled):
         if type(gid) is not int or type(n) is not int or type(gpu) is not int or gpu < 0:
             return
         graph, seen = self._graph(gid), set()
+        ref = None
         while graph is not None and graph.gid not in seen:
             seen.add(graph.gid)
-            graph.replays.add_timed(n, gpu)
+            stats = graph.replays
+            stats.add_timed(n, gpu)
+            if n != 1 and gpu > 0:   # the first replay also uploads the graph
+                if stats.gpu_fastest is None or gpu < stats.gpu_fastest:
+                    ref = ref or self._ref(rec, "graph.replay.time")
+                    stats.gpu_fastest, stats.gpu_fastest_ref = gpu, ref
+                if stats.gpu_slowest is None or gpu > stats.gpu_slowest:
+                    ref = ref or self._ref(rec, "graph.replay.time")
+                    stats.gpu_slowest, stats.gpu_slowest_ref = gpu, ref
             graph = self.model.graph(self.pid, graph.parent)
 
     def _count_ptrs(self, stats: ReplayStats, ptrs: dict, md: dict,

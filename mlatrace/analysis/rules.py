@@ -1,4 +1,4 @@
-"""Rules MLT001-MLT007: pure functions from the graph model to findings with evidence.
+"""Rules MLT001-MLT008: pure functions from the graph model to findings with evidence.
 
 Every rule reads only the TraceModel and the Config; none emits a finding without at
 least one record (file, seq) to show for it.
@@ -706,6 +706,13 @@ _FIX_006 = ("capture with a representative value (the longest length you serve),
             "decision on device / in an eager break so replays see the runtime value")
 
 
+def frozen_underfilled_grid(model: TraceModel, config: Config) -> list[Finding]:
+    """MLT008: generic, from kernel nodes, the SM count and replay times (analysis/kernels.py)."""
+    from mlatrace.analysis.kernels import underfilled_grid
+
+    return underfilled_grid(model, config.grid)
+
+
 RULE_FUNCTIONS: dict[str, Callable[[TraceModel, Config], list[Finding]]] = {
     "MLT001": frozen_one_split,
     "MLT002": replay_beyond_capture,
@@ -714,4 +721,5 @@ RULE_FUNCTIONS: dict[str, Callable[[TraceModel, Config], list[Finding]]] = {
     "MLT005": mixed_kernels_in_graph,
     "MLT006": frozen_host_decision,
     "MLT007": decision_mismatch,
+    "MLT008": frozen_underfilled_grid,
 }
