@@ -53,9 +53,11 @@ def _flush_ptr_run(stats: ReplayStats) -> None:
 
 
 
-def _add_step_syncs(sites: dict, pid: int | None, file: str, records: Iterable[dict]) -> None:
-    """Count sync records into per-(pid, op, where) sites (at most MAX_SYNC_SITES * 4)."""
-    for rec in records:
+def _add_step_syncs(sites: dict, pid: int | None, file: str,
+                    records: Iterable[tuple[dict, str]]) -> None:
+    """Count (sync record, side) pairs into per-(pid, op, where) sites (at most
+    MAX_SYNC_SITES * 4); a site keeps the side of its first sync."""
+    for rec, side in records:
         op, where = _text(rec.get("op")), rec.get("where")
         key = (pid, op, hashable(where))
         site = sites.get(key)
@@ -64,7 +66,7 @@ def _add_step_syncs(sites: dict, pid: int | None, file: str, records: Iterable[d
         elif len(sites) < MAX_SYNC_SITES * 4:
             seq = rec.get("seq")
             sites[key] = SyncSite(Ref(file, seq if isinstance(seq, int) else -1, "sync"),
-                                  op, where, False, None)
+                                  op, where, False, None, side=side)
 
 
 def _text(value: Any) -> str | None:
@@ -153,7 +155,8 @@ class _ProcessBuilder(Unpickled):
         self.replaying: set[Any] = set()
         self.eager_decisions: dict[Any, dict[str, dict]] = {}  # tid -> name -> latest eager record
         self.last_replay_seq: dict[Any, int] = {}  # tid -> seq of its latest replay or capture begin
-        self.pending_syncs: dict[Any, list[dict]] = {}  # tid -> syncs since its last replay
+        self.pending_syncs: dict[Any, list[tuple[dict, str]]] = {}  # tid -> (sync, side)
+        # since its last replay
         # this process's decode-step syncs, confirmed by a later replay; finish() publishes
         # them with the pending ones into model.step_syncs
         self.step_syncs: dict[tuple[int | None, Any, Any], SyncSite] = {}
@@ -535,7 +538,9 @@ class _ProcessBuilder(Unpickled):
         elif tid in self.replaying:
             pending = self.pending_syncs.setdefault(tid, [])
             if len(pending) < MAX_SYNC_SITES:
-                pending.append(rec)
+                side = ("input" if tid in self.md_since_replay else
+                        "output" if tid in self.metadata else "unknown")
+                pending.append((rec, side))
 
     def _flush_syncs(self, tid: Any) -> None:
         """Syncs between replays that no capture followed: the decode step path (MLT004)."""

@@ -192,6 +192,10 @@ class SyncSite:
     capturing: bool
     gid: int | None
     count: int = 1
+    # which side of a step: "input" (inside capture, or after the step's set-up and before
+    # its replay), "output" (after a replay, before the next set-up: a readback of the
+    # step's results), or "unknown" (the engine's set-up is not probed)
+    side: str = "input"
 
 
 @dataclass(slots=True)
