@@ -302,3 +302,54 @@ def test_gpu_traces_carry_the_device_record():
     trace = open_trace(_gpu("vllm_triton_mla_own_one"))
     records = [r for proc in trace.processes for r in proc.records() if r["k"] == "device"]
     assert len(records) == 1 and records[0]["sms"] == 132 and records[0]["arch"] == "sm_90"
+
+
+# -- the probe side: the device record ---------------------------------------------------
+class _Props:
+    name, major, minor, multi_processor_count, gcnArchName = "NVIDIA H200", 9, 0, 132, ""
+
+
+class _Cuda:
+    def __init__(self, initialised: bool) -> None:
+        self.initialised, self.props_calls = initialised, 0
+
+    def is_initialized(self) -> bool:
+        return self.initialised
+
+    def current_device(self) -> int:
+        if not self.initialised:
+            raise AssertionError("would initialise CUDA")
+        return 0
+
+    def get_device_properties(self, index: int) -> _Props:
+        self.props_calls += 1
+        return _Props()
+
+
+def test_device_record_once_per_process_and_never_initialising_cuda(monkeypatch):
+    import types
+
+    from mlatrace.probe import device
+
+    emitted = []
+    monkeypatch.setattr(device.record, "emit", lambda kind, **f: emitted.append((kind, f)))
+    monkeypatch.setattr(device, "_written", set())
+    cold = types.SimpleNamespace(cuda=_Cuda(False), version=types.SimpleNamespace(hip=None))
+    monkeypatch.setitem(sys.modules, "torch", cold)
+    assert device.note_device() is None and emitted == []   # CUDA not initialised: nothing
+    warm = types.SimpleNamespace(cuda=_Cuda(True), version=types.SimpleNamespace(hip=None))
+    monkeypatch.setitem(sys.modules, "torch", warm)
+    assert device.note_device() == 0 and device.note_device() == 0
+    assert emitted == [("device", {"index": 0, "name": "NVIDIA H200", "arch": "sm_90",
+                                   "sms": 132})]
+    assert warm.cuda.props_calls == 1
+
+
+def test_cpu_capture_writes_no_device_record(tmp_path):
+    out = tmp_path / "t"
+    subprocess.run([sys.executable, "-m", "mlatrace", "run", "--out", str(out), "--",
+                    sys.executable, "-m", "mlatrace.reference.serve", "--device", "cpu",
+                    "--steps", "2", "--layers", "1", "--hidden", "32", "--ctx", "64"],
+                   check=True, capture_output=True)
+    text = "".join(p.read_text() for p in out.glob("p*.jsonl"))
+    assert '"k":"graph.capture.begin"' in text and '"k":"device"' not in text

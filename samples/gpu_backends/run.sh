@@ -6,7 +6,7 @@
 # Writes $OUT/traces.tgz (re-packed after each trace, so a run cut short keeps what it
 # made) and $OUT/capture_cost.jsonl; the log is what it prints.
 set -u -o pipefail
-export PYTHONUNBUFFERED=1 MLATRACE_VENDOR=$PWD/.vendor
+export PYTHONUNBUFFERED=1 MLATRACE_VENDOR=$PWD/.vendor COLUMNS=200
 OUT=${OUT:-/tmp/mlatrace-gpu-backends}
 R=/tmp/gpu-backends-traces
 rm -rf "$R"; mkdir -p "$R" "$OUT"
@@ -16,7 +16,7 @@ timing=(--replay-timing 1:1)
 pack() { tar czf "$OUT/traces.tgz" -C "$R" .; }
 report() {
   PYTHONPATH=$PWD python3 -m mlatrace check "$R/$1"
-  PYTHONPATH=$PWD python3 -m mlatrace report "$R/$1" | grep -A12 "^kernels" | head -14
+  PYTHONPATH=$PWD python3 -m mlatrace report "$R/$1" | grep -A14 "kernels (attention" | head -16
   pack
 }
 trace() {  # name vendor-dir driver-args...
