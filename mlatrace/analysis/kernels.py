@@ -287,7 +287,8 @@ def underfilled_grid(model: TraceModel, rule: GridRule) -> list[Finding]:
         if span.timed < rule.min_timed_replays or span.growth is None \
                 or span.growth < rule.growth_factor:
             continue
-        findings.append(_finding(model, graph, timed, largest, device, span, rule))
+        others = [k for k in kernels if k.attention and k is not largest]
+        findings.append(_finding(model, graph, timed, largest, device, span, rule, others))
     return findings
 
 
@@ -304,7 +305,8 @@ def _grid_text(grid: tuple) -> str:
 
 
 def _finding(model: TraceModel, graph: GraphModel, timed: GraphModel, k: KernelNode,
-             device: dict, span: ReplayRange, rule: GridRule) -> Finding:
+             device: dict, span: ReplayRange, rule: GridRule,
+             others: list[KernelNode]) -> Finding:
     sms = device["sms"]
     key = model.effective_key(graph)
     where = f"graph {key} (gid {graph.gid})" if key is not None else f"graph gid {graph.gid}"
@@ -314,6 +316,10 @@ def _finding(model: TraceModel, graph: GraphModel, timed: GraphModel, k: KernelN
                f"replays grew {span.growth:.1f}x, from {_ns(span.fastest)} to "
                f"{_ns(span.slowest)}: the capture froze a parallelism that does not grow "
                "with the work")
+    if others:
+        message += "; its other attention-like kernels: " + ", ".join(
+            f"{o.short} {_grid_text(o.grid)} = {o.ctas} CTA{'s' if o.ctas != 1 else ''}"
+            for o in others[:4])
     hint = ("size the grid from the length the replay runs at: pick the KV split on device "
             "from the runtime length (a fixed launch budget that fills the SMs), capture one "
             "graph per length bucket, or run the split-deciding call eagerly between graph "
@@ -346,6 +352,8 @@ def _finding(model: TraceModel, graph: GraphModel, timed: GraphModel, k: KernelN
             "key": key, "captured_gid": graph.gid, "op": k.short, "kernel": k.name,
             "grid": list(k.grid), "ctas": k.ctas, "sms": sms, "device": device.get("name"),
             "attention_like": k.why, "timed_replays": span.timed,
+            "other_kernels": [{"kernel": o.name, "grid": list(o.grid), "ctas": o.ctas}
+                              for o in others],
             "replay_gpu_ns_min": span.fastest, "replay_gpu_ns_max": span.slowest,
             "growth": round(span.growth or 0.0, 2),
             "replay_seq_len_max": stats.seq_len_max})
@@ -379,8 +387,11 @@ def merge_into_explaining(model: TraceModel, findings: list[Finding]) -> list[Fi
             "kernel", "grid", "ctas", "sms", "timed_replays", "replay_gpu_ns_min",
             "replay_gpu_ns_max", "growth")}
         host.evidence.extend(f.evidence[:4])
+        host.details["underfilled_grid"]["other_kernels"] = d["other_kernels"]
+        also = "".join(f", {short_name(o['kernel'])} {_grid_text(tuple(o['grid']))} = "
+                       f"{o['ctas']}" for o in d["other_kernels"][:2])
         host.message += (f"; MLT008: {d['op']} grid {_grid_text(tuple(d['grid']))} = "
-                         f"{d['ctas']} CTA(s) on {d['sms']} SMs, replays "
+                         f"{d['ctas']} CTA(s){also} on {d['sms']} SMs, replays "
                          f"{_ns(d['replay_gpu_ns_min'])} to {_ns(d['replay_gpu_ns_max'])}")
     return out
 

@@ -2,7 +2,9 @@
 # Re-make the GPU fixtures of samples/gpu_backends/ on a CUDA machine (one device call).
 # Before: python samples/gpu_backends/vendor.py /tmp/src .vendor (from the unzipped wheels);
 # for the PyPI engine, its wheel in .whl/ (pip download --no-deps gpuopt-runtime==0.1.1).
-# Usage, from the repo root:  OUT=/tmp/out bash samples/gpu_backends/run.sh [quick]
+# Usage, from the repo root:  OUT=/tmp/out bash samples/gpu_backends/run.sh [quick|extra]
+# (quick: only the traces of engines no pack knows; extra: only the capture cost and the
+# PyPI engine)
 # Writes $OUT/traces.tgz (re-packed after each trace, so a run cut short keeps what it
 # made) and $OUT/capture_cost.jsonl; the log is what it prints.
 set -u -o pipefail
@@ -38,6 +40,8 @@ serve() {  # name serve-args...
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"
+stage=${1:-all}
+if [ "$stage" != extra ]; then
 # engines no pack knows: the split from the driver's own host code, no decision probe
 trace vllm_triton_mla_own_one vllm vllm --capture one --decide own
 trace vllm_triton_mla_own_bucketed vllm vllm --capture bucket --decide own
@@ -51,6 +55,7 @@ serve reference_device_lengths --policy device --lengths 1024,8192,32768,100000 
 trace vllm_triton_mla_frozen_one vllm vllm --capture one
 trace vllm_triton_mla_frozen_max vllm vllm --capture max
 trace vllm_triton_mla_bucketed vllm vllm --capture bucket
+fi
 # what recording kernel nodes costs per capture (70 captures of 600 nodes, as a vLLM start-up)
 echo "=== capture cost ($(date +%T))"
 cost=$here/capture_cost.py
@@ -61,12 +66,16 @@ cost=$here/capture_cost.py
     | sed 's/^{/{"arm": "traced, kernel nodes (default)", /'
   python3 - <<'EOF'
 import glob, json, statistics
-ns = [json.loads(line)["dump_ns"] for f in glob.glob("/tmp/cc-on/p*.jsonl") for line in open(f)
-      if '"graph.nodes"' in line]
+ns = [r["dump_ns"] for f in glob.glob("/tmp/cc-on/p*.jsonl") for r in map(json.loads, open(f))
+      if r["k"] == "graph.nodes"]
 print(json.dumps({"arm": "graph.nodes dump_ns", "graphs": len(ns),
                   "dump_ms_median": round(statistics.median(ns) / 1e6, 3) if ns else None}))
 EOF
 } | tee "$OUT/capture_cost.jsonl"
+# one such graph's DOT dump, to time the parse of it off the GPU
+MLATRACE_KEEP_DOT=/tmp/cc-dot PYTHONPATH=$PWD python3 -m mlatrace run --out /tmp/cc-dot-trace -- \
+  python3 "$cost" --graphs 1 >/dev/null
+dot=$(ls /tmp/cc-dot/*.dot 2>/dev/null | head -1); [ -n "$dot" ] && gzip -c "$dot" > "$OUT/graph600.dot.gz"
 # a PyPI engine no pack knows, end to end (its wheel carried in .whl/)
 if ls .whl/gpuopt_runtime-*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/gpuopt_runtime-*.whl

@@ -9,7 +9,7 @@ power-of-two cache capacity of prompt + new tokens, generation capacity) over a
 transformers `StaticCache` with SDPA attention, and replays it new_tokens - 1 times per
 request. No mlatrace pack knows it: `mlatrace run` sees its torch graph captures, kernel
 nodes, replay GPU times and syncs. Prompts of 900 and 1000 tokens share the 1024-slot
-graph; 3500, 15000 and 60000 tokens get 4096, 16384 and 65536 slots, so replay times
+graph; 3500, 15000, 60000 and 120000 tokens get 4096 to 131072 slots, so replay times
 across graphs span well over 4x while each graph's own replays stay flat (attention reads
 the whole static cache whatever the prompt length). The model has random weights (no
 download): vocab 1024, hidden 1024, 4 layers, 32 heads of 128 (KV heads 32).
@@ -24,7 +24,7 @@ import torch
 from gpuopt import CUDAGraphPool
 from transformers import LlamaConfig, LlamaForCausalLM
 
-PROMPTS = (900, 1000, 3500, 15000, 60000)
+PROMPTS = (900, 1000, 3500, 15000, 60000, 120000)
 NEW_TOKENS = 16
 
 
