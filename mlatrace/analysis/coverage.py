@@ -43,7 +43,7 @@ KNOWN_KINDS = (
     "process", "process.rank", "process.end", "probe.error", "graph.capture.begin",
     "graph.capture.end", "graph.nodes", "graph.replay", "graph.eager_break", "dispatch",
     "attn.metadata", "attn.call", "kernel.split", "kernel.launch", "kernel.skip", "sync",
-    "host.decision", "mark", "runner.dummy_run", "runner.capture_model",
+    "host.decision", "mark", "runner.dummy_run", "runner.capture_model", "device",
 )
 """The record kinds of schema mlatrace/1 (docs/trace-format.md)."""
 
