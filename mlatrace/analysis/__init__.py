@@ -1,4 +1,4 @@
-"""Analysis stage: the graph model of a trace and the findings MLT001-MLT007.
+"""Analysis stage: the graph model of a trace and the findings MLT001-MLT008.
 
     result = analyze(open_trace(path), config)
     result.findings            # list[Finding], sorted by severity then id
