@@ -228,7 +228,9 @@ def kernel_view(model: TraceModel, rule: GridRule) -> dict[str, Any]:
     against the SMs) and replay-time range; and the kernel grids that differ between
     the graphs of the trace. The `kernels` object of `report --json`."""
     graphs = []
-    for graph in model.graphs.values():
+    order = {id(p): i for i, p in enumerate(model.processes)}   # the report's process order
+    for graph in sorted(model.graphs.values(), key=lambda g: (
+            order.get(id(model.process(g.pid)), len(order)), g.gid)):
         if not graph.nodes:
             continue
         kernels = graph_kernels(model, graph, rule)
