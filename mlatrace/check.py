@@ -200,6 +200,8 @@ def render_coverage_lines(out: Any, coverage: Any) -> None:
               highlight=False, soft_wrap=True)
     for reason in coverage.reasons:
         out.print(f"  blind: {escape(reason)}", highlight=False, soft_wrap=True)
+    for note in getattr(coverage, "notes", ()):
+        out.print(f"  note: {escape(note)}", highlight=False, soft_wrap=True)
 
 
 def unknown_schemas(result: Analysis) -> list[tuple[str, str]]:

@@ -19,7 +19,10 @@ Exit codes: 0 the diff was made (differences or not), 2 either trace is unusable
                  "changes": [{"field": str, "a": value, "b": value}]}],
      # field num_kv_splits: the frozen split counts, or {"eager": [int]} for a breakable
      # capture that froze none: the counts its eager calls chose at run time
-     "findings": {"added": [finding], "removed": [finding]}}   # finding as in report --json
+     "findings": {"added": [finding], "removed": [finding]},   # finding as in report --json
+     # attention-like kernels (by short name, analysis/kernels.py) whose set of frozen
+     # grids differs between A and B: [[x, y, z]] each side, [] where it is not captured
+     "kernels": [{"kernel": str, "a": [[x, y, z]], "b": [[x, y, z]]}]}
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import sys
 from typing import Any
 
 from mlatrace.analysis import Analysis, ConfigError
+from mlatrace.analysis.kernels import kernel_view
 from mlatrace.analysis.load import Unusable, load, resolve_config
 from mlatrace.analysis.summary import units
 from mlatrace.report import (
@@ -139,7 +143,23 @@ def diff_dict(a_path: str, a: Analysis, b_path: str, b: Analysis) -> dict[str, A
                     "findings_added": len(added), "findings_removed": len(removed)},
         "graphs": graphs,
         "findings": {"added": added, "removed": removed},
+        "kernels": kernel_grids_diff(a, b),
     }
+
+
+def kernel_grids_diff(a: Analysis, b: Analysis) -> list[dict[str, Any]]:
+    """Attention-like kernels whose frozen grids differ between the two traces."""
+    def grids(result: Analysis) -> dict[str, set]:
+        out: dict[str, set] = {}
+        for g in kernel_view(result.model, result.config.grid)["graphs"]:
+            for k in g["attention"]:
+                out.setdefault(k["short"], set()).add(tuple(k["grid"]))
+        return out
+
+    ga, gb = grids(a), grids(b)
+    return [{"kernel": name, "a": [list(x) for x in sorted(ga.get(name, ()))],
+             "b": [list(x) for x in sorted(gb.get(name, ()))]}
+            for name in sorted(set(ga) | set(gb)) if ga.get(name) != gb.get(name)]
 
 
 def _fmt(value: Any) -> str:
@@ -198,6 +218,10 @@ def render(console: Any, data: dict[str, Any]) -> None:
                          _fmt(g["src"]) if first else "", c["field"], va, vb])
     if rows:
         print_table(console, DIFF_COLUMNS, rows)
+    for k in data.get("kernels", ()):
+        console.print(f"kernel grids differ: {k['kernel']}: A {_fmt(k['a']) if k['a'] else '-'}"
+                      f" -> B {_fmt(k['b']) if k['b'] else '-'}", soft_wrap=True,
+                      highlight=False)
     for label, colour, items in (("removed", "green", data["findings"]["removed"]),
                                  ("added", "red", data["findings"]["added"])):
         for f in items:

@@ -51,8 +51,19 @@ is unreadable or holds nothing usable (bad --config too).
                                         # per-file data loss (line 0): dropped records, no
                                         # process.end
       "marks": [{"file", "pid", "rank", "seq", "t", "name", "attrs"}]  # the first 100 per process
+      "kernels": {                           # the kernel view (analysis/kernels.py)
+        "graphs": [{"pid", "rank", "gid", "key", "nodes": int,   # graphs with graph.nodes
+                    "device": str|null, "sms": int|null,          # from the `device` record
+                    "attention": [{"name", "short", "grid": [x, y, z], "ctas": int,
+                                   "attention": true, "why": "name"|"attn.call"}],
+                    "largest": {...}|null,   # the attention-like kernel with the most CTAs
+                    "replay_gpu_ns": {"timed": int, "min": int|null, "max": int|null}}],
+        "grids_differ": [{"kernel": short name,       # attention-like kernels launched with
+                          "grids": [{"grid": [x, y, z], "graphs": ["pid:gid"]}]}]
+      },                                     # more than one grid between graphs
       "coverage": {                          # what the probes saw (analysis/coverage.py)
         "blind": bool, "reasons": [str],     # why the trace cannot support a clean verdict
+        "notes": [str],                      # what a rule could not judge (MLT008: no SMs)
         "probes_attached": int|null, "probes_errored": int,
         "engines": {name: version},          # probed engines named in the headers
         "ranks": {"world_size": int|null, "seen": [int], "kept": [int]|null,
@@ -82,6 +93,7 @@ from typing import Any
 from rich.markup import escape
 
 from mlatrace.analysis import Analysis, ConfigError
+from mlatrace.analysis.kernels import kernel_view
 from mlatrace.analysis.load import Unusable, load, resolve_config
 from mlatrace.analysis.model import MAX_MARKS
 from mlatrace.analysis.summary import root_graphs, units
@@ -156,6 +168,7 @@ def report_dict(trace_path: str, result: Analysis,
         "problems": problems,
         "marks": [{"file": p.file, "pid": p.pid, "rank": p.rank, **m}
                   for p in model.processes for m in p.marks],
+        "kernels": kernel_view(model, result.config.grid),
         "coverage": coverage.to_dict(),
     }
 
@@ -358,6 +371,7 @@ def render(console: Any, data: dict[str, Any], verbose: bool) -> None:
     render_coverage(console, data, verbose)
     render_processes(console, data, verbose)
     render_graphs(console, data, verbose)
+    render_kernels(console, data, verbose)
     render_attention(console, data)
     render_marks(console, data, verbose)
     render_findings(console, data, verbose)
@@ -409,6 +423,8 @@ def render_coverage(console: Any, data: dict[str, Any], verbose: bool) -> None:
     say(f"coverage: {head}, {cov['probes_errored']} errored; {verdict}")
     for reason in cov["reasons"]:
         say(f"  [red]blind:[/] {escape(reason)}")
+    for note in cov.get("notes", ()):
+        say(f"  note: {escape(note)}")
     if cov["engines"]:
         say("  engines in the headers: "
             + ", ".join(f"{name} {version}" for name, version in cov["engines"].items()))
@@ -517,6 +533,71 @@ def render_graphs(console: Any, data: dict[str, Any], verbose: bool) -> None:
         console.print(f"  rank {rank_text(g['rank'])} pid {_fmt(g['pid'])} gid {g['gid']} "
                       f"{_fmt(g['key'])}: ops {_fmt(frozen['ops'])}; hints {hints}; ptrs {ptrs}; "
                       f"kernels {kernels}; graph nodes {frozen['graph_nodes']}",
+                      highlight=False)
+
+
+KERNEL_COLUMNS = [
+    Column("ranks", priority=2, wrap=True),
+    Column("gid", justify="right"),
+    Column("key", priority=1, wrap=True),
+    Column("attention-like kernel", wrap=True),
+    Column("grid"),
+    Column("CTAs/SMs", justify="right"),
+    Column("replay GPU time min..max (timed)", wrap=True),
+]
+
+
+def ns_range(rng: dict) -> str:
+    """`95 us..10.7 ms (160)`: a graph's fastest and slowest timed replay."""
+    if not rng or not rng.get("timed"):
+        return "- (none timed)"
+    return f"{gpu_time(rng['min'])}..{gpu_time(rng['max'])} ({rng['timed']})"
+
+
+def kernel_rows(view: dict[str, Any]) -> list[tuple[list, list[str]]]:
+    """Rows of the kernel view: one per (graph, attention-like kernel); ranks whose rows
+    look the same share one."""
+    rows: dict[tuple, list] = {}
+    for g in view["graphs"]:
+        sms = g["sms"] if g["sms"] is not None else "?"
+        kernels = g["attention"] or [None]
+        for k in kernels:
+            if k is None:
+                cells = (str(g["gid"]), _fmt(g["key"]),
+                         f"- (none of {g['nodes']} nodes)", "-", "-", ns_range(g["replay_gpu_ns"]))
+            else:
+                cells = (str(g["gid"]), _fmt(g["key"]), k["short"], _fmt(k["grid"]),
+                         f"{k['ctas']}/{sms}", ns_range(g["replay_gpu_ns"]))
+            alone = ("pid", g["pid"]) if g["rank"] is None else ()
+            rows.setdefault((*cells, *alone), []).append(g["rank"])
+    return [(ranks, list(key[:len(KERNEL_COLUMNS) - 1])) for key, ranks in rows.items()]
+
+
+def render_kernels(console: Any, data: dict[str, Any], verbose: bool) -> None:
+    """Per graph with kernel nodes: its attention-like kernels, their grids against the
+    SMs and its replay-time range; -v adds the grids that differ between graphs."""
+    view = data.get("kernels")
+    if not view or not view["graphs"]:
+        return
+    rows = kernel_rows(view)
+    shown = rows if verbose else rows[:MAX_GRAPH_ROWS]
+    print_table(console, KERNEL_COLUMNS, [[ranks_text(r), *cells] for r, cells in shown],
+                title="kernels (attention-like nodes of each graph)")
+    if len(rows) > len(shown):
+        console.print(f"... {len(rows) - len(shown)} more rows (use -v)")
+    differ = view["grids_differ"]
+    if not verbose:
+        if differ:
+            console.print(f"({plural(len(differ), 'kernel')} launched with different grids "
+                          "between graphs: -v lists them)", highlight=False)
+        return
+    for d in differ:
+        grids = "; ".join(f"{_fmt(g['grid'])} in gid(s) "
+                          + ",".join(x.split(":", 1)[1] for x in g["graphs"])
+                          for g in d["grids"])
+        print_line(console, escape(f"  grids differ: {d['kernel']}: {grids}"))
+    if not differ:
+        console.print("  grids differ: none (every attention-like kernel has one grid)",
                       highlight=False)
 
 

@@ -41,14 +41,14 @@ def test_report_json_schema_is_stable():
     data = json.loads(result.stdout)
     assert data["schema"] == "mlatrace.report/1"
     assert set(data) == {"schema", "trace", "summary", "processes", "graphs", "attention",
-                         "findings", "suppressed", "problems", "coverage", "marks"}
+                         "findings", "suppressed", "problems", "coverage", "marks", "kernels"}
     calls = {(a["kind"], a["name"]): a for a in data["attention"]}
     assert calls[("attn.call", "forward_mqa")]["captured"] >= 1
     assert data["summary"] == {"processes": 1, "graphs": 1, "graphs_total": 2, "replays": 3,
                                "findings": {"error": 1, "warning": 0}, "suppressed": 0,
                                "problems": 0, "probes_attached": None, "probes_errored": 0,
                                "blind": False, "marks": 0, "exit_code": 0}
-    assert set(data["coverage"]) == {"blind", "reasons", "probes_attached", "probes_errored",
+    assert set(data["coverage"]) == {"blind", "reasons", "notes", "probes_attached", "probes_errored",
                                      "engines", "ranks", "expect", "records", "probe_errors",
                                      "processes"}
     assert data["coverage"]["records"]["kernel.split"] >= 1

@@ -53,9 +53,11 @@ def _flush_ptr_run(stats: ReplayStats) -> None:
 
 
 
-def _add_step_syncs(sites: dict, pid: int | None, file: str, records: Iterable[dict]) -> None:
-    """Count sync records into per-(pid, op, where) sites (at most MAX_SYNC_SITES * 4)."""
-    for rec in records:
+def _add_step_syncs(sites: dict, pid: int | None, file: str,
+                    records: Iterable[tuple[dict, str]]) -> None:
+    """Count (sync record, side) pairs into per-(pid, op, where) sites (at most
+    MAX_SYNC_SITES * 4); a site keeps the side of its first sync."""
+    for rec, side in records:
         op, where = _text(rec.get("op")), rec.get("where")
         key = (pid, op, hashable(where))
         site = sites.get(key)
@@ -64,7 +66,7 @@ def _add_step_syncs(sites: dict, pid: int | None, file: str, records: Iterable[d
         elif len(sites) < MAX_SYNC_SITES * 4:
             seq = rec.get("seq")
             sites[key] = SyncSite(Ref(file, seq if isinstance(seq, int) else -1, "sync"),
-                                  op, where, False, None)
+                                  op, where, False, None, side=side)
 
 
 def _text(value: Any) -> str | None:
@@ -153,7 +155,8 @@ class _ProcessBuilder(Unpickled):
         self.replaying: set[Any] = set()
         self.eager_decisions: dict[Any, dict[str, dict]] = {}  # tid -> name -> latest eager record
         self.last_replay_seq: dict[Any, int] = {}  # tid -> seq of its latest replay or capture begin
-        self.pending_syncs: dict[Any, list[dict]] = {}  # tid -> syncs since its last replay
+        self.pending_syncs: dict[Any, list[tuple[dict, str]]] = {}  # tid -> (sync, side)
+        # since its last replay
         # this process's decode-step syncs, confirmed by a later replay; finish() publishes
         # them with the pending ones into model.step_syncs
         self.step_syncs: dict[tuple[int | None, Any, Any], SyncSite] = {}
@@ -221,6 +224,7 @@ class _ProcessBuilder(Unpickled):
             "graph.capture.begin": self.capture_begin,
             "graph.capture.end": self.capture_end,
             "graph.nodes": self.graph_nodes,
+            "device": self.device,
             "process": self.header,
             "process.rank": self.process_info,
             "process.info": self.process_info,
@@ -264,6 +268,14 @@ class _ProcessBuilder(Unpickled):
             graph.nodes_total = len(kernels)
             graph.nodes_ref = self._ref(rec, "graph.nodes")
 
+    def device(self, rec: dict) -> None:
+        """A `device` record (the reader checked its fields): the SM count of one GPU."""
+        index = _int(rec.get("index"))
+        if index is not None and index not in self.proc.devices:
+            self.proc.devices[index] = {
+                "index": index, "name": _text(rec.get("name")), "arch": _text(rec.get("arch")),
+                "sms": _int(rec.get("sms")), "ref": self._ref(rec, "device")}
+
     def process_info(self, rec: dict) -> None:
         rank = _int(rec.get("rank"))
         if rank is not None:
@@ -290,6 +302,7 @@ class _ProcessBuilder(Unpickled):
         graph.key = _key_text(rec.get("key"))
         graph.mode = _text(rec.get("mode"))
         graph.begin = self._ref(rec, "graph.capture.begin")
+        graph.device = _int(rec.get("device"))
         tid = rec.get("tid")
         graph.capture_tid = tid
         if graph.parent is None:
@@ -525,7 +538,9 @@ class _ProcessBuilder(Unpickled):
         elif tid in self.replaying:
             pending = self.pending_syncs.setdefault(tid, [])
             if len(pending) < MAX_SYNC_SITES:
-                pending.append(rec)
+                side = ("input" if tid in self.md_since_replay else
+                        "output" if tid in self.metadata else "unknown")
+                pending.append((rec, side))
 
     def _flush_syncs(self, tid: Any) -> None:
         """Syncs between replays that no capture followed: the decode step path (MLT004)."""
@@ -635,9 +650,18 @@ class _ProcessBuilder(Unpickled):
         if type(gid) is not int or type(n) is not int or type(gpu) is not int or gpu < 0:
             return
         graph, seen = self._graph(gid), set()
+        ref = None
         while graph is not None and graph.gid not in seen:
             seen.add(graph.gid)
-            graph.replays.add_timed(n, gpu)
+            stats = graph.replays
+            stats.add_timed(n, gpu)
+            if n != 1 and gpu > 0:   # the first replay also uploads the graph
+                if stats.gpu_fastest is None or gpu < stats.gpu_fastest:
+                    ref = ref or self._ref(rec, "graph.replay.time")
+                    stats.gpu_fastest, stats.gpu_fastest_ref = gpu, ref
+                if stats.gpu_slowest is None or gpu > stats.gpu_slowest:
+                    ref = ref or self._ref(rec, "graph.replay.time")
+                    stats.gpu_slowest, stats.gpu_slowest_ref = gpu, ref
             graph = self.model.graph(self.pid, graph.parent)
 
     def _count_ptrs(self, stats: ReplayStats, ptrs: dict, md: dict,

@@ -14,17 +14,25 @@ Keys (all optional):
     expect = ["graphs", "attn.call"]   # check exits 3 (blind) when the run recorded none
                                # of one of these (a record kind, or graphs, replays,
                                # attention, launches); see analysis/coverage.py
+    underfill_fraction = 0.25  # MLT008: largest attention-like kernel < this x SMs CTAs
+    growth_factor = 4          # MLT008: ... while the slowest timed replay >= this x fastest
+    min_timed_replays = 3      # MLT008: fewer timed replays say nothing about growth
+    attention_names = ["attn", "attention", "mla", "fmha", "flash", "splitkv", "paged",
+                       "decode"]   # MLT008: case-insensitive substrings of attention-like
+                               # kernel names (replaces the list; see analysis/kernels.py)
 """
 
 from __future__ import annotations
 
 import fnmatch
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-RULE_IDS = ("MLT001", "MLT002", "MLT003", "MLT004", "MLT005", "MLT006", "MLT007")
+from mlatrace.analysis.kernels import GridRule
+
+RULE_IDS = ("MLT001", "MLT002", "MLT003", "MLT004", "MLT005", "MLT006", "MLT007", "MLT008")
 
 
 class ConfigError(ValueError):
@@ -41,6 +49,7 @@ class Config:
     disable: set[str] = field(default_factory=set)
     allow: list[dict] = field(default_factory=list)
     expect: list[str] = field(default_factory=list)
+    grid: GridRule = field(default_factory=GridRule)   # MLT008 (frozen-underfilled-grid)
     source: str | None = None
 
     def enabled(self, rule_id: str) -> bool:
@@ -102,6 +111,24 @@ def config_from_dict(table: dict, source: str | None = None) -> Config:
                 except ExpectError as exc:
                     raise ConfigError(f"{source}: {exc}") from None
             cfg.expect = list(value)
+        elif key in ("underfill_fraction", "growth_factor"):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0 \
+                    or (key == "underfill_fraction" and value > 1):
+                raise ConfigError(f"{source}: {key} must be a positive number"
+                                  + (" up to 1" if key == "underfill_fraction" else "")
+                                  + f", got {value!r}")
+            cfg.grid = replace(cfg.grid, **{key: float(value)})
+        elif key == "min_timed_replays":
+            if not isinstance(value, int) or isinstance(value, bool) or value < 2:
+                raise ConfigError(f"{source}: min_timed_replays must be an integer >= 2, "
+                                  f"got {value!r}")
+            cfg.grid = replace(cfg.grid, min_timed_replays=value)
+        elif key == "attention_names":
+            if not isinstance(value, list) or not value or \
+                    not all(isinstance(v, str) and v for v in value):
+                raise ConfigError(f"{source}: attention_names must be a non-empty list of "
+                                  "strings, e.g. [\"attn\", \"mla\"]")
+            cfg.grid = replace(cfg.grid, attention_names=tuple(value))
         # unknown keys are ignored: newer configs stay readable
     return cfg
 

@@ -26,7 +26,7 @@ from mlatrace.analysis.findings import Finding
 from mlatrace.analysis.model import TraceModel
 from mlatrace.trace import Problem
 
-COST_RULES = ("MLT001", "MLT006", "MLT007")
+COST_RULES = ("MLT001", "MLT006", "MLT007", "MLT008")
 WHATIF_FILE = "whatif.json"
 WHATIF_SCHEMA = "mlatrace.whatif/1"
 

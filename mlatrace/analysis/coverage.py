@@ -43,7 +43,7 @@ KNOWN_KINDS = (
     "process", "process.rank", "process.end", "probe.error", "graph.capture.begin",
     "graph.capture.end", "graph.nodes", "graph.replay", "graph.eager_break", "dispatch",
     "attn.metadata", "attn.call", "kernel.split", "kernel.launch", "kernel.skip", "sync",
-    "host.decision", "mark", "runner.dummy_run", "runner.capture_model",
+    "host.decision", "mark", "runner.dummy_run", "runner.capture_model", "device",
 )
 """The record kinds of schema mlatrace/1 (docs/trace-format.md)."""
 
@@ -110,6 +110,8 @@ class Coverage:
     ranks: dict[str, Any] = field(default_factory=dict)
     expect: list[dict[str, Any]] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
+    # what a rule could not judge, and why (not blind: the rest of the verdict stands)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def blind(self) -> bool:
@@ -117,7 +119,7 @@ class Coverage:
 
     def to_dict(self) -> dict[str, Any]:
         """The `coverage` object of `report --json` (docs/trace-format.md)."""
-        return {"blind": self.blind, "reasons": list(self.reasons),
+        return {"blind": self.blind, "reasons": list(self.reasons), "notes": list(self.notes),
                 "probes_attached": self.probes_attached,
                 "probes_errored": self.probes_errored,
                 "engines": dict(self.engines), "ranks": dict(self.ranks),

@@ -15,6 +15,7 @@ RULES: dict[str, tuple[str, str]] = {
     "MLT005": ("mixed-kernels-in-graph", "error"),
     "MLT006": ("frozen-host-decision", "warning"),
     "MLT007": ("decision-mismatch", "error"),
+    "MLT008": ("frozen-underfilled-grid", "warning"),
 }
 
 

@@ -91,6 +91,8 @@ class ProcessModel(Unpickled):
     schema: str | None = None
     versions: dict = field(default_factory=dict)
     device: dict = field(default_factory=dict)
+    # `device` records: index -> {index, name, arch, sms, ref} (the SM count MLT008 needs)
+    devices: dict[int, dict] = field(default_factory=dict)
     role: str = "process"
     records: int = 0
     has_header: bool = False
@@ -190,6 +192,10 @@ class SyncSite:
     capturing: bool
     gid: int | None
     count: int = 1
+    # which side of a step: "input" (inside capture, or after the step's set-up and before
+    # its replay), "output" (after a replay, before the next set-up: a readback of the
+    # step's results), or "unknown" (the engine's set-up is not probed)
+    side: str = "input"
 
 
 @dataclass(slots=True)
@@ -223,6 +229,12 @@ class ReplayStats:
     # in it with that n, how many]; fold_timed() puts the sums in gpu_hist at each finish
     gpu_by_n: dict[int, list] | None = None
     timed_folded: list[int] | None = None  # the rounded sums the last fold_timed() added
+    # the graph.replay.time records of the fastest and slowest timed replay after the first
+    # (MLT008's evidence), with their times
+    gpu_fastest: int | None = None
+    gpu_fastest_ref: Ref | None = None
+    gpu_slowest: int | None = None
+    gpu_slowest_ref: Ref | None = None
 
     @property
     def count(self) -> int:
@@ -325,6 +337,7 @@ class GraphModel(Unpickled):
     dur_ns: int | None = None
     capture_error: str | None = None   # graph.capture.end error: the capture raised
     capture_tid: Any = None
+    device: int | None = None      # graph.capture.begin `device`: the index it captured on
     capture_metadata: Any = None   # the attn.metadata Record current when capture began (seq lens)
     capture_metadata_ref: Ref | None = None
     splits: list[SplitDecision] = field(default_factory=list)
@@ -407,6 +420,20 @@ class TraceModel:
             if nested:
                 found = max(nested, key=lambda g: g.replays.count)
         return found
+
+    def device_of(self, graph: GraphModel) -> dict | None:
+        """The `device` record (index, name, arch, sms, ref) of the GPU graph was captured
+        on: the index its capture (or an enclosing one) named, else the process's only
+        device; None when the process wrote no device record (never a guessed SM count)."""
+        proc = self.process(graph.pid)
+        if proc is None or not proc.devices:
+            return None
+        for g in self.ancestors(graph):
+            if g.device is not None:
+                return proc.devices.get(g.device)
+        if len(proc.devices) == 1:
+            return next(iter(proc.devices.values()))
+        return None
 
     def effective_key(self, graph: GraphModel) -> Any:
         for g in self.ancestors(graph):

@@ -13,6 +13,7 @@ from mlatrace.analysis.config import Config
 from mlatrace.analysis.cost import attach_costs
 from mlatrace.analysis.coverage import Coverage, judge
 from mlatrace.analysis.findings import SEVERITY_ORDER, Finding
+from mlatrace.analysis.kernels import merge_into_explaining, unavailable
 from mlatrace.analysis.model import TraceModel
 from mlatrace.analysis.rules import RULE_FUNCTIONS
 
@@ -59,11 +60,20 @@ def analyze_model(model: TraceModel, config: Config | None = None,
                 suppressed.append(finding)
             else:
                 findings.append(finding)
+    # MLT008 on a graph MLT001/MLT006 already explains is their evidence, not a finding
+    findings = merge_into_explaining(model, findings + suppressed)
+    suppressed = [f for f in findings if f in suppressed]
+    findings = [f for f in findings if f not in suppressed]
     findings.sort(key=lambda f: (-SEVERITY_ORDER.get(f.severity, 0), f.id,
                                  f.rank if f.rank is not None else -1, f.pid or 0, f.gid or 0))
     attach_costs(model, findings + suppressed)
+    coverage = judge(model, config.expect)
+    if config.enabled("MLT008") and (wanted is None or "MLT008" in wanted):
+        note = unavailable(model)
+        if note:
+            coverage.notes.append(note)
     return Analysis(model=model, findings=findings, suppressed=suppressed, config=config,
-                    coverage=judge(model, config.expect))
+                    coverage=coverage)
 
 
 def _identity(f: Finding) -> tuple:

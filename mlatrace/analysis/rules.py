@@ -1,4 +1,4 @@
-"""Rules MLT001-MLT007: pure functions from the graph model to findings with evidence.
+"""Rules MLT001-MLT008: pure functions from the graph model to findings with evidence.
 
 Every rule reads only the TraceModel and the Config; none emits a finding without at
 least one record (file, seq) to show for it.
@@ -439,13 +439,31 @@ def host_sync_in_decode(model: TraceModel, config: Config) -> list[Finding]:
             gid=graph.gid, details={"key": model.effective_key(graph), "op": site.op,
                                     "count": count, "capturing": True}))
     for (pid, op, _where_key), site in model.step_syncs.items():
-        message = (f"{site.count} host sync(s) {op} between graph replays (decode step path)"
+        side = site.side
+        what = {"input": "before a replay, after the step's set-up (an input-side sync)",
+                "output": "right after a replay, before the next step's set-up (an output "
+                          "readback of the step's results)",
+                }.get(side, "between graph replays")
+        message = (f"{site.count} host sync(s) {op} {what} on the decode step path"
                    + (f" at {_where(site.where)}" if site.where else ""))
+        hint = {"input": fix, "output": _FIX_READBACK}.get(side, _FIX_EITHER)
         findings.append(make_finding(
-            "MLT004", message, fix, _ev(site.ref, f"{op} after replays began"), pid=pid,
-            rank=model.rank_of(pid), gid=None,
-            details={"key": None, "op": op, "count": site.count, "capturing": False}))
+            "MLT004", message, hint, _ev(site.ref, f"{op} after replays began ({side})"),
+            pid=pid, rank=model.rank_of(pid), gid=None,
+            details={"key": None, "op": op, "count": site.count, "capturing": False,
+                     "side": side}))
     return findings
+
+
+_FIX_READBACK = ("this reads the step's results back (the sampled tokens) right after its "
+                 "replay, so the host waits for the GPU every step: overlap it (async "
+                 "scheduling that prepares step N+1 while step N runs, a non_blocking copy "
+                 "into pinned memory on a side stream with an event queried later); host "
+                 "copies of the inputs would not remove it")
+_FIX_EITHER = ("if it reads the step's inputs (sequence lengths, block tables), use the host "
+               "copies the engine already has or decide on device; if it reads the step's "
+               "results (sampled tokens), overlap the readback (async scheduling, a copy on a "
+               "side stream with an event) instead")
 
 
 def _where(where: Any) -> str:
@@ -706,6 +724,13 @@ _FIX_006 = ("capture with a representative value (the longest length you serve),
             "decision on device / in an eager break so replays see the runtime value")
 
 
+def frozen_underfilled_grid(model: TraceModel, config: Config) -> list[Finding]:
+    """MLT008: generic, from kernel nodes, the SM count and replay times (analysis/kernels.py)."""
+    from mlatrace.analysis.kernels import underfilled_grid
+
+    return underfilled_grid(model, config.grid)
+
+
 RULE_FUNCTIONS: dict[str, Callable[[TraceModel, Config], list[Finding]]] = {
     "MLT001": frozen_one_split,
     "MLT002": replay_beyond_capture,
@@ -714,4 +739,5 @@ RULE_FUNCTIONS: dict[str, Callable[[TraceModel, Config], list[Finding]]] = {
     "MLT005": mixed_kernels_in_graph,
     "MLT006": frozen_host_decision,
     "MLT007": decision_mismatch,
+    "MLT008": frozen_underfilled_grid,
 }

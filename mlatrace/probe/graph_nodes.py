@@ -11,14 +11,15 @@ that text into ``[{name, grid[3], block[3], smem}]``; it is pure text parsing.
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 
-# name<<<grid, block, smem>>> where grid/block are {a,b,c} or a bare number.
-_LAUNCH = re.compile(
-    r"(?P<name>[^|{}\"\[\]=]+?)\s*<<<\s*(?P<grid>\{[^}]*\}|\d+)\s*,\s*"
-    r"(?P<block>\{[^}]*\}|\d+)\s*,\s*(?P<smem>\d+)(?:\s*,[^>]*)?>>>")
 _ESCAPED = re.compile(r"\\([<>{}|])")
-_NODE_START = re.compile(r'^\s*"(?P<id>[^"]+)"\s*\[')
-_NODE = re.compile(r'^\s*"?(?P<id>[^"\s\[]+)"?\s*\[(?P<attrs>.*)\]\s*;?\s*$')
+# <<<grid, block, smem>>> after a kernel's name; grid/block are {a,b,c} or a bare number.
+_LAUNCH_TAIL = re.compile(
+    r"<<<\s*(?P<grid>\{[^}]*\}|\d+)\s*,\s*(?P<block>\{[^}]*\}|\d+)\s*,\s*(?P<smem>\d+)"
+    r"(?:\s*,[^>]*)?>>>")
+_NODE_STARTS = re.compile(r'(?m)^[ \t]*"(?P<id>[^"\n]+)"[ \t]*\[')
+_NAME_STOP = re.compile(r'[|{}"\[\]=\n]')
 
 
 def _dims(text: str) -> list[int]:
@@ -44,32 +45,34 @@ def parse_dot(text: str) -> list[dict]:
     """Kernel launches found in a DOT dump, in file order (one per kernel node).
 
     A node's label may span several lines (record labels); only its first launch
-    text counts, so a label naming the kernel twice is still one kernel.
+    text counts, so a label naming the kernel twice is still one kernel. The text is
+    searched whole (a vLLM decode graph's dump is ~600 nodes, ~300 KB): one pass for the
+    node starts, one for the launches, each launch's name read back to the delimiter
+    before it.
     """
+    # Record labels escape < > { } | with a backslash, HTML labels with entities.
+    text = _ESCAPED.sub(r"\1", text.replace("&lt;", "<").replace("&gt;", ">"))
+    starts = [(m.start(), m.group("id")) for m in _NODE_STARTS.finditer(text)]
+    positions = [pos for pos, _id in starts]
     kernels: list[dict] = []
-    node: str | None = None
     counted: set[str] = set()
-    for line in text.splitlines():
-        start = _NODE_START.match(line)
-        if start:
-            node = start.group("id")
-        match = _NODE.match(line)
-        body = match.group("attrs") if match else line
-        if "<<<" not in body and "\\<\\<\\<" not in body:
-            continue
-        if node is not None:
+    seen: dict[tuple, dict] = {}   # a graph repeats few distinct launches many times
+    for launch in _LAUNCH_TAIL.finditer(text):
+        at = launch.start()
+        i = bisect_right(positions, at) - 1
+        if i >= 0:
+            node = starts[i][1]
             if node in counted:
                 continue
             counted.add(node)
-        # Record labels escape < > { } | with a backslash, HTML labels with entities.
-        body = _ESCAPED.sub(r"\1", body.replace("&lt;", "<").replace("&gt;", ">"))
-        launch = _LAUNCH.search(body)
-        if launch is None:
+        lo = positions[i] if i >= 0 else max(0, at - 4096)
+        name = _NAME_STOP.split(text[lo:at])[-1].strip()
+        if not name:
             continue
-        kernels.append({
-            "name": _clean_name(launch.group("name")),
-            "grid": _dims(launch.group("grid")),
-            "block": _dims(launch.group("block")),
-            "smem": int(launch.group("smem")),
-        })
+        key = (name, *launch.group("grid", "block", "smem"))
+        node = seen.get(key)
+        if node is None:
+            node = seen[key] = {"name": _clean_name(name), "grid": _dims(key[1]),
+                                "block": _dims(key[2]), "smem": int(key[3])}
+        kernels.append({**node, "grid": list(node["grid"]), "block": list(node["block"])})
     return kernels

@@ -6,6 +6,8 @@ Builds the engine (`mlatrace.reference.engine`), captures one graph per batch si
 `--capture-len` (default 1, like vLLM's dummy run), then decodes `--steps` steps with
 sequence lengths around `--ctx`, growing by one per step, and prints each step's time
 and the split count the graph froze next to the one the real length would need.
+`--lengths 1024,8192,32768` decodes `--steps` steps at each listed length in turn instead
+(one captured graph replayed across lengths, so its replay time follows the work).
 `--check` compares every step with a float64 eager reference: the frozen one-split graph
 of the legacy policy is still correct, only slow (seed 002 is a performance bug).
 `--bench` prints one JSON line (median step time over the replays; CUDA events on GPU)
@@ -44,7 +46,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--policy", default="legacy",
                         help="split policy: legacy, bucketed, device or fixed:N")
     parser.add_argument("--ctx", type=int, default=2048, help="KV length of the first step")
-    parser.add_argument("--steps", type=int, default=8, help="decode steps after capture")
+    parser.add_argument("--steps", type=int, default=8,
+                        help="decode steps after capture (with --lengths: per length)")
+    parser.add_argument("--lengths", type=_lengths, default=None, metavar="L1,L2,...",
+                        help="KV lengths to decode at in turn, --steps steps each "
+                             "(replaces --ctx)")
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--layers", type=int, default=2)
@@ -78,7 +84,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--step-delay must be >= 0")
     if args.ctx - (args.batch - 1) < 1:
         parser.error("--ctx must be at least --batch")
+    if args.lengths and min(args.lengths) < args.batch:
+        parser.error("every --lengths value must be at least --batch")
     return args
+
+
+def _lengths(text: str) -> tuple[int, ...]:
+    """`1024,8192,32768` -> (1024, 8192, 32768): positive integers, comma-separated."""
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a comma-separated list of integers: {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"lengths must be positive integers: {text!r}")
+    return values
+
+
+def schedule(args: argparse.Namespace, total_steps: int) -> list[list[int]]:
+    """Every step's sequence lengths: around --ctx, or --steps steps at each of --lengths
+    (warm-up steps, with --bench, at the first length)."""
+    if not args.lengths:
+        return [step_seq_lens(args.ctx, args.batch, step) for step in range(total_steps)]
+    warmup = total_steps - args.steps * len(args.lengths)
+    out = [step_seq_lens(args.lengths[0], args.batch, step) for step in range(warmup)]
+    for length in args.lengths:
+        out += [step_seq_lens(length, args.batch, step) for step in range(args.steps)]
+    return out
 
 
 def resolve_device(name: str) -> torch.device:
@@ -116,7 +148,8 @@ def step_seq_lens(ctx: int, batch: int, step: int) -> list[int]:
 
 def build_runner(args: argparse.Namespace, device: torch.device, total_steps: int
                  ) -> ReferenceModelRunner:
-    max_seq_len = max(args.ctx + total_steps + 1, args.capture_len)
+    longest = max(args.lengths) if args.lengths else args.ctx
+    max_seq_len = max(longest + total_steps + 1, args.capture_len)
     config = EngineConfig(
         batch_sizes=(args.batch,), num_heads=args.heads, num_layers=args.layers,
         hidden_size=args.hidden, max_seq_len=max_seq_len, policy=args.policy,
@@ -130,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = resolve_device(args.device)
     warmup = args.warmup if args.bench else 0
-    total_steps = warmup + args.steps
+    total_steps = warmup + args.steps * (len(args.lengths) if args.lengths else 1)
     runner = build_runner(args, device, total_steps)
     dtype = runner.config.dtype
 
@@ -141,8 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     hidden = hidden.to(device=device, dtype=dtype)
     seq_lens = torch.empty(total_steps, args.batch, dtype=torch.int32,
                            pin_memory=device.type == "cuda")
-    for step in range(total_steps):
-        seq_lens[step] = torch.tensor(step_seq_lens(args.ctx, args.batch, step))
+    for step, lens in enumerate(schedule(args, total_steps)):
+        seq_lens[step] = torch.tensor(lens)
 
     started = time.perf_counter()
     runner.capture_model()
@@ -153,7 +186,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.bench:
         print(f"mlatrace reference serve: device={device.type} dtype={str(dtype).removeprefix('torch.')} "
               f"policy={args.policy} graph={args.graph} batch={args.batch} heads={args.heads} "
-              f"layers={args.layers} ctx={args.ctx} steps={args.steps} "
+              f"layers={args.layers} "
+              + (f"lengths={','.join(map(str, args.lengths))} " if args.lengths
+                 else f"ctx={args.ctx} ")
+              + f"steps={args.steps} "
               f"capture_len={args.capture_len}")
         if args.graph == "none":
             print("eager: no graph captured")
@@ -213,7 +249,7 @@ def run_bench(args: argparse.Namespace, runner: ReferenceModelRunner, device: to
     """Median step time over many replays; GPU time from CUDA events read after the loop."""
     for step in range(warmup):
         runner.execute_model(hidden[step], seq_lens[step])
-    steps = range(warmup, warmup + args.steps)
+    steps = range(warmup, seq_lens.shape[0])
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
@@ -243,7 +279,7 @@ def run_bench(args: argparse.Namespace, runner: ReferenceModelRunner, device: to
         "sync_debug": bool(args.sync_debug and device.type == "cuda"),
         "frozen_num_kv_splits": frozen and max(frozen.values()),
         "median_step_us": statistics.median(step_us),
-        "wall_step_us": wall_s * 1e6 / args.steps,
+        "wall_step_us": wall_s * 1e6 / len(steps),
     }
     print(json.dumps(result), flush=True)
     return 0

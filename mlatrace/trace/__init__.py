@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from mlatrace.trace.typed import TYPED_KINDS, Record, decode_records, to_record
+from mlatrace.trace.validate import CHECKED_KINDS
+from mlatrace.trace.validate import check as check_fields
 
 SCHEMA_NAME = "mlatrace"
 SCHEMA_MAJOR = 1
@@ -265,6 +267,10 @@ class ProcessFile:
                 counts = Counter(kinds)
             except TypeError:  # a kind that is not hashable: the precise path keeps it
                 ok = False
+        if ok and not counts.keys().isdisjoint(CHECKED_KINDS):
+            # rare kinds whose fields a rule trusts: a malformed one goes the precise way
+            ok = not any(check_fields(_decode_line(line)) for line, kind in
+                         zip(data.split(b"\n"), kinds, strict=False) if kind in CHECKED_KINDS)
         if ok:
             last = self._last_seq
             base = seqs[0] if last is None else last + 1
@@ -334,6 +340,11 @@ class ProcessFile:
                         self.gaps += 1
                         self.dropped += seq - last_seq - 1
                 last_seq = seq
+                if record["k"] in CHECKED_KINDS:
+                    reason = check_fields(record)
+                    if reason:
+                        self._problem(lineno, f"{reason}; record skipped")
+                        continue
                 if record["k"] == "process.end":
                     self.end = record
                 self.records_read += 1

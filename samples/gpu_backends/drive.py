@@ -1,7 +1,7 @@
 """Real upstream Triton decode attention captured in torch CUDA graphs, replayed at long lengths.
 
-    python samples/gpu_backends/drive.py vllm --capture one|max|bucket
-    python samples/gpu_backends/drive.py sglang
+    python samples/gpu_backends/drive.py vllm --capture one|max|bucket [--decide own]
+    python samples/gpu_backends/drive.py sglang [--batch B]
 
 Run under `mlatrace run --probes samples/gpu_backends/steps.toml` with PYTHONPATH holding
 .vendor/vllm or .vendor/sglang (staged by vendor.py from the wheels) and this folder.
@@ -11,10 +11,14 @@ TritonMLAImpl's `_compute_num_kv_splits(max_seq_len, sm_count)` decided inside t
 `one` captures at max_seq_len=1 (1 split), `max` at max_model_len=131072 (what vLLM 0.33's
 capture sees: 256 splits on 132 SMs), `bucket` captures one graph per split value at a length
 of that bucket and replays each graph only at lengths of its bucket (the healthy design).
+`--decide own`: the split count comes from the driver's own host code (the same formula,
+unprobed), as an engine no pack knows decides it: no host.decision is recorded, and only
+the captured grids, the SM count and the replay times tell the frozen split (MLT008).
 
 sglang: SGLang 0.5.23's `decode_attention_fwd` with `num_kv_splits` computed on the device by
 `get_num_kv_splits_triton` before each replay (as TritonAttnBackend.get_num_kv_splits does);
-the captured grid uses the fixed `max_kv_splits`.
+the captured grid uses the fixed `max_kv_splits` (16): at batch 1 that is 16 CTAs on the
+GPU whatever the length; `--batch 16` fills it (256 CTAs).
 
 Prints one line per (variant, length): us per replay (CUDA events, mean of the replays).
 The vllm variants run no eager reference after the replays (an eager launch of the same
@@ -54,7 +58,7 @@ def _time(graph: torch.cuda.CUDAGraph, n: int) -> float:
     return start.elapsed_time(end) * 1000 / n
 
 
-def run_vllm(capture: str) -> None:
+def run_vllm(capture: str, decide: str = "host") -> None:
     from vllm.v1.attention.ops.triton_decode_attention import decode_attention_fwd
 
     dev, batch = "cuda", 1
@@ -66,7 +70,10 @@ def run_vllm(capture: str) -> None:
     scale = 1.0 / math.sqrt(KV_LORA + ROPE)
 
     def forward(max_seq_len: int) -> torch.Tensor:
-        splits = steps.vllm_num_kv_splits(max_seq_len, sm)  # inside forward_mqa
+        if decide == "own":  # an engine's own host code: nothing records the decision
+            splits = steps.upstream_num_kv_splits(max_seq_len, sm)
+        else:
+            splits = steps.vllm_num_kv_splits(max_seq_len, sm)  # inside forward_mqa
         o = torch.zeros(batch, HEADS, KV_LORA, dtype=q.dtype, device=dev)
         lse = torch.zeros(batch, HEADS, dtype=q.dtype, device=dev)
         logits = torch.empty(batch, HEADS, splits, KV_LORA + 1, dtype=torch.float32, device=dev)
@@ -97,15 +104,15 @@ def run_vllm(capture: str) -> None:
             graph, out = graphs[key]
             steps.fill_metadata(torch.tensor([real], dtype=torch.int32), seq_lens)
             us = _time(graph, REPLAYS)
-            print(f"vllm capture={capture} len={real} splits="
+            print(f"vllm capture={capture} decide={decide} len={real} splits="
                   f"{steps.upstream_num_kv_splits(key, sm)} us={us:.1f}", flush=True)
 
 
-def run_sglang() -> None:
+def run_sglang(batch: int = 1) -> None:
     from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
     from sglang.kernels.ops.attention.metadata import get_num_kv_splits_triton
 
-    dev, batch, max_kv_splits = "cuda", 1, 16
+    dev, max_kv_splits = "cuda", 16
     sm = torch.cuda.get_device_properties(0).multi_processor_count
     max_len = max(LENGTHS) + 512
     kv = torch.randn(max_len * batch + 64, 1, KV_LORA + ROPE, device=dev,
@@ -121,7 +128,8 @@ def run_sglang() -> None:
     scale = 1.0 / math.sqrt(KV_LORA + ROPE)
 
     def prepare(length: int, dummy: bool = False) -> None:
-        steps.fill_metadata(torch.tensor([length], dtype=torch.int32), seq_lens, dummy=dummy)
+        steps.fill_metadata(torch.tensor([length] * batch, dtype=torch.int32), seq_lens,
+                            dummy=dummy)
         kv_indptr[1:].copy_(torch.cumsum(seq_lens, 0))
         get_num_kv_splits_triton[(1,)](num_kv_splits, seq_lens, batch, 1, HEADS, 1,
                                        max_kv_splits, sm, MAX_NUM_SEQ=256)
@@ -147,7 +155,7 @@ def run_sglang() -> None:
         got = o.clone()
         reference()
         err = ((got.float() - o.float()).abs().max() / o.float().abs().max()).item()
-        print(f"sglang len={length} max_kv_splits={max_kv_splits} us={us:.1f} "
+        print(f"sglang batch={batch} len={length} max_kv_splits={max_kv_splits} us={us:.1f} "
               f"rel_err_vs_eager={err:.2e}", flush=True)
 
 
@@ -155,11 +163,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("backend", choices=("vllm", "sglang"))
     parser.add_argument("--capture", choices=("one", "max", "bucket"), default="bucket")
+    parser.add_argument("--decide", choices=("host", "own"), default="host",
+                        help="vllm: split count from the probed step (host) or unprobed (own)")
+    parser.add_argument("--batch", type=int, default=1, help="sglang: requests per step")
     args = parser.parse_args()
     if args.backend == "vllm":
-        run_vllm(args.capture)
+        run_vllm(args.capture, args.decide)
     else:
-        run_sglang()
+        run_sglang(args.batch)
 
 
 if __name__ == "__main__":

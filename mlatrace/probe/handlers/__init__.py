@@ -21,6 +21,7 @@ from typing import Any
 
 from mlatrace import record
 from mlatrace.probe import graphs
+from mlatrace.probe.device import note_device
 
 GID_ATTR = "_mlatrace_gid"
 T0_ATTR = "_mlatrace_t0"
@@ -56,8 +57,12 @@ def open_capture(src: str, key: Any, mode: Any) -> tuple[int, int]:
     """Give a new capture its gid (parent: the capture open now), record its begin and
     enter it; returns (gid, start ns) for close_capture."""
     gid = graphs.next_gid()
-    record.emit("graph.capture.begin", gid=gid, parent=graphs.parent_gid(), src=src, key=key,
-                mode=mode)
+    fields: dict[str, Any] = {"gid": gid, "parent": graphs.parent_gid(), "src": src,
+                              "key": key, "mode": mode}
+    index = note_device()   # writes the device's `device` record before its first capture
+    if index is not None:
+        fields["device"] = index
+    record.emit_fields("graph.capture.begin", fields)
     graphs.push_capture(gid, src)
     return gid, time.perf_counter_ns()
 

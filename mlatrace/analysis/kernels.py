@@ -1,0 +1,408 @@
+"""The kernel view of a trace: what grid each graph froze for its attention-like kernels.
+
+Every CUDA graph exposes its kernel nodes (`graph.nodes`, from the capture's debug
+dump), and the process its GPU (`device`: the SM count). With the replays' GPU times
+(`graph.replay.time`) that is enough to see the commonest shape of the frozen-split bug
+in an engine no probe pack knows: an attention kernel captured on a handful of CTAs
+whose replays grow with the work (rule MLT008, `underfilled_grid`), and it is what
+`report` shows for each graph and `diff` compares between two traces.
+
+Pure functions over the TraceModel; the thresholds and the attention-like names are
+`GridRule` (configuration: `[tool.mlatrace]` keys, see analysis/config.py).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from mlatrace.analysis.findings import Evidence, Finding, make_finding
+from mlatrace.analysis.model import GraphModel, Ref, TraceModel
+
+ATTENTION_NAMES = ("attn", "attention", "mla", "fmha", "flash", "splitkv", "paged", "decode")
+
+
+@dataclass(frozen=True)
+class GridRule:
+    """MLT008's thresholds and the names that make a kernel attention-like.
+
+    underfill_fraction: the largest attention-like kernel launches fewer CTAs than this
+      fraction of the device's SMs (0.25: a quarter);
+    growth_factor: the slowest timed replay is at least this many times the fastest;
+    min_timed_replays: fewer timed replays than this say nothing about growth;
+    attention_names: case-insensitive substrings of a kernel's name (besides kernels the
+      trace saw launched inside a probed attention call of the capture).
+    """
+
+    underfill_fraction: float = 0.25
+    growth_factor: float = 4.0
+    min_timed_replays: int = 3
+    attention_names: tuple[str, ...] = ATTENTION_NAMES
+
+
+# -- names ---------------------------------------------------------------------------
+_SOURCE = re.compile(r"(\d+)")
+
+
+def _demangle_prefix(name: str) -> str | None:
+    """The qualified function name of an Itanium-mangled symbol (`_ZN2at6native4funcI...`
+    -> `at::native::func`), without its template and argument lists; None if unparsable."""
+    if not name.startswith("_Z"):
+        return None
+    i, parts = 2, []
+    nested = name.startswith("_ZN")
+    if nested:
+        i = 3
+        while i < len(name) and name[i] in "rVKRLO":
+            i += 1
+    while i < len(name):
+        if name.startswith("St", i):
+            parts.append("std")
+            i += 2
+            continue
+        match = _SOURCE.match(name, i)
+        if match is None:
+            break
+        length = int(match.group(1))
+        start = match.end()
+        if length <= 0 or start + length > len(name):
+            return None
+        parts.append(name[start:start + length])
+        i = start + length
+        if not nested:
+            break
+    return "::".join(parts) or None
+
+
+def _strip_brackets(text: str, open_: str, close: str) -> str:
+    out, depth = [], 0
+    for ch in text:
+        if ch == open_:
+            depth += 1
+        elif ch == close and depth:
+            depth -= 1
+        elif not depth:
+            out.append(ch)
+    return "".join(out)
+
+
+def short_name(name: str, keep: int = 2) -> str:
+    """A kernel's name as a person reads it: Triton and C names as they are; mangled or
+    demangled C++ names as their last `keep` qualified components, without return type,
+    template or argument lists (`void flash::flash_fwd_splitkv_kernel<...>(...)` ->
+    `flash::flash_fwd_splitkv_kernel`)."""
+    text = str(name).strip()
+    qualified = _demangle_prefix(text)
+    if qualified is None:
+        if "(" in text or "<" in text:
+            text = _strip_brackets(_strip_brackets(text, "(", ")"), "<", ">").strip()
+            if " " in text:
+                text = text.rsplit(" ", 1)[-1]   # the return type goes
+        qualified = text
+    parts = [p for p in qualified.split("::") if p]
+    return "::".join(parts[-keep:]) if parts else str(name)
+
+
+def ctas(grid: Any) -> int | None:
+    """CTAs (thread blocks) a launch grid starts: x * y * z."""
+    if not isinstance(grid, (list, tuple)) or len(grid) != 3:
+        return None
+    if not all(type(v) is int and v >= 0 for v in grid):
+        return None
+    return grid[0] * grid[1] * grid[2]
+
+
+# -- the view ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class KernelNode:
+    """One distinct kernel node of a graph, as the kernel view shows it."""
+
+    name: str
+    short: str
+    grid: tuple[int, int, int]
+    ctas: int
+    attention: bool          # attention-like (see GridRule / attention_like)
+    why: str                 # "name" (matches GridRule.attention_names) or "attn.call"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "short": self.short, "grid": list(self.grid),
+                "ctas": self.ctas, "attention": self.attention, "why": self.why}
+
+
+def _attention_launches(model: TraceModel, graph: GraphModel) -> set[str]:
+    """Kernels the launch probes recorded inside this capture after one of its probed
+    attention calls on the way (the kernels an attention call launched)."""
+    calls = [c.ref.seq for g in model.ancestors(graph) for c in g.calls]
+    if not calls:
+        return set()
+    first = min(calls)
+    return {la.name for g in model.subtree(graph) for la in g.launches
+            if la.ref.seq > first}
+
+
+def attention_like(name: str, launched: set[str], rule: GridRule) -> str | None:
+    """Why a kernel counts as attention-like ("name" / "attn.call"), or None."""
+    lowered = name.lower()
+    if any(word.lower() in lowered for word in rule.attention_names):
+        return "name"
+    if name in launched or short_name(name, keep=1) in launched:
+        return "attn.call"
+    return None
+
+
+def graph_kernels(model: TraceModel, graph: GraphModel, rule: GridRule) -> list[KernelNode]:
+    """The graph's distinct kernel nodes (name, grid), attention-like ones marked."""
+    launched = _attention_launches(model, graph)
+    out = []
+    for node in graph.nodes:
+        name, grid = str(node.get("name")), node.get("grid")
+        count = ctas(grid)
+        if count is None:
+            continue
+        why = attention_like(name, launched, rule)
+        out.append(KernelNode(name, short_name(name), tuple(grid), count, why is not None,
+                              why or ""))
+    return out
+
+
+def largest_attention(kernels: list[KernelNode]) -> KernelNode | None:
+    """The attention-like kernel launching the most CTAs (the one doing the KV work, not
+    its combine or reduce step); ties go to the first node."""
+    best = None
+    for k in kernels:
+        if k.attention and (best is None or k.ctas > best.ctas):
+            best = k
+    return best
+
+
+@dataclass(frozen=True)
+class ReplayRange:
+    """The fastest and slowest timed replays of a graph (ns, as the histogram keeps them)."""
+
+    timed: int
+    fastest: int | None
+    slowest: int | None
+    fastest_ref: Ref | None = None
+    slowest_ref: Ref | None = None
+
+    @property
+    def growth(self) -> float | None:
+        if not self.fastest or self.slowest is None:
+            return None
+        return self.slowest / self.fastest
+
+
+def replay_range(graph: GraphModel) -> ReplayRange:
+    """Timed replays of `graph` itself: first replay left out when the trace says which
+    replay it was (its time holds the graph's upload, not the work)."""
+    stats = graph.replays
+    by_n = stats.gpu_by_n
+    if by_n:
+        most = max(count for _ns, count in by_n.values())
+        values = [ns for n, (ns, count) in by_n.items() if count == most and n != 1]
+        if not values:
+            values = [ns for ns, count in by_n.values() if count == most]
+    else:
+        values = [value for value, count in stats.gpu_hist.items() for _ in range(count)]
+    values = [v for v in values if v > 0]
+    if not values:
+        return ReplayRange(0, None, None)
+    lo_ref, hi_ref = stats.gpu_fastest_ref, stats.gpu_slowest_ref
+    return ReplayRange(len(values), min(values), max(values), lo_ref, hi_ref)
+
+
+def timed_graph(model: TraceModel, graph: GraphModel) -> GraphModel | None:
+    """The graph whose timed replays stand for `graph`'s: itself when timed, else the
+    graph around it whose replays ran it."""
+    if graph.replays.gpu_by_n or graph.replays.gpu_hist:
+        return graph
+    replayed = model.replay_graph(graph)
+    if replayed is not None and (replayed.replays.gpu_by_n or replayed.replays.gpu_hist):
+        return replayed
+    return None
+
+
+def kernel_view(model: TraceModel, rule: GridRule) -> dict[str, Any]:
+    """Per graph with kernel nodes: its attention-like kernels (short name, grid, CTAs
+    against the SMs) and replay-time range; and the kernel grids that differ between
+    the graphs of the trace. The `kernels` object of `report --json`."""
+    graphs = []
+    order = {id(p): i for i, p in enumerate(model.processes)}   # the report's process order
+    for graph in sorted(model.graphs.values(), key=lambda g: (
+            order.get(id(model.process(g.pid)), len(order)), g.gid)):
+        if not graph.nodes:
+            continue
+        kernels = graph_kernels(model, graph, rule)
+        device = model.device_of(graph)
+        timed = timed_graph(model, graph)
+        span = replay_range(timed) if timed is not None else ReplayRange(0, None, None)
+        graphs.append({
+            "pid": graph.pid, "rank": model.rank_of(graph.pid), "gid": graph.gid,
+            "key": model.effective_key(graph), "nodes": graph.nodes_total,
+            "sms": device["sms"] if device else None,
+            "device": device["name"] if device else None,
+            "attention": [k.to_dict() for k in kernels if k.attention],
+            "largest": (largest.to_dict() if (largest := largest_attention(kernels)) else None),
+            "replay_gpu_ns": {"timed": span.timed, "min": span.fastest, "max": span.slowest},
+        })
+    return {"graphs": graphs, "grids_differ": grids_differ(
+        [(f"{g['pid']}:{g['gid']}", g) for g in graphs])}
+
+
+def grids_differ(graphs: list[tuple[str, dict]]) -> list[dict[str, Any]]:
+    """Attention-like kernels (by short name) launched with more than one grid among
+    `graphs` ((label, kernel-view graph) pairs): [{kernel, grids: [{grid, graphs}]}]."""
+    by_kernel: dict[str, dict[tuple, list[str]]] = {}
+    for label, g in graphs:
+        for k in g["attention"]:
+            by_kernel.setdefault(k["short"], {}).setdefault(tuple(k["grid"]), []).append(label)
+    out = []
+    for name, grids in sorted(by_kernel.items()):
+        if len(grids) > 1:
+            out.append({"kernel": name, "grids": [
+                {"grid": list(grid), "graphs": sorted(set(labels))}
+                for grid, labels in sorted(grids.items())]})
+    return out
+
+
+# -- MLT008 frozen-underfilled-grid --------------------------------------------------
+def underfilled_grid(model: TraceModel, rule: GridRule) -> list[Finding]:
+    """A graph whose largest attention-like kernel launches < underfill_fraction x SMs
+    CTAs while its timed replays grew growth_factor x or more (see docs)."""
+    findings = []
+    for graph in model.graphs.values():
+        if not graph.nodes:
+            continue
+        device = model.device_of(graph)
+        if device is None or not device.get("sms"):
+            continue   # no SM count: coverage says MLT008 could not run (never a guess)
+        sms = device["sms"]
+        kernels = graph_kernels(model, graph, rule)
+        largest = largest_attention(kernels)
+        if largest is None or largest.ctas >= rule.underfill_fraction * sms:
+            continue
+        timed = timed_graph(model, graph)
+        if timed is None:
+            continue
+        span = replay_range(timed)
+        if span.timed < rule.min_timed_replays or span.growth is None \
+                or span.growth < rule.growth_factor:
+            continue
+        others = [k for k in kernels if k.attention and k is not largest]
+        findings.append(_finding(model, graph, timed, largest, device, span, rule, others))
+    return findings
+
+
+def _ns(ns: int | None) -> str:
+    if ns is None:
+        return "-"
+    if ns >= 1e6:
+        return f"{ns / 1e6:.3g} ms"
+    return f"{ns / 1e3:.3g} us"
+
+
+def _grid_text(grid: tuple) -> str:
+    return "(" + ",".join(map(str, grid)) + ")"
+
+
+def _finding(model: TraceModel, graph: GraphModel, timed: GraphModel, k: KernelNode,
+             device: dict, span: ReplayRange, rule: GridRule,
+             others: list[KernelNode]) -> Finding:
+    sms = device["sms"]
+    key = model.effective_key(graph)
+    where = f"graph {key} (gid {graph.gid})" if key is not None else f"graph gid {graph.gid}"
+    message = (f"{where} froze {k.short} at grid {_grid_text(k.grid)}: {k.ctas} "
+               f"CTA{'s' if k.ctas != 1 else ''} on {sms} SMs (< {rule.underfill_fraction:g} "
+               f"x SMs = {rule.underfill_fraction * sms:g}), while its {span.timed} timed "
+               f"replays grew {span.growth:.1f}x, from {_ns(span.fastest)} to "
+               f"{_ns(span.slowest)}: the capture froze a parallelism that does not grow "
+               "with the work")
+    if others:
+        message += "; its other attention-like kernels: " + ", ".join(
+            f"{o.short} {_grid_text(o.grid)} = {o.ctas} CTA{'s' if o.ctas != 1 else ''}"
+            for o in others[:4])
+    hint = ("size the grid from the length the replay runs at: pick the KV split on device "
+            "from the runtime length (a fixed launch budget that fills the SMs), capture one "
+            "graph per length bucket, or run the split-deciding call eagerly between graph "
+            "segments; capturing at a representative length (max_model_len) instead of a "
+            "dummy one at least fills the GPU")
+    evidence = []
+    if graph.nodes_ref is not None:
+        evidence.append(Evidence(graph.nodes_ref.file, graph.nodes_ref.seq, "graph.nodes",
+                                 f"{k.short} grid {_grid_text(k.grid)} = {k.ctas} CTA(s)"))
+    ref = device.get("ref")
+    if isinstance(ref, Ref):
+        evidence.append(Evidence(ref.file, ref.seq, "device",
+                                 f"{device.get('name') or 'device'} {device['index']}: "
+                                 f"{sms} SMs"))
+    for r, what in ((span.fastest_ref, f"fastest timed replay {_ns(span.fastest)}"),
+                    (span.slowest_ref, f"slowest timed replay {_ns(span.slowest)}")):
+        if r is not None:
+            evidence.append(Evidence(r.file, r.seq, r.kind, what))
+    if graph.begin is not None:
+        evidence.append(Evidence(graph.begin.file, graph.begin.seq, graph.begin.kind,
+                                 f"capture of gid {graph.gid} begins"))
+    stats = timed.replays
+    if stats.seq_len_max_ref is not None:
+        evidence.append(Evidence(stats.seq_len_max_ref.file, stats.seq_len_max_ref.seq,
+                                 "attn.metadata", f"metadata before a replay: seq_len_max="
+                                 f"{stats.seq_len_max}"))
+    return make_finding(
+        "MLT008", message, hint, evidence, pid=graph.pid, rank=model.rank_of(graph.pid),
+        gid=graph.gid, details={
+            "key": key, "captured_gid": graph.gid, "op": k.short, "kernel": k.name,
+            "grid": list(k.grid), "ctas": k.ctas, "sms": sms, "device": device.get("name"),
+            "attention_like": k.why, "timed_replays": span.timed,
+            "other_kernels": [{"kernel": o.name, "grid": list(o.grid), "ctas": o.ctas}
+                              for o in others],
+            "replay_gpu_ns_min": span.fastest, "replay_gpu_ns_max": span.slowest,
+            "growth": round(span.growth or 0.0, 2),
+            "replay_seq_len_max": stats.seq_len_max})
+
+
+EXPLAINING_RULES = ("MLT001", "MLT006")
+
+
+def merge_into_explaining(model: TraceModel, findings: list[Finding]) -> list[Finding]:
+    """MLT008 findings whose graph an MLT001/MLT006 finding already explains become
+    evidence of that finding (details `underfilled_grid`, its evidence appended, one
+    clause added to its message); the others are returned as they are."""
+    explaining = [f for f in findings if f.id in EXPLAINING_RULES]
+    out = []
+    for f in findings:
+        if f.id != "MLT008":
+            out.append(f)
+            continue
+        graph = model.graph(f.pid, f.gid)
+        family = set()
+        if graph is not None:
+            family = {g.gid for g in model.ancestors(graph)} | \
+                {g.gid for g in model.subtree(graph)}
+        host = next((e for e in explaining if e.pid == f.pid and (
+            e.gid in family or e.details.get("captured_gid") in family)), None)
+        if host is None:
+            out.append(f)
+            continue
+        d = f.details
+        host.details["underfilled_grid"] = {k: d[k] for k in (
+            "kernel", "grid", "ctas", "sms", "timed_replays", "replay_gpu_ns_min",
+            "replay_gpu_ns_max", "growth")}
+        host.evidence.extend(f.evidence[:4])
+        host.details["underfilled_grid"]["other_kernels"] = d["other_kernels"]
+        also = "".join(f", {short_name(o['kernel'])} {_grid_text(tuple(o['grid']))} = "
+                       f"{o['ctas']}" for o in d["other_kernels"][:2])
+        host.message += (f"; MLT008: {d['op']} grid {_grid_text(tuple(d['grid']))} = "
+                         f"{d['ctas']} CTA(s){also} on {d['sms']} SMs, replays "
+                         f"{_ns(d['replay_gpu_ns_min'])} to {_ns(d['replay_gpu_ns_max'])}")
+    return out
+
+
+def unavailable(model: TraceModel) -> str | None:
+    """Why MLT008 could not judge some graph with kernel nodes (no SM count), or None."""
+    without = [g for g in model.graphs.values() if g.nodes and model.device_of(g) is None]
+    if not without:
+        return None
+    return (f"MLT008 not applied to {len(without)} graph(s) with kernel nodes: no `device` "
+            "record gives their GPU's SM count (a trace of an older mlatrace, or CUDA not "
+            "initialised when the capture began)")
