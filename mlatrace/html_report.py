@@ -33,17 +33,16 @@ MAX_LIST = 200         # marks, problems, processes, evidence lines shown
 MAX_KERNELS = 64       # kernel rows per unit
 
 # the page's only script: script errors and blocked content become visible in the page
-PAGE_SCRIPT = """(function(){var seen=[];
-function note(m){seen.push(String(m));var r=document.documentElement;
-r.setAttribute('data-errors',String(seen.length));
+PAGE_SCRIPT = """(function(){var seen=[],root=document.documentElement;
+function show(){root.setAttribute('data-errors',String(seen.length));
 var box=document.getElementById('page-errors');
-if(box){box.textContent=seen.join('\\n');box.hidden=false;}}
+if(box&&seen.length){box.textContent=seen.join('\\n');box.hidden=false;}}
+function note(m){seen.push(String(m));show();}
 window.addEventListener('error',function(e){note('script error: '+e.message);});
 document.addEventListener('securitypolicyviolation',function(e){
 note('blocked by the page policy: '+e.violatedDirective);});
-window.addEventListener('load',function(){var r=document.documentElement;
-r.setAttribute('data-loaded','1');if(seen.length){note('');seen.pop();}
-r.setAttribute('data-errors',String(seen.length));});})();"""
+window.addEventListener('load',function(){root.setAttribute('data-loaded','1');show();});
+})();"""
 
 STYLE = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;color:#1a202c;
@@ -210,6 +209,7 @@ def _findings(data: dict[str, Any]) -> str:
     parts = ['<section id="findings"><h2>Findings</h2>']
     if not findings:
         parts.append('<p class="none">No findings.</p>')
+    opened = " open" if len(findings) <= 3 else ""   # many: the evidence folds away
     for f in findings[:MAX_FINDINGS]:
         sev = "error" if f["severity"] == "error" else "warning"
         where = f"rank {_rank(f.get('rank'))}, pid {f.get('pid')}, gid {f.get('gid')}"
@@ -223,7 +223,7 @@ def _findings(data: dict[str, Any]) -> str:
             f'<div><span class="fid">{esc(f["id"])} {esc(f["name"])}</span> '
             f'<span class="sev-{sev}">{sev}</span> <span class="sub">{esc(where)}</span>'
             f"{link}</div><p>{esc(f['message'])}</p>"
-            f"<details open><summary>evidence</summary><ul>{evidence}</ul></details>"
+            f"<details{opened}><summary>evidence</summary><ul>{evidence}</ul></details>"
             f"<p><b>fix:</b> {esc(f['hint'])}</p>{_cost(f)}</article>")
     if len(findings) > MAX_FINDINGS:
         parts.append(f"<p>... {len(findings) - MAX_FINDINGS} more (report --json lists "

@@ -63,6 +63,9 @@ def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
 def _log_ticks(low: float, high: float) -> list[float]:
     a, b = math.floor(math.log10(max(low, 1))), math.ceil(math.log10(max(high, 1)))
     ticks = [10.0 ** e for e in range(a, b + 1) if low <= 10.0 ** e <= high]
+    if len(ticks) < 3:  # a range within a decade or two: 1-2-5 steps
+        ticks = [m * 10.0 ** e for e in range(a - 1, b + 1) for m in (1, 2, 5)
+                 if low <= m * 10.0 ** e <= high]
     return ticks or [max(low, 1)]
 
 
@@ -201,16 +204,18 @@ def series_chart(series: dict[str, Any], *, kind: str, title: str, y_label: str,
                      for t, _lo, b_hi, _n in buckets)
     plot.add(f'<polyline points="{trend}" fill="none" stroke="{BLUE}" stroke-opacity="0.45" '
              'stroke-width="1"/>')
-    for t, b_lo, b_hi, n in buckets:
+    bars: dict[str, list[str]] = {BLUE: [], RED: []}   # one path per colour: a small file
+    for t, b_lo, b_hi, _n in buckets:
         x = plot.x(t / 1e9)
         y_top, y_bottom = plot.y(b_hi), plot.y(b_lo)
         if y_bottom - y_top < 3:
             y_top, y_bottom = y_top - 1.5, y_top + 1.5
         bad = any(r.holds(b_hi) or r.holds(b_lo) for r in regions)
-        plot.add(f'<rect x="{x:.1f}" y="{y_top:.1f}" width="{bar_w:.1f}" '
-                 f'height="{y_bottom - y_top:.1f}" fill="{RED if bad else BLUE}">'
-                 f'<title>{esc(y_fmt(b_lo))}..{esc(y_fmt(b_hi))} ({n} {esc(what)}s)'
-                 f'</title></rect>')
+        bars[RED if bad else BLUE].append(f"M{x:.1f} {y_top:.1f}h{bar_w:.1f}"
+                                          f"v{y_bottom - y_top:.1f}h-{bar_w:.1f}z")
+    for colour, cls in ((BLUE, "bars"), (RED, "bars frozen-bars")):
+        if bars[colour]:
+            plot.add(f'<path class="{cls}" fill="{colour}" d="{"".join(bars[colour])}"/>')
     if captured is not None:
         yy = plot.y(captured[0])
         plot.add(f'<line class="captured" x1="{LEFT}" x2="{LEFT + plot.w}" y1="{yy:.1f}" '
@@ -277,7 +282,9 @@ def histogram_chart(hist: list[list[int]], *, title: str, marks: dict[str, int] 
         tick_values = [x_lo, x_hi]
     for v in tick_values:
         xx = plot.x(fx(v))
-        plot.add(f'<text x="{xx:.1f}" y="{bottom + 16}" text-anchor="middle">'
+        anchor = ("end" if xx > LEFT + plot.w * 0.95 else
+                  "start" if xx < LEFT + plot.w * 0.05 else "middle")
+        plot.add(f'<text x="{xx:.1f}" y="{bottom + 16}" text-anchor="{anchor}">'
                  f'{esc(duration(v))}</text>')
     for n, (name, v) in enumerate((marks or {}).items()):
         if not isinstance(v, (int, float)):
