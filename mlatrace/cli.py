@@ -315,6 +315,18 @@ def bench_analyze(events: int, incremental: bool) -> None:
     sys.exit(analyze_bench.main(events=events, incremental=incremental))
 
 
+@bench.command("html")
+@click.option("--events", type=int, default=1_000_000, show_default=True,
+              help="Records in the generated trace.")
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Alternating runs of each command (the best is kept).")
+def bench_html(events: int, repeats: int) -> None:
+    """What `report --html` adds to `report` on a generated trace, and the page's size."""
+    from mlatrace.bench import html_bench
+
+    sys.exit(html_bench.main(events, repeats))
+
+
 @bench.command("splits")
 @click.option("--out", type=click.Path(file_okay=False), default="bench-splits", show_default=True,
               help="Directory for splits.md, splits.json and splits.png.")

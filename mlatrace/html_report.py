@@ -57,6 +57,7 @@ pre{background:#edf2f7;padding:8px 10px;border-radius:4px;overflow-x:auto;white-
 .verdict b{font-size:20px}.v-fail{background:#c53030}.v-blind{background:#b7791f}
 .v-ok{background:#2f855a}.verdict .sub{color:#f7fafc;margin:4px 0 0;font-size:13.5px}
 table{border-collapse:collapse;margin:6px 0;background:#fff}
+table.findings{width:100%}table.findings td:first-child{white-space:nowrap}
 td,th{border:1px solid #e2e8f0;padding:3px 8px;text-align:left;vertical-align:top}
 th{background:#edf2f7;font-weight:600}td.num{text-align:right}
 .finding{background:#fff;border-left:5px solid #c53030;padding:8px 12px;margin:10px 0;
@@ -204,13 +205,40 @@ def _cost(f: dict[str, Any]) -> str:
     return f'<p class="cost">cost: {esc(line)}</p>' if line else ""
 
 
-def _findings(data: dict[str, Any]) -> str:
+def _findings_table(data: dict[str, Any]) -> str:
+    """One row per finding, first on the page; the details follow the graphs."""
     findings = data["findings"]
     parts = ['<section id="findings"><h2>Findings</h2>']
     if not findings:
         parts.append('<p class="none">No findings.</p>')
-    opened = " open" if len(findings) <= 3 else ""   # many: the evidence folds away
-    for f in findings[:MAX_FINDINGS]:
+    rows = []
+    for i, f in enumerate(findings[:MAX_FINDINGS]):
+        sev = "error" if f["severity"] == "error" else "warning"
+        graph = (f'<a href="#{_anchor(f["pid"], f["gid"])}">gid {esc(f["gid"])}</a>'
+                 if f.get("gid") is not None else "-")
+        rows.append([("html", f'<a href="#f-{i}" class="fid">{esc(f["id"])}</a> '
+                              f'{esc(f["name"])}'),
+                     ("html", f'<span class="sev-{sev}">{sev}</span>'), _rank(f.get("rank")),
+                     ("html", graph), f["message"]])
+    if rows:
+        parts.append(_table(["finding", "severity", "rank", "graph", "message"], rows,
+                            cls="findings"))
+    if len(findings) > MAX_FINDINGS:
+        parts.append(f"<p>... {len(findings) - MAX_FINDINGS} more (report --json lists "
+                     "them all)</p>")
+    if data["summary"].get("suppressed"):
+        parts.append(f"<p>{esc(data['summary']['suppressed'])} finding(s) suppressed by the "
+                     "config's allow-list.</p>")
+    return "".join(parts) + "</section>"
+
+
+def _findings(data: dict[str, Any]) -> str:
+    """Each finding with its evidence, fix and cost."""
+    findings = data["findings"]
+    if not findings:
+        return ""
+    parts = ['<section id="finding-details"><h2>Findings: evidence, fix, cost</h2>']
+    for i, f in enumerate(findings[:MAX_FINDINGS]):
         sev = "error" if f["severity"] == "error" else "warning"
         where = f"rank {_rank(f.get('rank'))}, pid {f.get('pid')}, gid {f.get('gid')}"
         link = (f' (<a href="#{_anchor(f["pid"], f["gid"])}">graph</a>)'
@@ -219,18 +247,12 @@ def _findings(data: dict[str, Any]) -> str:
                            f"({esc(e['kind'])}) {esc(e['what'])}</li>"
                            for e in f.get("evidence", [])[:MAX_LIST])
         parts.append(
-            f'<article class="finding {sev}" data-id="{esc(f["id"])}">'
+            f'<article class="finding {sev}" id="f-{i}" data-id="{esc(f["id"])}">'
             f'<div><span class="fid">{esc(f["id"])} {esc(f["name"])}</span> '
             f'<span class="sev-{sev}">{sev}</span> <span class="sub">{esc(where)}</span>'
             f"{link}</div><p>{esc(f['message'])}</p>"
-            f"<details{opened}><summary>evidence</summary><ul>{evidence}</ul></details>"
+            f"<details open><summary>evidence</summary><ul>{evidence}</ul></details>"
             f"<p><b>fix:</b> {esc(f['hint'])}</p>{_cost(f)}</article>")
-    if len(findings) > MAX_FINDINGS:
-        parts.append(f"<p>... {len(findings) - MAX_FINDINGS} more (report --json lists "
-                     "them all)</p>")
-    if data["summary"].get("suppressed"):
-        parts.append(f"<p>{esc(data['summary']['suppressed'])} finding(s) suppressed by the "
-                     "config's allow-list.</p>")
     return "".join(parts) + "</section>"
 
 
@@ -346,7 +368,8 @@ def _unit(unit: dict[str, Any], data: dict[str, Any], model: Any, far_factor: in
              ["static buffers stable", {True: "yes", False: "NO", None: "-"}[r.get("ptrs_stable")]]]
     if unit.get("capture_error"):
         facts.append(["capture error", unit["capture_error"]])
-    head = (f"rank {_rank(unit.get('rank'))} pid {unit['pid']} gid "
+    rank = "" if unit.get("rank") is None else f"rank {unit['rank']} "
+    head = (f"{rank}pid {unit['pid']} gid "
             f"{gid_text(unit['gid'], unit.get('nested_gids', []))}: "
             f"{unit.get('key') if unit.get('key') is not None else '(no key)'} "
             f"{unit.get('mode') or ''} ({unit.get('src') or '?'})")
@@ -469,8 +492,8 @@ def render_html(data: dict[str, Any], model: Any = None, *, fail_on: str = "erro
     body = "".join([
         _header(data, generated, refresh_s is not None),
         '<div id="page-errors" hidden></div>',
-        _verdict(data, fail_on), _findings(data), _graphs(data, model, far_factor),
-        _processes(data), _coverage(data), _attention(data), _marks_problems(data),
+        _verdict(data, fail_on), _findings_table(data), _graphs(data, model, far_factor),
+        _findings(data), _processes(data), _coverage(data), _attention(data), _marks_problems(data),
         _perfetto(data),
         f'<footer class="sub">made by mlatrace {esc(__version__)}; charts are SVG drawn when '
         "the report was made: this file needs no network</footer>",
