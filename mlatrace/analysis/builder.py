@@ -33,7 +33,7 @@ from mlatrace.analysis.model import (
     _int,
 )
 from mlatrace.analysis.parallel import _build_parallel, _default_workers, _pid_groups
-from mlatrace.analysis.series import add_point
+from mlatrace.analysis.series import FLUSH_AT, add_point
 from mlatrace.common import hashable
 from mlatrace.trace import Problem, RecordChunk
 from mlatrace.trace.typed import TYPED_KINDS, Record, to_record
@@ -574,7 +574,6 @@ class _ProcessBuilder(Unpickled):
             self._replay_host_state(graph, stats, rec, tid)
         gpu = rec.gpu_ns
         if type(gpu) is int and gpu >= 0:  # stats.add_gpu_ns(gpu), inlined
-            add_point(stats, "gpu_times", rec.t, gpu)
             if gpu >= _GPU_ROUNDED_FROM:
                 shift = gpu.bit_length() - GPU_HIST_BITS
                 gpu = gpu >> shift << shift
@@ -591,12 +590,15 @@ class _ProcessBuilder(Unpickled):
             stats.last_md = md
             self._replay_inputs(stats, md)
         stats.latest_md = md
-        if smax is not None and (graph.parent is None or not self._parent_replays(graph)):
+        if smax is not None and graph.parent not in self.by_gid:  # the parent never replayed
             series = stats.lengths  # the unit's lengths over time (analysis.series)
             if series is None:
                 add_point(stats, "lengths", rec.t, smax)
-            else:
-                series.add(rec.t, smax)
+            else:  # series.add, inlined
+                series.ts.append(rec.t)
+                series.vs.append(smax)
+                if len(series.vs) >= FLUSH_AT:
+                    series.flush()
         if smax is not None and (stats.seq_len_max is None or smax > stats.seq_len_max):
             stats.seq_len_max, stats.seq_len_max_md = smax, md
         if smin is not None:
@@ -613,11 +615,6 @@ class _ProcessBuilder(Unpickled):
                 stats.ptr_run_count += 1
             else:
                 self._count_ptrs(stats, ptrs, md)
-
-    def _parent_replays(self, graph: GraphModel) -> bool:
-        """Whether the graph around `graph` replays too (its series is the unit's)."""
-        parent = self.model.graphs.get((self.pid, graph.parent))
-        return parent is not None and parent.replays.records > 0
 
     def _replay_host_state(self, graph: GraphModel, stats: ReplayStats, rec: Record,
                            tid: Any) -> None:

@@ -224,7 +224,7 @@ class ReplayStats:
     gpu_by_n: dict[int, list] | None = None
     timed_folded: list[int] | None = None  # the rounded sums the last fold_timed() added
     # analysis.series.Series over time: seq_len_max before each replay of a unit's
-    # outermost replayed graph, and the GPU time of each timed replay of this graph
+    # outermost replayed graph, and the GPU time of each graph.replay.time of this graph
     lengths: Any = None
     gpu_times: Any = None
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from mlatrace.bench.analyze_bench import RANKS, write_trace
 
 GOAL_EXTRA_S = 2.0
-GOAL_BYTES = 3 * 1024 * 1024
+GOAL_BYTES = 3_000_000
 
 
 def _timed(args: list[str]) -> tuple[float, float]:
