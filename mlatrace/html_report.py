@@ -104,8 +104,8 @@ def _table(head: list[str], rows: list[list[Any]], num: set[int] | None = None,
            cls: str = "") -> str:
     """A table of escaped cells (a cell given as ('html', markup) is taken as markup)."""
     num = num or set()
-    out = [f'<table class="{esc(cls)}"><tr>' + "".join(f"<th>{esc(h)}</th>" for h in head)
-           + "</tr>"]
+    out = [f'<table class="{esc(cls)}">' + ("<tr>" + "".join(f"<th>{esc(h)}</th>" for h in head)
+                                            + "</tr>" if any(head) else "")]
     for row in rows:
         cells = []
         for i, cell in enumerate(row):
@@ -326,6 +326,13 @@ def _charts(unit: dict[str, Any], mine: list[dict[str, Any]], far_factor: int) -
     captured = captured_length(unit, mine)
     regions = regions_of(mine, far_factor)
     name = f"gid {unit['gid']}"
+    if lengths and lengths.get("buckets") and captured is not None and regions:
+        past = sorted({r.rule + ": " + r.label for r in regions
+                       if r.holds(lengths["max"]) or r.holds(lengths["min"])})
+        if past:
+            head = (f"captured at seq_len_max {captured[0]}, replayed at "
+                    f"{lengths['min']}..{lengths['max']}: " + "; ".join(past))
+            out.append(f'<p class="under frozen-headline">{esc(head)}</p>')
     if lengths and lengths.get("buckets"):
         out.append(series_chart(lengths, kind="lengths", title=f"{name}: replay length "
                                 "(seq_len_max before each replay) over time",

@@ -34,7 +34,12 @@ is unreadable or holds nothing usable (bad --config too).
                   "replays": {"count": int, "seq_len_max": int|null, "seq_len_min": int|null,
                               "ptrs_stable": bool|null,
                               "gpu_ns": {"p50", "p90", "p99", "max", "mean",   # ns per replay
-                                         "samples"}|null},             # timed replays
+                                         "samples"}|null,              # timed replays
+                              # over time (analysis/series.py), min/max per time bucket:
+                              "lengths": {"points", "min", "max", "t0_ns", "t_last_ns",
+                                          "bucket_ns", "buckets": [[t, min, max, n]]}|null,
+                              "gpu_times": {"gid", ...as lengths}|null,  # replay.time
+                              "gpu_hist": [[ns, count]]|null},  # 8 significant bits
                   "runtime": {"num_kv_splits": [int]}|null}],  # a unit with eager breaks:
                                         # split counts its process chose eagerly while replaying
       "attention": [{"file", "pid", "rank", "kind": "attn.call"|"attn.metadata",

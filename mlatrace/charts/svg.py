@@ -199,7 +199,7 @@ def series_chart(series: dict[str, Any], *, kind: str, title: str, y_label: str,
         label_y = bottom - 5 if bottom - top > 16 else top - 3
         plot.add(f'<text x="{LEFT + plot.w - 6}" y="{label_y:.1f}" text-anchor="end" '
                  f'fill="{RED}" class="rlabel">{esc(r.rule)}: {esc(r.label)}</text>')
-    bar_w = max(3.0, width_ns / 1e9 / (plot.x1 - plot.x0) * plot.w)
+    bar_w = max(4.0, width_ns / 1e9 / (plot.x1 - plot.x0) * plot.w)
     trend = " ".join(f"{plot.x(t / 1e9) + bar_w / 2:.1f},{plot.y(b_hi):.1f}"
                      for t, _lo, b_hi, _n in buckets)
     plot.add(f'<polyline points="{trend}" fill="none" stroke="{BLUE}" stroke-opacity="0.45" '
@@ -208,8 +208,8 @@ def series_chart(series: dict[str, Any], *, kind: str, title: str, y_label: str,
     for t, b_lo, b_hi, _n in buckets:
         x = plot.x(t / 1e9)
         y_top, y_bottom = plot.y(b_hi), plot.y(b_lo)
-        if y_bottom - y_top < 3:
-            y_top, y_bottom = y_top - 1.5, y_top + 1.5
+        if y_bottom - y_top < 4:
+            y_top, y_bottom = y_top - 2, y_top + 2
         bad = any(r.holds(b_hi) or r.holds(b_lo) for r in regions)
         bars[RED if bad else BLUE].append(f"M{x:.1f} {y_top:.1f}h{bar_w:.1f}"
                                           f"v{y_bottom - y_top:.1f}h-{bar_w:.1f}z")
