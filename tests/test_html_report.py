@@ -264,3 +264,39 @@ def test_browser_sees_blocked_markup_and_hostile_text(tmp_path: Path) -> None:
     broken.write_text(out.read_text().replace("<main>", "<main><script>alert(1)</script>", 1))
     dom = chromium(tmp_path, broken, "--dump-dom")
     assert 'data-errors="0"' not in dom and "blocked by the page policy" in dom
+
+
+def test_series_takes_a_folded_span() -> None:
+    s = Series(t0=0)
+    s.add(0, 5)
+    s.add_span(1_000_000, 9_000_000, 100, 200, 1000)
+    assert s.points == 1001 and sum(c for *_x, c in s.buckets()) == 1001
+    assert (s.lowest, s.highest) == (5, 200)
+
+
+def test_watch_rewrites_the_page_as_the_run_goes_on(tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from mlatrace.html_report import LivePage
+    from mlatrace.watch import LiveRun, follow
+
+    src = next(FROZEN_TIMED.glob("p*.jsonl"))
+    lines = src.read_text().splitlines(keepends=True)
+    dst = tmp_path / "t"
+    dst.mkdir()
+    (dst / src.name).write_text("".join(lines[:len(lines) // 3]))
+    out = tmp_path / "live.html"
+    live, page = LiveRun([dst]), LivePage(str(out))
+    console = Console(file=io.StringIO(), width=120)
+    follow(live, console, until=lambda: True, page=page)
+    first = out.read_text()
+    assert 'http-equiv="refresh"' in first  # still running: an open tab reloads
+    with (dst / src.name).open("a") as f:
+        f.write("".join(lines[len(lines) // 3:]))
+    follow(live, console, until=lambda: True, page=page)
+    second = out.read_text()
+    assert second != first and 'data-id="MLT001"' in second
+    page.update(live, final=True)
+    assert 'http-equiv="refresh"' not in out.read_text()
