@@ -242,6 +242,8 @@ def histogram_chart(hist: list[list[int]], *, title: str, marks: dict[str, int] 
     """Counts of GPU times per replay (`gpu_hist`: [[ns, count]], values rounded to 8
     significant bits), in log-spaced bins; `marks` (p50, p90, max) as vertical lines."""
     values = [(v, c) for v, c in hist if c > 0]
+    if not values:
+        return ""
     low, high = min(v for v, _ in values), max(v for v, _ in values)
     log_x = high >= 2 * max(low, 1)
     if log_x:
