@@ -113,9 +113,11 @@ def _finding_text(f: Finding) -> str:
 
 def main(trace: str | list[str], fail_on: str | None = "error", rules: list[str] | None = None,
          config: str | None = None, junit: str | None = None,
-         expect: list[str] | None = None, run_id: str | None = None) -> int:
+         expect: list[str] | None = None, run_id: str | None = None,
+         html: str | None = None) -> int:
     """Analyse TRACE (one or several paths: one run) and return an ExitCode: 0 clean,
-    1 findings at/above fail_on, 2 unusable, 3 blind."""
+    1 findings at/above fail_on, 2 unusable, 3 blind. `html`: also write the report's
+    page there (mlatrace.html_report), its verdict judged at fail_on."""
     err = make_console(stderr=True)
     paths, trace = trace, trace if isinstance(trace, str) else " ".join(trace)
     try:
@@ -155,6 +157,11 @@ def main(trace: str | list[str], fail_on: str | None = "error", rules: list[str]
             err.print(f"[red]error:[/] cannot write {junit}: {exc.strerror or exc}", soft_wrap=True)
             return 2
     data = report_dict(trace, result, run=opened.run)
+    if html:
+        from mlatrace.html_report import save
+
+        if not save(html, data, result, err, fail_on=fail_on):
+            return 2
     out = make_console()
     print_warnings(out, data["problems"])   # on stdout, before the verdict they qualify
     bad = failing(result.findings, fail_on)

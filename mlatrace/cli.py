@@ -78,11 +78,14 @@ def run(out: str | None, ranks: str | None, probes: tuple[str, ...], replay_samp
               help="With --once: the snapshot as JSON (schema mlatrace.watch/1).")
 @click.option("--config", type=click.Path(exists=True, dir_okay=False), default=None,
               help="mlatrace.toml or pyproject.toml with [tool.mlatrace].")
-def watch(trace: str | None, once: bool, as_json: bool, config: str | None) -> None:
+@click.option("--html", "html", type=click.Path(dir_okay=False), default=None,
+              help="Keep an HTML report here, rewritten at each refresh.")
+def watch(trace: str | None, once: bool, as_json: bool, config: str | None,
+          html: str | None) -> None:
     """Findings live while the traced program runs (default: newest run in ./mlatrace-trace)."""
     from mlatrace import watch as watch_mod
 
-    sys.exit(watch_mod.main(trace, once=once, config=config, as_json=as_json))
+    sys.exit(watch_mod.main(trace, once=once, config=config, as_json=as_json, html=html))
 
 
 @main.command()
@@ -98,8 +101,11 @@ def watch(trace: str | None, once: bool, as_json: bool, config: str | None) -> N
               help="Of several runs under TRACE, this run_id (default: the newest).")
 @click.option("--list", "list_runs", is_flag=True,
               help="List the runs under TRACE (run_id, start, argv, hosts, processes).")
+@click.option("--html", "html", type=click.Path(dir_okay=False), default=None,
+              help="Also write the report as one self-contained HTML file (charts inline).")
 def report(trace: tuple[str, ...], as_json: bool, verbose: bool, config: str | None,
-           expect: tuple[str, ...], run_id: str | None, list_runs: bool) -> None:
+           expect: tuple[str, ...], run_id: str | None, list_runs: bool,
+           html: str | None) -> None:
     """Summarise a run: processes, coverage, graphs, frozen topology, replays, findings.
 
     \b
@@ -122,7 +128,8 @@ def report(trace: tuple[str, ...], as_json: bool, verbose: bool, config: str | N
     from mlatrace import report as report_mod
 
     sys.exit(report_mod.main(list(trace), as_json=as_json, verbose=verbose, config=config,
-                             expect=list(expect), run_id=run_id, list_runs=list_runs))
+                             expect=list(expect), run_id=run_id, list_runs=list_runs,
+                             html=html))
 
 
 @main.command()
@@ -171,9 +178,11 @@ def whatif(trace: str, device: str, save: bool, lengths: str | None, replays: in
                    "adds to `expect = [...]` in the config.")
 @click.option("--run", "run_id", default=None,
               help="Of several runs under TRACE, this run_id (default: the newest).")
+@click.option("--html", "html", type=click.Path(dir_okay=False), default=None,
+              help="Also write the HTML report here (one self-contained file, for CI).")
 def check(trace: tuple[str, ...], fail_on: str | None, rules: tuple[str, ...],
           config: str | None, junit: str | None, expect: tuple[str, ...],
-          run_id: str | None) -> None:
+          run_id: str | None, html: str | None) -> None:
     """CI verdict over findings and coverage.
 
     \b
@@ -197,7 +206,7 @@ def check(trace: tuple[str, ...], fail_on: str | None, rules: tuple[str, ...],
     from mlatrace import check as check_mod
 
     sys.exit(check_mod.main(list(trace), fail_on=fail_on, rules=list(rules), config=config,
-                            junit=junit, expect=list(expect), run_id=run_id))
+                            junit=junit, expect=list(expect), run_id=run_id, html=html))
 
 
 
@@ -304,6 +313,18 @@ def bench_analyze(events: int, incremental: bool) -> None:
     from mlatrace.bench import analyze_bench
 
     sys.exit(analyze_bench.main(events=events, incremental=incremental))
+
+
+@bench.command("html")
+@click.option("--events", type=int, default=1_000_000, show_default=True,
+              help="Records in the generated trace.")
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Alternating runs of each command (the best is kept).")
+def bench_html(events: int, repeats: int) -> None:
+    """What `report --html` adds to `report` on a generated trace, and the page's size."""
+    from mlatrace.bench import html_bench
+
+    sys.exit(html_bench.main(events, repeats))
 
 
 @bench.command("splits")

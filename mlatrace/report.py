@@ -34,7 +34,12 @@ is unreadable or holds nothing usable (bad --config too).
                   "replays": {"count": int, "seq_len_max": int|null, "seq_len_min": int|null,
                               "ptrs_stable": bool|null,
                               "gpu_ns": {"p50", "p90", "p99", "max", "mean",   # ns per replay
-                                         "samples"}|null},             # timed replays
+                                         "samples"}|null,              # timed replays
+                              # over time (analysis/series.py), min/max per time bucket:
+                              "lengths": {"points", "min", "max", "t0_ns", "t_last_ns",
+                                          "bucket_ns", "buckets": [[t, min, max, n]]}|null,
+                              "gpu_times": {"gid", ...as lengths}|null,  # replay.time
+                              "gpu_hist": [[ns, count]]|null},  # 8 significant bits
                   "runtime": {"num_kv_splits": [int]}|null}],  # a unit with eager breaks:
                                         # split counts its process chose eagerly while replaying
       "attention": [{"file", "pid", "rank", "kind": "attn.call"|"attn.metadata",
@@ -515,6 +520,14 @@ def render_graphs(console: Any, data: dict[str, Any], verbose: bool) -> None:
         console.print(f"... {len(rows) - len(shown_rows)} more rows (use -v)")
     if any(g["nested_gids"] for g in graphs):
         console.print(f"({GID_NOTE})", highlight=False)
+    from mlatrace.charts.spark import sparkline_lines
+
+    spark = sparkline_lines(data, None if verbose else MAX_GRAPH_ROWS)
+    if spark:
+        console.print("replay lengths over time (seq_len_max before each replay):",
+                      highlight=False)
+        for line in spark:
+            print_line(console, line, hang=4)
     for g in graphs:
         if g["capture_error"]:
             print_line(console, escape(f"capture failed: rank {rank_text(g['rank'])} pid "
@@ -694,9 +707,10 @@ def render_findings(console: Any, data: dict[str, Any], verbose: bool) -> None:
 
 def main(trace: str | list[str], as_json: bool = False, verbose: bool = False,
          config: str | None = None, expect: list[str] | None = None,
-         run_id: str | None = None, list_runs: bool = False) -> int:
+         run_id: str | None = None, list_runs: bool = False, html: str | None = None) -> int:
     """Print the report of TRACE (one or several paths: one run); 0 when made, 2 when the
-    trace (or config) is unusable. `list_runs`: the runs under the paths instead."""
+    trace (or config) is unusable. `list_runs`: the runs under the paths instead; `html`:
+    also write the page (mlatrace.html_report) there (2 when it cannot be written)."""
     err = make_console(stderr=True)
     if list_runs:
         return print_runs(trace, as_json)
@@ -708,6 +722,11 @@ def main(trace: str | list[str], as_json: bool = False, verbose: bool = False,
         return 2
     shown = trace if isinstance(trace, str) else " ".join(trace)
     data = report_dict(shown, result, run=opened.run)
+    if html:
+        from mlatrace.html_report import save
+
+        if not save(html, data, result, err):
+            return 2
     if as_json:
         print_warnings(err, data["problems"])
         sys.stdout.write(json.dumps(data, indent=1, default=str) + "\n")

@@ -33,6 +33,7 @@ from mlatrace.analysis.model import (
     _int,
 )
 from mlatrace.analysis.parallel import _build_parallel, _default_workers, _pid_groups
+from mlatrace.analysis.series import FLUSH_AT, add_point
 from mlatrace.common import hashable
 from mlatrace.trace import Problem, RecordChunk
 from mlatrace.trace.typed import TYPED_KINDS, Record, to_record
@@ -604,6 +605,15 @@ class _ProcessBuilder(Unpickled):
             stats.last_md = md
             self._replay_inputs(stats, md)
         stats.latest_md = md
+        if smax is not None and graph.parent not in self.by_gid:  # the parent never replayed
+            series = stats.lengths  # the unit's lengths over time (analysis.series)
+            if series is None:
+                add_point(stats, "lengths", rec.t, smax)
+            else:  # series.add, inlined
+                series.ts.append(rec.t)
+                series.vs.append(smax)
+                if len(series.vs) >= FLUSH_AT:
+                    series.flush()
         if smax is not None and (stats.seq_len_max is None or smax > stats.seq_len_max):
             stats.seq_len_max, stats.seq_len_max_md = smax, md
         if smin is not None:
@@ -650,6 +660,7 @@ class _ProcessBuilder(Unpickled):
         if type(gid) is not int or type(n) is not int or type(gpu) is not int or gpu < 0:
             return
         graph, seen = self._graph(gid), set()
+        add_point(graph.replays, "gpu_times", rec.t, gpu)
         ref = None
         while graph is not None and graph.gid not in seen:
             seen.add(graph.gid)

@@ -235,6 +235,10 @@ class ReplayStats:
     gpu_fastest_ref: Ref | None = None
     gpu_slowest: int | None = None
     gpu_slowest_ref: Ref | None = None
+    # analysis.series.Series over time: seq_len_max before each replay of a unit's
+    # outermost replayed graph, and the GPU time of each graph.replay.time of this graph
+    lengths: Any = None
+    gpu_times: Any = None
 
     @property
     def count(self) -> int:

@@ -90,12 +90,20 @@ def replays(model: TraceModel, root: GraphModel, captured_ptrs: dict[str, int]) 
         if seen:
             same = set(seen) == {ptr}
             stable = same if stable is None else (stable and same)
+    timed = max((g for g in model.subtree(root) if g.replays.gpu_times is not None),
+                key=lambda g: (g.replays.gpu_times.points, -g.gid), default=None)
     return {
         "count": stats.count,
         "seq_len_max": stats.seq_len_max,
         "seq_len_min": stats.seq_len_min_min,
         "ptrs_stable": stable,
         "gpu_ns": stats.percentiles(),
+        # over time (analysis.series): seq_len_max before each replay, and the sampled
+        # GPU times of the unit's most timed graph (`gid`)
+        "lengths": stats.lengths.to_dict() if stats.lengths is not None else None,
+        "gpu_times": ({"gid": timed.gid, **timed.replays.gpu_times.to_dict()}
+                      if timed is not None else None),
+        "gpu_hist": sorted(stats.gpu_hist.items()) or None,
     }
 
 

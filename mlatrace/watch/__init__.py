@@ -8,8 +8,11 @@ every process of the run has ended, or on Ctrl-C, and prints the final report (t
 `mlatrace report` prints for the same records). `--once` prints one snapshot and exits
 (`--json`: the same as JSON, schema `mlatrace.watch/1`, see `view.snapshot_dict`).
 
-Exit codes: 0 the view ran (and ended) or the snapshot was printed; 2 no trace at DIR
-or a bad --config.
+`--html FILE` keeps a self-contained HTML report of the run there (html_report), rewritten
+at each refresh that read new records and once at the end.
+
+Exit codes: 0 the view ran (and ended) or the snapshot was printed; 2 no trace at DIR,
+a bad --config, or the --html page could not be written.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ def refresh_due(live: LiveRun, unseen: bool, since: float) -> bool:
 
 
 def snapshot(live: LiveRun, console: Any, log_path: str | None = None,
-             as_json: bool = False) -> None:
+             as_json: bool = False, page: Any = None) -> None:
     """One refresh printed as plain output (`--once`); a finished run is read to the end."""
     from mlatrace.watch.view import render, snapshot_dict
 
@@ -64,6 +67,8 @@ def snapshot(live: LiveRun, console: Any, log_path: str | None = None,
         live.close()
     else:
         live.refresh()
+    if page is not None:  # --html: html_report.LivePage
+        page.update(live, final=live.finished())
     if as_json:
         sys.stdout.write(json.dumps(snapshot_dict(live, log_path), indent=1, default=str) + "\n")
     else:
@@ -71,8 +76,9 @@ def snapshot(live: LiveRun, console: Any, log_path: str | None = None,
 
 
 def follow(live: LiveRun, console: Any, log_path: str | None = None,
-           until: Callable[[], bool] | None = None) -> bool:
-    """The live view until `until()` (default: every process ended); False on Ctrl-C."""
+           until: Callable[[], bool] | None = None, page: Any = None) -> bool:
+    """The live view until `until()` (default: every process ended); False on Ctrl-C.
+    `page` (html_report.LivePage, --html) is rewritten at each refresh."""
     from rich.live import Live
 
     from mlatrace.watch.view import render
@@ -92,6 +98,8 @@ def follow(live: LiveRun, console: Any, log_path: str | None = None,
                 if over or refresh_due(live, unseen, now - last):
                     live.refresh()
                     view.update(render(live, log_path), refresh=True)
+                    if page is not None:
+                        page.update(live)
                     last, unseen = now, False
                 if over:
                     return True
@@ -114,7 +122,7 @@ def print_final(live: LiveRun, console: Any, interrupted: bool = False) -> None:
 
 
 def main(path: str | None, once: bool = False, config: str | None = None,
-         as_json: bool = False) -> int:
+         as_json: bool = False, html: str | None = None) -> int:
     """`mlatrace watch`: see the module docstring for what and the exit codes."""
     from mlatrace.analysis import ConfigError
     from mlatrace.report import make_console, resolve_config
@@ -137,17 +145,33 @@ def main(path: str | None, once: bool = False, config: str | None = None,
     log = roots[0] / LOG_NAME
     log_path = str(log) if log.exists() else None
     console = make_console()
+    page = None
+    if html:
+        from mlatrace.html_report import LivePage
+
+        page = LivePage(html)
     if once or as_json:
-        snapshot(live, console, log_path, as_json=as_json)
-        return 0
+        snapshot(live, console, log_path, as_json=as_json, page=page)
+        return _page_done(page, err)
     # Ctrl-C ends the view between two polls, never in the middle of feeding records
     # (the final report must hold every record read)
     interrupted: list[int] = []
     previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
     try:
-        follow(live, console, log_path, until=lambda: bool(interrupted) or live.finished())
+        follow(live, console, log_path, until=lambda: bool(interrupted) or live.finished(),
+               page=page)
     finally:
         signal.signal(signal.SIGINT, previous)
     print_final(live, console, interrupted=bool(interrupted) and not live.finished())
     sys.stdout.flush()
+    if page is not None:
+        page.update(live, final=True)
+    return _page_done(page, err)
+
+
+def _page_done(page: Any, err: Any) -> int:
+    """0, or 2 with the reason when the --html page could not be written."""
+    if page is not None and page.error:
+        err.print(f"error: {page.error}", highlight=False, markup=False, soft_wrap=True)
+        return 2
     return 0
