@@ -99,6 +99,9 @@ class ProcessFile:
     _header_line_ok: bool = field(default=False, repr=False)
     _header_problem: bool = field(default=False, repr=False)
     _last_seq: int | None = field(default=None, repr=False)
+    # the last record taken jumped ahead: (seq before it, its seq, its line, records it
+    # counted as dropped); a later record going on from before the jump shows it was wild
+    _jump: tuple[int, int, int, int] | None = field(default=None, repr=False)
     # the number of the last line handed to the checks (`checked_chunk`) so far: where
     # the next piece of the file begins
     lines_checked: int = field(default=0, repr=False)
@@ -182,7 +185,7 @@ class ProcessFile:
         lines each (`checked_chunks`); the file is read a piece at a time, never whole.
         `typed`: those of `TYPED_KINDS` as `Record`s (the builder's reads)."""
         self.gaps = self.dropped = self.records_read = self.lines_checked = 0
-        self._last_seq = None
+        self._last_seq = self._jump = None
         try:
             f = self.path.open("rb")
         except OSError as exc:
@@ -282,6 +285,11 @@ class ProcessFile:
         if jumps:
             self.gaps += jumps
             self.dropped += sum(steps) - len(steps)
+            step = steps[-1]
+            self._jump = ((seqs[-1] - step, seqs[-1], first + len(seqs) - 1, step - 1)
+                          if step > 1 and kinds[-1] != "process.end" else None)
+        else:
+            self._jump = None
         if as_records:
             if not counts.keys() <= TYPED_KINDS:  # other kinds: their whole dicts
                 lines = data.split(b"\n")
@@ -308,8 +316,28 @@ class ProcessFile:
         over each new piece of the file as it arrives. `typed`: the records of
         `TYPED_KINDS` come as `Record`s.
         """
-        last_seq = self._last_seq
+        last_seq, jump = self._last_seq, self._jump
         decode, errors = _decode_line, _DecodeError
+        held: tuple[dict[str, Any], int] | None = None  # a record whose seq jumped ahead,
+        # held until the next record shows whether the writer skipped seqs or it is wild
+
+        def taken(record: dict[str, Any]) -> dict[str, Any]:
+            if record["k"] == "process.end":
+                self.end = record
+            self.records_read += 1
+            if typed and type(record["k"]) is str and record["k"] in TYPED_KINDS:
+                record = to_record(record)
+            return record
+
+        def wild(at: tuple[int, int, int, int], handed_on: bool) -> int:
+            """The jumped record was wild: its gap is not a drop; the seq before it again."""
+            self.gaps -= 1
+            self.dropped -= at[3]
+            what = "read anyway (already handed on)" if handed_on else "record skipped"
+            self._problem(at[2], f"seq {at[1]} out of order (the records after it go on from "
+                                 f"seq {at[0]}); {what}")
+            return at[0]
+
         try:
             for lineno, raw in lines:
                 if lineno == 1 and self._header_line_ok:
@@ -326,22 +354,33 @@ class ProcessFile:
                             self._decode(raw, lineno)  # slow path: says precisely what is wrong
                         continue
                 seq = record["seq"]
+                if held is not None:
+                    if jump is not None and jump[0] < seq < jump[1]:
+                        last_seq, jump = wild(jump, False), None
+                    else:
+                        yield taken(held[0])
+                    held = None
                 if last_seq is not None:
                     if seq <= last_seq:
-                        self._problem(lineno, f"seq {seq} not after {last_seq}; record skipped")
-                        continue
+                        if jump is not None and jump[0] < seq:
+                            last_seq, jump = wild(jump, True), None
+                        else:
+                            self._problem(lineno, f"seq {seq} not after {last_seq}; record skipped")
+                            continue
                     if seq > last_seq + 1 and record["k"] != "process.end":
                         self.gaps += 1
                         self.dropped += seq - last_seq - 1
+                        jump = (last_seq, seq, lineno, seq - last_seq - 1)
+                        last_seq, held = seq, (record, lineno)
+                        continue
+                    jump = None
                 last_seq = seq
-                if record["k"] == "process.end":
-                    self.end = record
-                self.records_read += 1
-                if typed and type(record["k"]) is str and record["k"] in TYPED_KINDS:
-                    record = to_record(record)
-                yield record
+                yield taken(record)
+            if held is not None:
+                yield taken(held[0])
+                held = None
         finally:
-            self._last_seq = last_seq
+            self._last_seq, self._jump = last_seq, jump
 
 
 @dataclass
