@@ -165,6 +165,7 @@ def main(trace: str | list[str], fail_on: str | None = "error", rules: list[str]
         if f.evidence:
             e = f.evidence[0]
             out.print(f"    at {e.file}:seq {e.seq} ({e.kind}); fix: {f.hint}", soft_wrap=True)
+    print_suppressed(out, result)
     summary = data["summary"]
     coverage = result.coverage
     render_coverage_lines(out, coverage)
@@ -186,6 +187,28 @@ def main(trace: str | list[str], fail_on: str | None = "error", rules: list[str]
               f"{plural(summary['graphs'], 'graph')}, {plural(summary['replays'], 'replay')}"
               f"{problems}; rules {','.join(active) or 'none'})", soft_wrap=True)
     return int(code)
+
+
+def suppressed_by_entry(result: Analysis) -> list[tuple[dict, int]]:
+    """(allow entry, how many findings it suppressed), in the config's order."""
+    counts = [0] * len(result.config.allow)
+    for f in result.suppressed:
+        index = result.config.allow_entry(f, f.details.get("key"))
+        if index is not None:
+            counts[index] += 1
+    return [(entry, n) for entry, n in zip(result.config.allow, counts) if n]
+
+
+def print_suppressed(out: Any, result: Analysis) -> None:
+    """`suppressed: N findings by {rule = ...} (config)`: one line per allow entry that hid any."""
+    from rich.markup import escape
+
+    from mlatrace.analysis.config import describe_allow
+
+    for entry, n in suppressed_by_entry(result):
+        out.print(f"suppressed: {plural(n, 'finding')} by allow entry "
+                  f"{escape(describe_allow(entry))} ({result.config.source})",
+                  highlight=False, soft_wrap=True)
 
 
 def render_coverage_lines(out: Any, coverage: Any) -> None:
