@@ -111,11 +111,78 @@ def _finding_text(f: Finding) -> str:
     return "\n".join(lines)
 
 
+WORST_FIRST = (ExitCode.UNUSABLE, ExitCode.FINDINGS, ExitCode.BLIND, ExitCode.CLEAN)
+
+
+def worst(codes: list[int]) -> int:
+    """The exit of a collection of runs: 2 before 1 before 3 before 0."""
+    return min(codes, key=lambda c: WORST_FIRST.index(ExitCode(c))) if codes else 0
+
+
 def main(trace: str | list[str], fail_on: str | None = "error", rules: list[str] | None = None,
          config: str | None = None, junit: str | None = None,
          expect: list[str] | None = None, run_id: str | None = None) -> int:
-    """Analyse TRACE (one or several paths: one run) and return an ExitCode: 0 clean,
-    1 findings at/above fail_on, 2 unusable, 3 blind."""
+    """Analyse TRACE and return an ExitCode: 0 clean, 1 findings at/above fail_on,
+    2 unusable, 3 blind. TRACE holding several runs (a collection): every run is judged,
+    one verdict line each, and the exit is the worst (`worst`)."""
+    if run_id is None:
+        from mlatrace.trace import TraceError
+        from mlatrace.trace.runs import find_runs
+
+        paths = [trace] if isinstance(trace, str) else list(trace)
+        try:
+            runs = find_runs(paths) if not (len(paths) == 1 and Path(paths[0]).is_file()) else []
+        except (TraceError, OSError):
+            runs = []  # check_run says why
+        if len(runs) > 1:
+            return _check_collection(paths, runs, fail_on, rules, config, junit, expect)
+    return check_run(trace, fail_on, rules, config, junit, expect, run_id)
+
+
+def _check_collection(paths: list[str], runs: list[Any], fail_on: str | None,
+                      rules: list[str] | None, config: str | None, junit: str | None,
+                      expect: list[str] | None) -> int:
+    """Judge every run of a collection; one `run ID: VERDICT` line each, the worst exit."""
+    out = make_console()
+    out.print(f"{' '.join(paths)} holds {len(runs)} runs: judging each", highlight=False,
+              soft_wrap=True)
+    codes, suites = [], []
+    for run in runs:
+        dirs = ", ".join(str(d) for d in run.dirs)
+        out.print(f"== run {run.run_id} ({dirs})", highlight=False, soft_wrap=True)
+        code = check_run(paths, fail_on, rules, config, None, expect, run.run_id,
+                         junit_suites=suites if junit else None)
+        codes.append(code)
+    code = worst(codes)
+    if junit and suites:
+        root = ET.Element("testsuites", name="mlatrace")
+        root.extend(suites)
+        ET.indent(root)
+        try:
+            Path(junit).parent.mkdir(parents=True, exist_ok=True)
+            ET.ElementTree(root).write(junit, encoding="utf-8", xml_declaration=True)
+        except OSError as exc:
+            make_console(stderr=True).print(f"[red]error:[/] cannot write {junit}: "
+                                            f"{exc.strerror or exc}", soft_wrap=True)
+            return int(ExitCode.UNUSABLE)
+    for run, c in zip(runs, codes):
+        out.print(f"run {run.run_id}: {_VERDICT_WORD[ExitCode(c)]} (exit {c})", highlight=False,
+                  soft_wrap=True)
+    out.print(f"collection of {len(runs)} runs: exit {code} (the worst: 2, then 1, then 3, "
+              "then 0)", highlight=False, soft_wrap=True)
+    return code
+
+
+_VERDICT_WORD = {ExitCode.CLEAN: "OK", ExitCode.FINDINGS: "FAILED", ExitCode.BLIND: "BLIND",
+                 ExitCode.UNUSABLE: "UNUSABLE"}
+
+
+def check_run(trace: str | list[str], fail_on: str | None = "error",
+              rules: list[str] | None = None, config: str | None = None,
+              junit: str | None = None, expect: list[str] | None = None,
+              run_id: str | None = None, junit_suites: list | None = None) -> int:
+    """`check` of one run (TRACE's newest, or `run_id`): its ExitCode. `junit_suites`:
+    append the run's JUnit testsuite there instead of writing `junit`."""
     err = make_console(stderr=True)
     paths, trace = trace, trace if isinstance(trace, str) else " ".join(trace)
     try:
@@ -146,6 +213,10 @@ def main(trace: str | list[str], fail_on: str | None = "error", rules: list[str]
                   "`mlatrace report` shows a best-effort view)", soft_wrap=True)
         return 2
     active = [r for r in RULES if cfg.enabled(r) and (not selected or r in selected)]
+    if junit_suites is not None:
+        suite = junit_xml(result, fail_on, active, trace).getroot()
+        suite.set("name", f"mlatrace run {run_id}")
+        junit_suites.append(suite)
     if junit:
         try:
             Path(junit).parent.mkdir(parents=True, exist_ok=True)

@@ -43,3 +43,44 @@ def test_check_says_what_was_suppressed(tmp_path):
             f"({cfg})") in result.output
     assert "MLT004" not in result.output.split("suppressed:")[1].split("\n")[0]
 
+
+def _collection(tmp_path: Path) -> Path:
+    """A folder holding a clean run and a failing run (different run_ids)."""
+    import json
+    import shutil
+
+    root = tmp_path / "runs"
+    for name, run_id, start in (("clean", "aaaa00000001", 2), ("failing", "bbbb00000002", 1)):
+        dest = root / name
+        shutil.copytree(FIXTURES / ("device_healthy" if name == "clean" else "legacy_one_split"),
+                        dest)
+        info = json.loads((dest / "run.json").read_text())
+        info.update(run_id=run_id, start_ns=start)  # the clean run is the newest
+        (dest / "run.json").write_text(json.dumps(info))
+    return root
+
+
+def test_check_judges_every_run_of_a_collection(tmp_path):
+    root = _collection(tmp_path)
+    result = check(root)
+    assert result.exit_code == 1, result.output
+    assert "run aaaa00000001: OK (exit 0)" in result.output
+    assert "run bbbb00000002: FAILED (exit 1)" in result.output
+    result = check(root / "clean", root / "failing")
+    assert result.exit_code == 1, result.output
+    assert check(root / "clean").exit_code == 0
+    junit = tmp_path / "j.xml"
+    assert check(root, "--junit", junit).exit_code == 1
+    assert junit.read_text().count("<testsuite ") == 2
+    assert check(root, "--run", "aaaa00000001").exit_code == 0
+
+
+def test_merge_refuses_different_runs(tmp_path):
+    root = _collection(tmp_path)
+    result = CliRunner().invoke(main, ["merge", str(root), "-o", str(tmp_path / "m")])
+    assert result.exit_code == 2 and "2 different runs" in result.output, result.output
+    assert not (tmp_path / "m").exists()
+    result = CliRunner().invoke(main, ["merge", str(root), "-o", str(tmp_path / "m"),
+                                       "--run", "bbbb00000002"])
+    assert result.exit_code == 0, result.output
+
