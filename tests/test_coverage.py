@@ -219,6 +219,7 @@ def test_engine_in_versions_without_graph_or_attention_is_blind(tmp_path: Path) 
     assert_blind(tmp_path, trace, "the headers name vllm 0.32.0, yet no process recorded")
     # the same run where one process recorded an attention call is not blind
     seen = traced(tmp_path / "seen", sys.executable, "-c",
+                  "import mlatrace.reference.policies\n"   # a probed module: a probe attaches
                   "from mlatrace import record; record.emit('attn.call', op='forward_mqa')",
                   env=env)
     check = cli("check", seen)
@@ -226,7 +227,8 @@ def test_engine_in_versions_without_graph_or_attention_is_blind(tmp_path: Path) 
 
 
 def test_unmet_expectation_is_blind_from_flags_and_config(tmp_path: Path) -> None:
-    trace = traced(tmp_path, sys.executable, "-c", "import mlatrace; mlatrace.mark('up')")
+    trace = traced(tmp_path, sys.executable, "-c",
+                   "import mlatrace, mlatrace.reference.policies; mlatrace.mark('up')")
     assert cli("check", trace).returncode == ExitCode.CLEAN
     assert_blind(tmp_path, trace, "expected graphs (graph.capture.begin)", "--expect", "graphs")
     assert_blind(tmp_path, trace, "expected attn.call", "--expect", "attn.call")
@@ -246,7 +248,8 @@ RANKS_PROGRAM = textwrap.dedent("""\
     ranks = [int(r) for r in sys.argv[1].split(",")]
     for rank in ranks:
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE="4")
-        subprocess.run([sys.executable, "-c", "import mlatrace; mlatrace.mark('worker')"],
+        subprocess.run([sys.executable, "-c",
+                        "import mlatrace, mlatrace.reference.policies; mlatrace.mark('worker')"],
                        env=env, check=True)
 """)
 

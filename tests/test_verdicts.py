@@ -84,3 +84,66 @@ def test_merge_refuses_different_runs(tmp_path):
                                        "--run", "bbbb00000002"])
     assert result.exit_code == 0, result.output
 
+
+def _run(out: Path, *cmd: str, opts: tuple = ()) -> int:
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "mlatrace", "run", "--out", str(out), *opts,
+                           "--", *cmd], env=dict(os.environ), timeout=120,
+                          capture_output=True).returncode
+
+
+def test_nothing_attached_is_blind(tmp_path):
+    import sys
+
+    out = tmp_path / "pass"
+    assert _run(out, sys.executable, "-c", "pass") == 0
+    result = check(out)
+    assert result.exit_code == 3, result.output
+    assert "blind: no probe attached in any process of the run" in result.output
+
+
+def test_user_pack_that_saw_nothing_is_blind(tmp_path):
+    import sys
+
+    mod = tmp_path / "shopmod.py"
+    mod.write_text("def checkout(n):\n    return n\n")
+    pack = tmp_path / "shop.toml"
+    pack.write_text('[pack]\nname = "shop"\nlibrary = "shopmod"\n\n[[probe]]\nname = "checkout"\n'
+                    'targets = ["shopmod_typo:checkout"]\nparams = ["n"]\nkind = "shop.checkout"\n')
+    prog = f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import shopmod, json; json.dumps(1)"
+    out = tmp_path / "typo"
+    assert _run(out, sys.executable, "-c", prog, opts=("--probes", str(pack))) == 0
+    result = check(out, "--expect", "process")
+    assert result.exit_code == 3, result.output
+    assert "pack shop (--probes): none of its targets attached" in result.output
+    pack.write_text(pack.read_text().replace("shopmod_typo", "shopmod"))
+    out = tmp_path / "uncalled"
+    assert _run(out, sys.executable, "-c", prog, opts=("--probes", str(pack))) == 0
+    result = check(out)
+    assert result.exit_code == 3, result.output
+    assert "pack shop (--probes): attached, but none of its probes was called" in result.output
+    out = tmp_path / "called"
+    assert _run(out, sys.executable, "-c", prog + "; shopmod.checkout(3)",
+                opts=("--probes", str(pack))) == 0
+    result = check(out)
+    assert result.exit_code == 0, result.output
+
+
+def test_doctor_says_a_mistyped_module_is_not_on_the_path(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    pack = tmp_path / "shop.toml"
+    pack.write_text('[pack]\nname = "shop"\nlibrary = "shopmod"\n\n[[probe]]\nname = "checkout"\n'
+                    'targets = ["shopmod_typo:checkout"]\nparams = ["n"]\nkind = "shop.checkout"\n')
+    run = subprocess.run([sys.executable, "-m", "mlatrace", "probes", "doctor", "--probes",
+                          str(pack)], capture_output=True, text=True, env=dict(os.environ),
+                         timeout=300)
+    assert run.returncode == 1, run.stdout + run.stderr
+    line = next(x for x in run.stdout.splitlines() if "shopmod_typo:checkout" in x
+                and x.strip().startswith("NOT FOUND"))
+    assert "no module 'shopmod_typo' on the path" in line

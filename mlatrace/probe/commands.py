@@ -3,7 +3,8 @@
 doctor imports each target's module (this command is not a traced program; with
 ``--source DIR`` it parses DIR's files instead, see probe/source.py) and
 says, per target: ok, inherited (the class does not override it; its base's
-probe sees the calls), not installed (the library is absent), not importable
+probe sees the calls), not installed (the library is absent), NOT FOUND (a module of a
+``--probes`` pack that is not on the path: a typo, or PYTHONPATH; a pack problem), not importable
 (the module fails to import here, e.g. a GPU-only backend on a CPU box), absent
 (a module or attribute of another version), or DRIFT (the target exists but its
 parameters differ from the pack's). A probe none of whose targets exists while
@@ -53,7 +54,7 @@ class TargetStatus:
     pack: str
     probe: str
     target: str
-    status: str      # ok | inherited | not installed | not importable | absent | drift
+    status: str      # ok | inherited | not installed | not found | not importable | absent | drift
     detail: str = ""
 
 
@@ -142,8 +143,12 @@ def _module_status(module_name: str, cache: dict[str, tuple[object | None, str, 
 
 
 def check(packs: list[Pack], skip: dict[str, str] | None = None,
-          progress: int | None = None) -> list[TargetStatus]:
-    """Check every target of every probe against what is installed (in this process)."""
+          progress: int | None = None, user: set[str] | None = None) -> list[TargetStatus]:
+    """Check every target of every probe against what is installed (in this process).
+
+    `user`: the names of the packs given with --probes. A module of theirs that cannot be
+    found is "not found" (a typo, or a directory missing from the path), not "not
+    installed": the user wrote the pack for this program."""
     results: list[TargetStatus] = []
     cache: dict[str, tuple[object | None, str, str]] = {}
     for pack in packs:
@@ -157,6 +162,11 @@ def check(packs: list[Pack], skip: dict[str, str] | None = None,
                 module_name, _ = split_target(target)
                 module, status, detail = _module_status(module_name, cache, skip,
                                                         progress)
+                if status == "not installed" and user and pack.name in user:
+                    status = "not found"
+                    detail = (f"no module {detail.removeprefix('no module ')!r} on the path "
+                              "(sys.path): a typo in the target, or its directory missing "
+                              "from PYTHONPATH?")
                 if module is not None:
                     try:
                         resolve(target, module, spec.params, spec.arg_names, spec.inherited)
@@ -169,7 +179,8 @@ def check(packs: list[Pack], skip: dict[str, str] | None = None,
                         status, detail = "absent", str(exc).split(": ", 1)[-1]
                 probe_results.append(TargetStatus(pack.name, spec.name, target, status, detail))
             _no_target_is_drift([r for r in probe_results
-                                 if r.status not in ("not installed", "not importable")])
+                                 if r.status not in ("not installed", "not importable",
+                                                     "not found")])
             results.extend(probe_results)
     return results
 
@@ -245,12 +256,18 @@ def check_isolated(extra: list[str]) -> list[TargetStatus]:
         crashed[importing[-1]] = f"importing it ended the interpreter ({how}; native clash?)"
 
 
+def _user_packs(packs: list[Pack], extra: list[str]) -> set[str]:
+    """The names of the packs loaded from the --probes files."""
+    given = {os.path.realpath(p) for p in extra}
+    return {p.name for p in packs if os.path.realpath(p.path) in given}
+
+
 def _check_child() -> None:
     """The child side of check_isolated: packs as the parent loads them, results as JSON."""
     packs, _problems, _broken = _load(sys.argv[1:])
     skip = json.loads(os.environ.get("MLATRACE_DOCTOR_SKIP") or "{}")
     fd = os.open(os.environ["MLATRACE_DOCTOR_LOG"], os.O_WRONLY | os.O_APPEND)
-    results = check(packs, skip, progress=fd)
+    results = check(packs, skip, progress=fd, user=_user_packs(packs, sys.argv[1:]))
     os.write(fd, ("results " + json.dumps([asdict(r) for r in results]) + "\n").encode())
     os.close(fd)
 
@@ -285,6 +302,8 @@ def doctor(extra: list[str] | None = None, source: str | None = None) -> int:
     for result in results:
         counts[result.status] = counts.get(result.status, 0) + 1
     drift = counts.get("drift", 0)
+    problems += [f"{r.pack}.{r.probe}: target {r.target}: {r.detail}"
+                 for r in results if r.status == "not found"]
     summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
     verdicts = ([f"DRIFT in {drift} target{'' if drift == 1 else 's'}"] if drift else []) \
         + ([f"{len(problems)} pack problem{'' if len(problems) == 1 else 's'}"]
@@ -311,7 +330,8 @@ def doctor(extra: list[str] | None = None, source: str | None = None) -> int:
         checked = f"; checked against: {'; '.join(pack.checked)}" if pack.checked else ""
         print(f"\n{pack.name}: {installed}{applies}{off}{checked}")
         for result in (r for r in results if r.pack == pack.name):
-            mark = result.status.upper() if result.status in ("drift", "bad handler") \
+            mark = result.status.upper() if result.status in ("drift", "bad handler",
+                                                              "not found") \
                 else result.status
             detail = f"  ({result.detail})" if result.detail else ""
             print(f"  {mark:<15} {result.probe:<22} {result.target}{detail}")
