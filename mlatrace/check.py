@@ -287,7 +287,9 @@ def render_coverage_lines(out: Any, coverage: Any) -> None:
     from rich.markup import escape
 
     attached = coverage.probes_attached
+    killed = any(not p.ended for p in coverage.processes)
     head = (plural(attached, "probe") + " attached" if attached is not None
+            else "process killed: coverage unknown" if killed
             else "probe coverage not recorded")
     state = "blind" if coverage.blind else "not blind"
     out.print(f"coverage: {head}, {coverage.probes_errored} errored; {state}",

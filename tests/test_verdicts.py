@@ -132,6 +132,21 @@ def test_user_pack_that_saw_nothing_is_blind(tmp_path):
     assert result.exit_code == 0, result.output
 
 
+def test_killed_process_is_blind_unless_a_finding(tmp_path):
+    import sys
+
+    out = tmp_path / "killed"
+    code = _run(out, sys.executable, "-c",
+                "import os, signal, time; time.sleep(0.5); os.kill(os.getpid(), signal.SIGKILL)")
+    assert code == 137
+    result = check(out)
+    assert result.exit_code == 3, result.output
+    assert "process killed: coverage unknown" in result.output
+    report = CliRunner().invoke(main, ["report", str(out)])
+    assert "process killed: coverage unknown" in report.output, report.output
+    assert "older mlatrace" not in report.output
+
+
 def test_doctor_says_a_mistyped_module_is_not_on_the_path(tmp_path):
     import os
     import subprocess

@@ -12,6 +12,7 @@ The run is **blind** (`check` exits 3) when:
   recorded any graph or attention record;
 - no probe attached in any process of the run, or a pack given with `--probes` none of
   whose targets attached, or that attached and was never called;
+- a process ended without `process.end` (killed): its coverage is unknown;
 - an expectation (`--expect`, `expect = [...]` in the config) was not met;
 - ranks of the world size are missing (ranks left out with `--ranks`, recorded in the
   headers' `ranks_kept`, are not missing).
@@ -320,6 +321,11 @@ def judge(model: TraceModel, expect: list[str] | tuple[str, ...] = ()) -> Covera
             reasons.append(f"expected {named}, but no process recorded any")
 
     reasons += _nothing_attached(cov)
+    killed = [p for p in cov.processes if not p.ended]
+    if killed:
+        lines = [f"process killed: coverage unknown ({p.file}, pid {p.pid}: no process.end, "
+                 "the process ended without writing it)" for p in killed]
+        reasons += _limited(lines)
 
     cov.ranks = _ranks(model)
     if cov.ranks["missing"]:
