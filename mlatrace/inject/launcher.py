@@ -106,6 +106,18 @@ def _unusable_out_dir(out_dir: Path) -> str | None:
     return None
 
 
+def _claim(path: Path, info: dict) -> bool:
+    """Create run.json, the claim of its directory for one run: atomically (O_EXCL), so of
+    two launchers started into one --out at the same moment exactly one gets it."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(info, indent=2) + "\n")
+    return True
+
+
 def _write_run_json(path: Path, info: dict) -> None:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(info, indent=2) + "\n")
@@ -174,6 +186,7 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
     if problem:
         print(f"mlatrace run: cannot write the trace to {out_dir}: {problem}", file=sys.stderr)
         return 2
+    fixed_dir = bool(out) or run_id is not None  # else a default name, free to move on
     run_id = run_id or uuid.uuid4().hex[:12]
     info = {
         "schema": mlatrace.SCHEMA,
@@ -194,7 +207,15 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
                     "step_aside": step_aside},
     }
     run_json = out_dir / "run.json"
-    _write_run_json(run_json, info)
+    while not fixed_dir and not _claim(run_json, info):
+        out_dir = default_out_dir().resolve()  # the same second as another run: the next name
+        if _unusable_out_dir(out_dir) is None:
+            run_json = out_dir / "run.json"
+    if fixed_dir and not _claim(run_json, info):
+        print(f"mlatrace run: {out_dir} already holds a run (its run.json: another `mlatrace "
+              "run` writes there, or wrote there before); choose another --out",
+              file=sys.stderr)
+        return 2
     env = child_env(out_dir, run_id, ranks=ranks, probes=list(probes or []),
                     replay_sample=replay_sample, graph_nodes=graph_nodes, otlp=otlp,
                     launch_sample=launch_sample, sample=sample, no_packs=no_packs,
