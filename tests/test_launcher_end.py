@@ -31,3 +31,58 @@ def test_two_runs_into_one_out_the_second_exits_2(tmp_path: Path) -> None:
     # a later run into the same directory is refused too
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and "already holds a" in again.stderr
+
+
+TREE = """\
+import os, subprocess, sys, time
+depth = int(sys.argv[1])
+with open(sys.argv[2], "a") as f:
+    f.write(f"{os.getpid()}\\n")
+if depth < 2:
+    subprocess.Popen([sys.executable, __file__, str(depth + 1), sys.argv[2]])
+while True:
+    time.sleep(0.1)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie child of nobody we wait for counts as gone
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_sigkill_of_the_launcher_ends_the_tree_and_says_so(tmp_path: Path) -> None:
+    prog, pids = tmp_path / "tree.py", tmp_path / "pids"
+    prog.write_text(TREE)
+    out = tmp_path / "trace"
+    launcher = subprocess.Popen([*MLATRACE, "run", "--out", str(out), "--", sys.executable,
+                                 str(prog), "0", str(pids)], stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (pids.exists() and len(pids.read_text().split()) == 3):
+        assert time.monotonic() < deadline and launcher.poll() is None
+        time.sleep(0.1)
+    tree = [int(p) for p in pids.read_text().split()]
+    time.sleep(0.5)  # the probes of the last one installed
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait()
+    deadline = time.monotonic() + 60
+    while any(_alive(p) for p in tree) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [p for p in tree if _alive(p)]
+    for pid in left:  # never leave the tree running, whatever the outcome
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "the traced tree outlived its launcher"
+    run = json.loads((out / "run.json").read_text())
+    assert "the launcher" in run["abnormal_end"] and run["end_ns"]
+    trace = open_trace(out)
+    assert any("the run ended abnormally" in str(p) for p in trace.problems)
+    ends = {}
+    for proc in trace.processes:
+        list(proc.records())
+        ends[proc.pid] = proc.end and proc.end.get("reason")
+    assert ends == {pid: "SIGTERM" for pid in tree}

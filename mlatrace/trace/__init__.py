@@ -428,6 +428,9 @@ def open_trace(path: str | Path) -> Trace:
                 run = json.loads(run_json.read_text())
             except (OSError, ValueError) as exc:
                 problems.append(Problem("run.json", 1, f"unreadable: {exc}"))
+            if isinstance(run, dict) and run.get("abnormal_end"):
+                problems.append(Problem("run.json", 0, "the run ended abnormally: "
+                                        f"{run['abnormal_end']}"))
         if not files and run is None:
             raise TraceError(f"{root}: no trace here (no run.json and no p<pid>.jsonl files)")
         if not files:
