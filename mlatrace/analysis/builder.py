@@ -573,13 +573,15 @@ class _ProcessBuilder(Unpickled):
             self._replay_host_state(graph, stats, rec, tid)
         gpu = rec.gpu_ns
         if type(gpu) is int and gpu >= 0:  # stats.add_gpu_ns(gpu), inlined
-            if gpu >= _GPU_ROUNDED_FROM:
+            if stats.gpu_rounded and gpu >= _GPU_ROUNDED_FROM:
                 shift = gpu.bit_length() - GPU_HIST_BITS
                 gpu = gpu >> shift << shift
             try:
                 stats.gpu_hist[gpu] += 1
-            except KeyError:  # a value not seen before (few: 8 significant bits)
-                stats.gpu_hist[gpu] = 1
+            except KeyError:  # a value not seen before (few once rounded: 8 significant bits)
+                stats.add_gpu_ns(gpu)
+            if type(n) is int and graph.parent is not None:
+                self._legacy_time_to_wrappers(graph, n, gpu)
         current = self.metadata.get(tid)
         if current is None:
             return
@@ -628,6 +630,16 @@ class _ProcessBuilder(Unpickled):
             stats.ptr_run_count += 1
         else:
             self._count_ptrs(stats, ptrs, md, sources)
+
+    def _legacy_time_to_wrappers(self, graph: GraphModel, n: int, gpu: int) -> None:
+        """An older trace's `gpu_ns` on a nested graph's replay: the graphs around it take
+        it as a graph.replay.time of that replay (docs/trace-format.md)."""
+        seen = {graph.gid}
+        graph = self.model.graph(self.pid, graph.parent)
+        while graph is not None and graph.gid not in seen:
+            seen.add(graph.gid)
+            graph.replays.add_timed(n, gpu)
+            graph = self.model.graph(self.pid, graph.parent)
 
     def replay_time(self, rec: Record) -> None:
         """graph.replay.time: the GPU time of replay n of gid, and of each graph around it."""
