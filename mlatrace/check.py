@@ -165,7 +165,7 @@ def _check_collection(paths: list[str], runs: list[Any], fail_on: str | None,
             make_console(stderr=True).print(f"[red]error:[/] cannot write {junit}: "
                                             f"{exc.strerror or exc}", soft_wrap=True)
             return int(ExitCode.UNUSABLE)
-    for run, c in zip(runs, codes):
+    for run, c in zip(runs, codes, strict=True):
         out.print(f"run {run.run_id}: {_VERDICT_WORD[ExitCode(c)]} (exit {c})", highlight=False,
                   soft_wrap=True)
     out.print(f"collection of {len(runs)} runs: exit {code} (the worst: 2, then 1, then 3, "
@@ -267,7 +267,7 @@ def suppressed_by_entry(result: Analysis) -> list[tuple[dict, int]]:
         index = result.config.allow_entry(f, f.details.get("key"))
         if index is not None:
             counts[index] += 1
-    return [(entry, n) for entry, n in zip(result.config.allow, counts) if n]
+    return [(entry, n) for entry, n in zip(result.config.allow, counts, strict=True) if n]
 
 
 def print_suppressed(out: Any, result: Analysis) -> None:

@@ -259,8 +259,7 @@ def _nothing_attached(cov: Coverage) -> list[str]:
     for p in recorded:
         user |= set(p.user_packs)
         attached |= set(p.packs_attached or [])
-        for qualname, n in p.hits.items():
-            called.add(qualname.split(".", 1)[0])
+        called |= {qualname.split(".", 1)[0] for qualname in p.hits}
         counted |= set(p.counted_packs)
     for pack in sorted(user):
         if pack not in attached:
