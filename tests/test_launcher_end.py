@@ -86,3 +86,14 @@ def test_sigkill_of_the_launcher_ends_the_tree_and_says_so(tmp_path: Path) -> No
         list(proc.records())
         ends[proc.pid] = proc.end and proc.end.get("reason")
     assert ends == {pid: "SIGTERM" for pid in tree}
+
+
+def test_run_watch_of_a_failing_command_prints_its_output_tail(tmp_path: Path) -> None:
+    out = tmp_path / "trace"
+    prog = "import sys; print('line one'); print('ValueError: the real reason'); sys.exit(3)"
+    run = subprocess.run([*MLATRACE, "run", "--watch", "--out", str(out), "--", sys.executable,
+                          "-c", prog], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 3
+    assert "exited with code 3" in run.stderr
+    assert "  | ValueError: the real reason" in run.stderr, run.stderr
+    assert str(out / "cmd.log") in run.stderr

@@ -265,10 +265,12 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
                 process_files=len(files))
     _write_run_json(run_json, info)
     if view is not None:
-        from mlatrace.watch import print_final
+        from mlatrace.watch import LOG_NAME, print_final
 
         live, console = view
         print_final(live, console)
+        if exit_code:
+            _print_log_tail(out_dir / LOG_NAME)
     if returncode < 0:
         ended = f"{cmd[0]} died of {signal.Signals(-returncode).name} (exit code {exit_code})"
     else:
@@ -281,6 +283,25 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
         print(f"mlatrace: {ended}; no Python process ran under it: nothing was traced "
               f"(run.json in {out_dir})", file=sys.stderr)
     return exit_code
+
+
+LOG_TAIL_LINES = 20
+
+
+def _print_log_tail(log: Path, lines: int = LOG_TAIL_LINES) -> None:
+    """The last lines of the command's output (`run --watch` sent it to cmd.log): why a
+    failing command failed, without opening the log."""
+    try:
+        with log.open("rb") as f:
+            f.seek(max(0, log.stat().st_size - 64 * 1024))
+            tail = f.read().decode(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return
+    if tail:
+        print(f"mlatrace: the command's last {len(tail)} lines of output ({log}):",
+              file=sys.stderr)
+        for line in tail:
+            print(f"  | {line}", file=sys.stderr)
 
 
 def _watch_child(out_dir: Path, child: subprocess.Popen) -> tuple | None:
