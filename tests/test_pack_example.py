@@ -56,7 +56,10 @@ def sh(script: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedP
     environ = {**os.environ, **(env or {}),
                "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
                "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    prelude = 'mlatrace() { python -m mlatrace "$@"; }\n'
+    # the console script, as a user runs it (`python -m` would put the cwd on the path)
+    script_path = Path(sys.executable).parent / "mlatrace"
+    prelude = ("" if script_path.exists()
+               else 'mlatrace() { python -m mlatrace "$@"; }\n')
     return subprocess.run(["bash", "-c", prelude + script], cwd=cwd, env=environ,
                           capture_output=True, text=True, timeout=240)
 
@@ -111,7 +114,7 @@ def test_a_mistyped_option_is_named_by_doctor_and_reported_by_run(shop):
                                         "'currncy'")
     assert "did you mean 'currency'?" in str(caught.value)
 
-    doctor = sh("mlatrace probes doctor --probes shop_pack.toml", shop)
+    doctor = sh("PYTHONPATH=$PWD:$PYTHONPATH mlatrace probes doctor --probes shop_pack.toml", shop)
     assert doctor.returncode == 1, doctor.stdout + doctor.stderr
     assert doctor.stdout.splitlines()[0].endswith("-> 1 pack problem"), doctor.stdout
     assert f"PROBLEM shop_pack.toml:{line}: probe 'checkout': unknown option 'currncy'" in doctor.stdout
@@ -126,14 +129,14 @@ def test_a_mistyped_option_is_named_by_doctor_and_reported_by_run(shop):
 
 def test_an_option_of_the_wrong_type_is_named_by_doctor(shop):
     set_option(shop / "shop_pack.toml", "currency = 1")
-    doctor = sh("mlatrace probes doctor --probes shop_pack.toml", shop)
+    doctor = sh("PYTHONPATH=$PWD:$PYTHONPATH mlatrace probes doctor --probes shop_pack.toml", shop)
     assert doctor.returncode == 1, doctor.stdout + doctor.stderr
     assert "option 'currency' must be str, not int (1)" in doctor.stdout
 
 
 def test_a_version_range_that_does_not_match_is_reported_and_the_pack_left_out(shop):
     installed(shop, "shop", "0.5")          # the pack says versions = ">=1.0"
-    doctor = sh("mlatrace probes doctor --probes shop_pack.toml", shop)
+    doctor = sh("PYTHONPATH=$PWD:$PYTHONPATH mlatrace probes doctor --probes shop_pack.toml", shop)
     assert doctor.returncode == 1, doctor.stdout + doctor.stderr
     assert "shop: shop 0.5; versions >=1.0: MISMATCH: run leaves it out" in doctor.stdout
     assert "pack 'shop' is for shop >=1.0; installed: 0.5" in doctor.stdout

@@ -23,6 +23,7 @@ does not resolve.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -32,6 +33,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 from mlatrace.common import installed_version
@@ -63,8 +65,47 @@ def _load(extra: list[str]) -> tuple[list[Pack], list[str], list[str]]:
 
     Problems (exit 1): a mistyped or unknown option, an entry point without a pack.
     Cannot load (exit 2): a malformed pack, a handler that does not resolve; the other
-    packs are still listed and checked.
+    packs are still listed and checked. Handlers are resolved on the path a traced
+    process has when mlatrace starts in it (`_startup_path`), whichever way doctor runs.
     """
+    with _startup_path() as dropped:
+        packs, problems, broken = _load_packs(extra)
+    if dropped:
+        hint = ("; it is in the current directory, which a traced process does not have on "
+                "its path when mlatrace starts: run with PYTHONPATH=$PWD")
+        for spec in (spec for pack in packs for spec in pack.probes if spec.handler_error):
+            module = spec.handler.partition(":")[0] if spec.handler else ""
+            if module and _in_dir(module, dropped):
+                broken[broken.index(spec.handler_error)] = spec.handler_error + hint
+                spec.handler_error += hint
+    return packs, problems, broken
+
+
+@contextlib.contextmanager
+def _startup_path() -> Iterator[str | None]:
+    """sys.path without the current directory ('' or the cwd, which `python -m`/`-c` put
+    first only after start-up), unless PYTHONPATH names it; yields that directory (None
+    when PYTHONPATH names it)."""
+    cwd = os.getcwd()
+    given = {os.path.realpath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+    if os.path.realpath(cwd) in given:
+        yield None
+        return
+    saved = list(sys.path)
+    sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != os.path.realpath(cwd)]
+    try:
+        yield cwd
+    finally:
+        sys.path[:] = saved
+
+
+def _in_dir(module: str, directory: str) -> bool:
+    top = module.split(".")[0]
+    return (os.path.isfile(os.path.join(directory, top + ".py"))
+            or os.path.isdir(os.path.join(directory, top)))
+
+
+def _load_packs(extra: list[str]) -> tuple[list[Pack], list[str], list[str]]:
     paths, entry_point_problems = discover(extra)
     packs: list[Pack] = []
     problems = [error for _, error in entry_point_problems]
