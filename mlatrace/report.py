@@ -550,6 +550,16 @@ def render_attention(console: Any, data: dict[str, Any]) -> None:
 
 
 MAX_MARK_LINES = 20
+MAX_VALUE_CHARS = 80   # a mark's attribute value in the text report (--json has it whole)
+
+
+def clip(value: Any, limit: int = MAX_VALUE_CHARS) -> str:
+    """`value` as text, cut to `limit` characters with how long it was: `abc… (10,485,760
+    chars)`."""
+    text = str(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text):,} chars)"
 
 
 def render_marks(console: Any, data: dict[str, Any], verbose: bool) -> None:
@@ -562,10 +572,13 @@ def render_marks(console: Any, data: dict[str, Any], verbose: bool) -> None:
                       highlight=False)
         return
     console.print(f"[bold]marks[/] ({plural(total, 'mlatrace.mark annotation')})", highlight=False)
+    from rich.markup import escape
+
     for m in data["marks"]:
-        attrs = " ".join(f"{k}={v}" for k, v in (m["attrs"] or {}).items())
-        console.print(f"  rank {rank_text(m['rank'])} pid {_fmt(m['pid'])} {m['file']}:seq "
-                      f"{m['seq']} {m['name']}" + (f" {attrs}" if attrs else ""),
+        attrs = " ".join(f"{clip(k)}={clip(v)}" for k, v in (m["attrs"] or {}).items()
+                         ) if isinstance(m["attrs"], dict) else clip(m["attrs"])
+        console.print(escape(f"  rank {rank_text(m['rank'])} pid {_fmt(m['pid'])} {m['file']}:seq "
+                             f"{m['seq']} {clip(m['name'])}" + (f" {attrs}" if attrs else "")),
                       highlight=False, soft_wrap=True)
     if total > len(data["marks"]):
         console.print(f"  ... {total - len(data['marks'])} more (the first {MAX_MARKS} of each "
