@@ -30,7 +30,7 @@ def main() -> None:
               show_default="keep every replay record",
               help="Keep the first N replay records per graph, then 1 in N (process.end "
                    "still counts every replay).")
-@click.option("--launch-sample", type=click.IntRange(min=0), default=None, show_default="8",
+@click.option("--launch-sample", type=click.IntRange(min=0), default=None,
               help="Eager kernel launches repeating their last grid and constexprs: keep the "
                    "first N in a row (default: --sample's N; 0 keeps all).")
 @click.option("--sample", type=click.IntRange(min=0), default=None,

@@ -162,3 +162,40 @@ def test_doctor_says_a_mistyped_module_is_not_on_the_path(tmp_path):
     line = next(x for x in run.stdout.splitlines() if "shopmod_typo:checkout" in x
                 and x.strip().startswith("NOT FOUND"))
     assert "no module 'shopmod_typo' on the path" in line
+
+
+def test_mistyped_names_are_refused_with_a_did_you_mean(tmp_path):
+    import subprocess
+    import sys
+
+    from mlatrace.analysis.coverage import ExpectError, expect_kinds
+
+    cfg = tmp_path / "mlatrace.toml"
+    cfg.write_text('fail_on = "error"\ndisabel = ["MLT004"]\n')
+    result = check(FIXTURES / "legacy_one_split", "--config", cfg)
+    assert result.exit_code == 2 and f"{cfg}:2: unknown key 'disabel'" in result.output
+    assert "did you mean 'disable'?" in result.output
+    cfg.write_text("long_len_factr = 8\n")
+    result = check(FIXTURES / "legacy_one_split", "--config", cfg)
+    assert result.exit_code == 2 and "did you mean 'long_len_factor'?" in result.output
+    result = check(FIXTURES / "legacy_one_split", "--expect", "atn.call")
+    assert result.exit_code == 2 and "did you mean 'attn.call'?" in result.output, result.output
+    assert expect_kinds("shop.checkout") == ("shop.checkout",)  # a user pack's own kind
+    assert expect_kinds("graph.replay.time") == ("graph.replay.time",)
+    try:
+        expect_kinds("grahps")
+    except ExpectError as exc:
+        assert "did you mean 'graphs'?" in str(exc)
+    run = subprocess.run([sys.executable, "-m", "mlatrace", "run", "--out", str(tmp_path / "t"),
+                          "--no-pack", "nosuchpack", "--no-pack", "vllm_mal", "--", sys.executable,
+                          "-c", "pass"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "--no-pack nosuchpack: no such pack" in run.stderr, run.stderr
+    run = subprocess.run([sys.executable, "-m", "mlatrace", "run", "--out", str(tmp_path / "u"),
+                          "--no-pack", "vllm_mal", "--", sys.executable, "-c", "pass"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "did you mean 'vllm_mla'?" in run.stderr, run.stderr
+    helped = subprocess.run([sys.executable, "-m", "mlatrace", "run", "--help"],
+                            capture_output=True, text=True, timeout=120,
+                            env={**__import__("os").environ, "COLUMNS": "200"}).stdout
+    launch = helped[helped.index("--launch-sample"):helped.index("--sample ")]
+    assert "(8)" not in launch and "--sample's N" in launch, launch

@@ -128,6 +128,7 @@ def _check_allow(entries: list[dict], source: str | None) -> None:
 
 
 _INT_KEYS = ("long_len_factor", "default_block_n", "far_factor", "far_min_len")
+_KNOWN_KEYS = (*_INT_KEYS, "fail_on", "disable", "allow", "expect")
 
 
 def config_from_dict(table: dict, source: str | None = None) -> Config:
@@ -167,7 +168,11 @@ def config_from_dict(table: dict, source: str | None = None) -> Config:
                 except ExpectError as exc:
                     raise ConfigError(f"{source}: {exc}") from None
             cfg.expect = list(value)
-        # unknown keys are ignored: newer configs stay readable
+        else:  # a mistyped key would silently leave its default in force
+            close = difflib.get_close_matches(str(key), _KNOWN_KEYS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{_where(source, str(key))}: unknown key {key!r}{hint}; the "
+                              f"keys are {', '.join(_KNOWN_KEYS)}")
     return cfg
 
 

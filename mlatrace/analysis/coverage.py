@@ -46,7 +46,8 @@ KNOWN_KINDS = (
     "process", "process.rank", "process.end", "probe.error", "graph.capture.begin",
     "graph.capture.end", "graph.nodes", "graph.replay", "graph.eager_break", "dispatch",
     "attn.metadata", "attn.call", "kernel.split", "kernel.launch", "kernel.skip", "sync",
-    "host.decision", "mark", "runner.dummy_run", "runner.capture_model",
+    "host.decision", "mark", "runner.dummy_run", "runner.capture_model", "graph.replay.time",
+    "ray.init", "ray.worker", "record.error", "sample.run",
 )
 """The record kinds of schema mlatrace/1 (docs/trace-format.md)."""
 
@@ -65,10 +66,15 @@ def expect_kinds(what: str) -> tuple[str, ...]:
     name = what.strip()
     if name in EXPECT_ALIASES:
         return EXPECT_ALIASES[name]
-    if name in KNOWN_KINDS or ("." in name and all(
+    import difflib
+
+    same_shape = [k for k in (*KNOWN_KINDS, *EXPECT_ALIASES) if k.count(".") == name.count(".")]
+    close = difflib.get_close_matches(name, same_shape, n=1, cutoff=0.8)
+    if name in KNOWN_KINDS or (not close and "." in name and all(
             part and part.replace("_", "").isalnum() for part in name.split("."))):
         return (name,)   # a dotted name not listed: a kind of a newer schema or a user pack
-    raise ExpectError(f"unknown expectation {what!r}: use a record kind (attn.call, "
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise ExpectError(f"unknown expectation {what!r}: {hint}use a record kind (attn.call, "
                       f"kernel.launch, mark, ...) or one of {', '.join(EXPECT_ALIASES)}")
 
 

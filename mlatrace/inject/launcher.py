@@ -92,6 +92,24 @@ def _parse_ranks(ranks: str | None) -> str | None:
     return ",".join(values)
 
 
+def _unknown_packs(names: list[str], probes: list[str]) -> str | None:
+    """Why a --no-pack name names no pack that would be installed (None: all known)."""
+    if not names:
+        return None
+    import difflib
+
+    from mlatrace.probe.packs import discover, pack_name
+
+    known = sorted({n for path in discover(probes)[0] if (n := pack_name(path))})
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            return (f"--no-pack {name}: no such pack ({hint}packs: {', '.join(known)}; "
+                    "`mlatrace probes list` shows them)")
+    return None
+
+
 def _unusable_out_dir(out_dir: Path) -> str | None:
     """Create OUT and prove it takes files; None when usable, else why not (one line)."""
     if out_dir.exists() and not out_dir.is_dir():
@@ -172,6 +190,10 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
         print(f"mlatrace run: --step-aside wants SETTLE,VERIFY (steady steps before a probe "
               f"steps aside, SETTLE >= 1; a whole step looked at every VERIFY-th, VERIFY >= "
               f"2) or 0, got {step_aside!r}", file=sys.stderr)
+        return 2
+    unknown = _unknown_packs(no_packs or [], probes or [])
+    if unknown:
+        print(f"mlatrace run: {unknown}", file=sys.stderr)
         return 2
     if run_id is not None and not RUN_ID.fullmatch(run_id):
         print(f"mlatrace run: --run-id wants 1-64 letters, digits, '.', '_' or '-', "
