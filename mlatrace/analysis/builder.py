@@ -274,6 +274,9 @@ class _ProcessBuilder(Unpickled):
 
     def process_end(self, rec: dict) -> None:
         self.proc.end = rec
+        kept, rank = self.proc.ranks_kept, self.proc.rank
+        if kept and rank is not None and rank not in kept:
+            return  # a rank left out by --ranks: its replays are not this trace's
         for gid, count in _dict(rec.get("replays")).items():
             gid_i = int(gid) if isinstance(gid, str) and gid.lstrip("-").isdigit() else _int(gid)
             count_i = _int(count)

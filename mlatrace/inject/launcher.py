@@ -255,10 +255,14 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
                 child = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=output,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     except OSError as exc:
-        print(f"mlatrace run: cannot start {cmd[0]!r}: {exc.strerror or exc}", file=sys.stderr)
-        info.update(end_ns=time.time_ns(), exit_code=127, error=str(exc))
+        # as a shell says it: 127 not found, 126 found but not executable
+        code = 126 if isinstance(exc, PermissionError) else 127
+        why = (f"{exc.strerror or exc} (not executable: chmod +x, or run it through its "
+               "interpreter)" if code == 126 else exc.strerror or str(exc))
+        print(f"mlatrace run: cannot start {cmd[0]!r}: {why}", file=sys.stderr)
+        info.update(end_ns=time.time_ns(), exit_code=code, error=str(exc))
         _write_run_json(run_json, info)
-        return 127
+        return code
 
     received: list[int] = []
 
