@@ -650,9 +650,12 @@ class _ProcessBuilder(Unpickled):
         if type(gid) is not int or type(n) is not int or type(gpu) is not int or gpu < 0:
             return
         graph, seen = self._graph(gid), set()
+        host = rec.get("via") == "host"
         while graph is not None and graph.gid not in seen:
             seen.add(graph.gid)
             graph.replays.add_timed(n, gpu)
+            if host:
+                graph.replays.host_timed = True
             graph = self.model.graph(self.pid, graph.parent)
 
     def _count_ptrs(self, stats: ReplayStats, ptrs: dict, md: dict,

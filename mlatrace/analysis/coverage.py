@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlatrace.analysis.model import ProcessModel, TraceModel
+from mlatrace.tables import plural
 
 ENGINES = ("vllm", "sglang", "aiter")
 """Engines with probe packs: their version in a header means graphs or attention are due."""
@@ -255,7 +256,7 @@ def _nothing_attached(cov: Coverage) -> list[str]:
     out = []
     if cov.probes_attached == 0 and all(p.ended for p in cov.processes):
         packs = sorted({pack for p in recorded for pack in p.packs})
-        out.append(f"no probe attached in any process of the run ({plural_processes(len(recorded))}"
+        out.append(f"no probe attached in any process of the run ({plural(len(recorded), 'process', 'processes')}"
                 f"; packs installed: {', '.join(packs) or 'none'}): the command never imported "
                 "a probed module, so nothing was watched")
     user: set[str] = set()
@@ -275,10 +276,6 @@ def _nothing_attached(cov: Coverage) -> list[str]:
         elif pack in counted and pack not in called:
             out.append(f"pack {pack} (--probes): attached, but none of its probes was called")
     return out
-
-
-def plural_processes(n: int) -> str:
-    return f"{n} process" if n == 1 else f"{n} processes"
 
 
 def judge(model: TraceModel, expect: list[str] | tuple[str, ...] = ()) -> Coverage:

@@ -226,6 +226,7 @@ class ReplayStats:
     # gpu_hist's keys are exact times until it holds GPU_EXACT_TIMES distinct ones; then
     # every key is rounded to GPU_HIST_BITS significant bits (and stays so)
     gpu_rounded: bool = False
+    host_timed: bool = False  # a graph.replay.time of it said via "host" (a CPU host graph)
     timed_folded: list[int] | None = None  # the rounded sums the last fold_timed() added
 
     @property

@@ -96,6 +96,7 @@ def replays(model: TraceModel, root: GraphModel, captured_ptrs: dict[str, int]) 
         "seq_len_min": stats.seq_len_min_min,
         "ptrs_stable": stable,
         "gpu_ns": stats.percentiles(),
+        "timed_via": "host" if stats.host_timed else "gpu" if stats.gpu_seen else None,
     }
 
 

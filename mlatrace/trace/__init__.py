@@ -102,6 +102,8 @@ class ProcessFile:
     # the last record taken jumped ahead: (seq before it, its seq, its line, records it
     # counted as dropped); a later record going on from before the jump shows it was wild
     _jump: tuple[int, int, int, int] | None = field(default=None, repr=False)
+    # unreadable lines since the last record taken: the seqs they held are not drops
+    _unreadable: int = field(default=0, repr=False)
     # the number of the last line handed to the checks (`checked_chunk`) so far: where
     # the next piece of the file begins
     lines_checked: int = field(default=0, repr=False)
@@ -186,6 +188,7 @@ class ProcessFile:
         `typed`: those of `TYPED_KINDS` as `Record`s (the builder's reads)."""
         self.gaps = self.dropped = self.records_read = self.lines_checked = 0
         self._last_seq = self._jump = None
+        self._unreadable = 0
         try:
             f = self.path.open("rb")
         except OSError as exc:
@@ -278,8 +281,9 @@ class ProcessFile:
                                  seqs[:-1] if last is None else [last, *seqs[:-1]]))
                 jumps = len(steps) - steps.count(1) if steps else 0
                 ok = not steps or min(steps) > 0
-                if ok and jumps and "process.end" in counts:
-                    ok = False  # a gap before process.end is not counted: the precise path
+                if ok and jumps and ("process.end" in counts or self._unreadable):
+                    ok = False  # a gap before process.end, or after unreadable lines, is
+                    # not a drop: the precise path
         if not ok:
             return list(self.checked_lines(enumerate(io.BytesIO(data), start=first), typed))
         if jumps:
@@ -290,6 +294,7 @@ class ProcessFile:
                           if step > 1 and kinds[-1] != "process.end" else None)
         else:
             self._jump = None
+        self._unreadable = 0
         if as_records:
             if not counts.keys() <= TYPED_KINDS:  # other kinds: their whole dicts
                 lines = data.split(b"\n")
@@ -316,7 +321,7 @@ class ProcessFile:
         over each new piece of the file as it arrives. `typed`: the records of
         `TYPED_KINDS` come as `Record`s.
         """
-        last_seq, jump = self._last_seq, self._jump
+        last_seq, jump, unreadable = self._last_seq, self._jump, self._unreadable
         decode, errors = _decode_line, _DecodeError
         held: tuple[dict[str, Any], int] | None = None  # a record whose seq jumped ahead,
         # held until the next record shows whether the writer skipped seqs or it is wild
@@ -352,6 +357,7 @@ class ProcessFile:
                         # read_header already reported a bad first line
                         if raw.strip() and not (lineno == 1 and self._header_problem):
                             self._decode(raw, lineno)  # slow path: says precisely what is wrong
+                            unreadable += 1
                         continue
                 seq = record["seq"]
                 if held is not None:
@@ -367,20 +373,25 @@ class ProcessFile:
                         else:
                             self._problem(lineno, f"seq {seq} not after {last_seq}; record skipped")
                             continue
-                    if seq > last_seq + 1 and record["k"] != "process.end":
+                    # a seq the unreadable lines before this record held is theirs, already
+                    # reported: not a record the writer dropped
+                    lost = seq - last_seq - 1 - unreadable
+                    unreadable = 0
+                    if lost > 0 and record["k"] != "process.end":
                         self.gaps += 1
-                        self.dropped += seq - last_seq - 1
-                        jump = (last_seq, seq, lineno, seq - last_seq - 1)
+                        self.dropped += lost
+                        jump = (last_seq, seq, lineno, lost)
                         last_seq, held = seq, (record, lineno)
                         continue
                     jump = None
+                unreadable = 0
                 last_seq = seq
                 yield taken(record)
             if held is not None:
                 yield taken(held[0])
                 held = None
         finally:
-            self._last_seq, self._jump = last_seq, jump
+            self._last_seq, self._jump, self._unreadable = last_seq, jump, unreadable
 
 
 @dataclass

@@ -15,7 +15,7 @@ from typing import Any
 
 from mlatrace.analysis.coverage import Coverage
 from mlatrace.analysis.summary import root_graphs, topology
-from mlatrace.tables import DEFAULT_PIPE_WIDTH, Column, fit_table
+from mlatrace.tables import DEFAULT_PIPE_WIDTH, Column, fit_table, shorten
 from mlatrace.watch.state import LiveRun
 
 SNAPSHOT_SCHEMA = "mlatrace.watch/1"
@@ -75,13 +75,6 @@ def _fitted(title: str, columns: list[Column], rows: list[list[str]], width: int
     return table
 
 
-def shorten(text: str, limit: int) -> str:
-    """`text` cut at a word boundary to at most `limit` characters, with an ellipsis."""
-    if len(text) <= limit:
-        return text
-    cut = text[:limit - 1]
-    space = cut.rfind(" ")
-    return (cut[:space] if space > limit // 2 else cut).rstrip(" ,;:") + "…"
 
 
 def _run_lines(live: LiveRun, log_path: str | None, width: int = DEFAULT_PIPE_WIDTH) -> Any:
