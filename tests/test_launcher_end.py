@@ -97,3 +97,31 @@ def test_run_watch_of_a_failing_command_prints_its_output_tail(tmp_path: Path) -
     assert "exited with code 3" in run.stderr
     assert "  | ValueError: the real reason" in run.stderr, run.stderr
     assert str(out / "cmd.log") in run.stderr
+
+
+def test_slow_commands_say_what_they_do(tmp_path: Path) -> None:
+    """probes doctor says what it does before the imports; bench record's inner runs are
+    quiet; bench splits says it needs a GPU before importing torch."""
+    doctor = subprocess.run([*MLATRACE, "probes", "doctor"], capture_output=True, text=True,
+                            timeout=300)
+    assert doctor.stderr.startswith("probes doctor: importing the modules of"), doctor.stderr
+    record = subprocess.run([*MLATRACE, "bench", "record", "--events", "2000", "--repeats", "1"],
+                            capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert record.returncode == 0, record.stderr[-2000:]
+    assert "look at it with" not in record.stdout + record.stderr
+    quiet = subprocess.run([*MLATRACE, "run", "-q", "--out", str(tmp_path / "q"), "--",
+                            sys.executable, "-c", "pass"], capture_output=True, text=True,
+                           timeout=120)
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    from mlatrace.bench import gpu_device_present
+
+    if not gpu_device_present():
+        code = ("import sys, runpy; sys.argv = ['mlatrace', 'bench', 'splits', '--quick']\n"
+                "try:\n    runpy.run_module('mlatrace', run_name='__main__')\n"
+                "except SystemExit as e:\n"
+                "    print('torch imported' if 'torch' in sys.modules else 'torch not imported')\n"
+                "    raise")
+        splits = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                timeout=120, cwd=tmp_path)
+        assert splits.returncode == 2 and "needs a CUDA GPU" in splits.stderr
+        assert "torch not imported" in splits.stdout

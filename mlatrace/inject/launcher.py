@@ -159,12 +159,13 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
         otlp: str | None = None, sample: int | None = None,
         no_packs: list[str] | None = None, replay_timing: str | None = None,
         watch: bool = False, run_id: str | None = None,
-        step_aside: str | None = None) -> int:
+        step_aside: str | None = None, quiet: bool = False) -> int:
     """Run `cmd` traced; return its exit code (2 for a usage error, 127 if not found).
 
     With `watch`, CMD's output goes to `cmd.log` in the trace dir and the watch view
     (`mlatrace.watch`) follows the trace until CMD exits, then prints the final report.
     `run_id`: join a run traced on several hosts (each host's launcher given the same id).
+    `quiet`: no closing lines (where the trace is), for scripts that run many commands.
     """
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
@@ -301,6 +302,8 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
         ended = f"{cmd[0]} died of {signal.Signals(-returncode).name} (exit code {exit_code})"
     else:
         ended = f"{cmd[0]} exited with code {exit_code}"
+    if quiet:
+        return exit_code
     if files:
         print(f"mlatrace: {ended}; trace of {len(files)} "
               f"{'process' if len(files) == 1 else 'processes'} in {out_dir}\n"

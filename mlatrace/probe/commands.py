@@ -33,8 +33,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from mlatrace.common import installed_version
 from mlatrace.probe.engine import Drift, InheritedError, resolve, split_target
@@ -279,11 +281,14 @@ def check_isolated(extra: list[str]) -> list[TargetStatus]:
         with tempfile.NamedTemporaryFile("r", suffix=".mlatrace-doctor") as log:
             env = dict(os.environ, MLATRACE_DOCTOR_LOG=log.name,
                        MLATRACE_DOCTOR_SKIP=json.dumps(crashed))
-            proc = subprocess.run([sys.executable, "-c", "from mlatrace.probe.commands "
-                                   "import _check_child; _check_child()", *extra],
-                                  env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                  text=True)
-            lines = log.read().splitlines()
+            with tempfile.TemporaryFile("w+") as err:
+                child = subprocess.Popen([sys.executable, "-c", "from mlatrace.probe.commands "
+                                          "import _check_child; _check_child()", *extra],
+                                         env=env, stdout=subprocess.DEVNULL, stderr=err,
+                                         text=True)
+                lines = _follow_progress(child, log)
+                err.seek(0)
+                proc = subprocess.CompletedProcess(child.args, child.returncode, None, err.read())
         if proc.returncode == 0 and lines and lines[-1].startswith("results "):
             found = [TargetStatus(**r) for r in json.loads(lines[-1][len("results "):])]
             return found
@@ -301,6 +306,29 @@ def _user_packs(packs: list[Pack], extra: list[str]) -> set[str]:
     """The names of the packs loaded from the --probes files."""
     given = {os.path.realpath(p) for p in extra}
     return {p.name for p in packs if os.path.realpath(p.path) in given}
+
+
+PROGRESS_S = 0.2
+
+
+def _follow_progress(child: subprocess.Popen, log: Any) -> list[str]:
+    """Wait for the checking child, saying on a terminal's stderr which module it imports
+    (vLLM's take seconds each); its log's lines once it ended."""
+    tty = sys.stderr.isatty()
+    text, shown = "", ""
+    while child.poll() is None:
+        time.sleep(PROGRESS_S)
+        text += log.read()
+        done = text[:text.rfind("\n") + 1]  # whole lines only: a write may be under way
+        importing = [x for x in done.splitlines() if x.startswith("importing ")]
+        if tty and importing and importing[-1] != shown:
+            shown = importing[-1]
+            sys.stderr.write(f"\r\x1b[K  {shown[:100]}")
+            sys.stderr.flush()
+    if tty:
+        sys.stderr.write("\r\x1b[K")
+        sys.stderr.flush()
+    return (text + log.read()).splitlines()
 
 
 def _check_child() -> None:
@@ -334,6 +362,10 @@ def doctor(extra: list[str] | None = None, source: str | None = None) -> int:
         mismatched = {pack.name: problem for pack in packs
                       if (problem := version_problem(pack, there.get(pack.library)))}
     else:
+        targets = sum(len(spec.targets) for pack in packs for spec in pack.probes)
+        print(f"probes doctor: importing the modules of {targets} targets of {len(packs)} "
+              "packs (a few seconds each where vLLM or SGLang is installed)...",
+              file=sys.stderr, flush=True)
         try:
             results = check_isolated(list(extra or []))
         except RuntimeError as exc:
