@@ -111,13 +111,82 @@ def _finding_text(f: Finding) -> str:
     return "\n".join(lines)
 
 
+WORST_FIRST = (ExitCode.UNUSABLE, ExitCode.FINDINGS, ExitCode.BLIND, ExitCode.CLEAN)
+
+
+def worst(codes: list[int]) -> int:
+    """The exit of a collection of runs: 2 before 1 before 3 before 0."""
+    return min(codes, key=lambda c: WORST_FIRST.index(ExitCode(c))) if codes else 0
+
+
 def main(trace: str | list[str], fail_on: str | None = "error", rules: list[str] | None = None,
          config: str | None = None, junit: str | None = None,
          expect: list[str] | None = None, run_id: str | None = None,
          html: str | None = None) -> int:
-    """Analyse TRACE (one or several paths: one run) and return an ExitCode: 0 clean,
-    1 findings at/above fail_on, 2 unusable, 3 blind. `html`: also write the report's
-    page there (mlatrace.html_report), its verdict judged at fail_on."""
+    """Analyse TRACE and return an ExitCode: 0 clean, 1 findings at/above fail_on,
+    2 unusable, 3 blind. `html`: also write the report's page there (mlatrace.html_report),
+    its verdict judged at fail_on; for a collection, the page of its last run listed. TRACE holding several runs (a collection): every run is judged,
+    one verdict line each, and the exit is the worst (`worst`)."""
+    if run_id is None:
+        from mlatrace.trace import TraceError
+        from mlatrace.trace.runs import find_runs
+
+        paths = [trace] if isinstance(trace, str) else list(trace)
+        try:
+            runs = find_runs(paths) if not (len(paths) == 1 and Path(paths[0]).is_file()) else []
+        except (TraceError, OSError):
+            runs = []  # check_run says why
+        if len(runs) > 1:
+            return _check_collection(paths, runs, fail_on, rules, config, junit, expect, html)
+    return check_run(trace, fail_on, rules, config, junit, expect, run_id, html=html)
+
+
+def _check_collection(paths: list[str], runs: list[Any], fail_on: str | None,
+                      rules: list[str] | None, config: str | None, junit: str | None,
+                      expect: list[str] | None, html: str | None = None) -> int:
+    """Judge every run of a collection; one `run ID: VERDICT` line each, the worst exit."""
+    out = make_console()
+    out.print(f"{' '.join(paths)} holds {len(runs)} runs: judging each", highlight=False,
+              soft_wrap=True)
+    codes, suites = [], []
+    for run in runs:
+        dirs = ", ".join(str(d) for d in run.dirs)
+        out.print(f"== run {run.run_id} ({dirs})", highlight=False, soft_wrap=True)
+        code = check_run(paths, fail_on, rules, config, None, expect, run.run_id,
+                         junit_suites=suites if junit else None,
+                         html=html if run is runs[-1] else None)
+        codes.append(code)
+    code = worst(codes)
+    if junit and suites:
+        root = ET.Element("testsuites", name="mlatrace")
+        root.extend(suites)
+        ET.indent(root)
+        try:
+            Path(junit).parent.mkdir(parents=True, exist_ok=True)
+            ET.ElementTree(root).write(junit, encoding="utf-8", xml_declaration=True)
+        except OSError as exc:
+            make_console(stderr=True).print(f"[red]error:[/] cannot write {junit}: "
+                                            f"{exc.strerror or exc}", soft_wrap=True)
+            return int(ExitCode.UNUSABLE)
+    for run, c in zip(runs, codes, strict=True):
+        out.print(f"run {run.run_id}: {_VERDICT_WORD[ExitCode(c)]} (exit {c})", highlight=False,
+                  soft_wrap=True)
+    out.print(f"collection of {len(runs)} runs: exit {code} (the worst: 2, then 1, then 3, "
+              "then 0)", highlight=False, soft_wrap=True)
+    return code
+
+
+_VERDICT_WORD = {ExitCode.CLEAN: "OK", ExitCode.FINDINGS: "FAILED", ExitCode.BLIND: "BLIND",
+                 ExitCode.UNUSABLE: "UNUSABLE"}
+
+
+def check_run(trace: str | list[str], fail_on: str | None = "error",
+              rules: list[str] | None = None, config: str | None = None,
+              junit: str | None = None, expect: list[str] | None = None,
+              run_id: str | None = None, junit_suites: list | None = None,
+              html: str | None = None) -> int:
+    """`check` of one run (TRACE's newest, or `run_id`): its ExitCode. `junit_suites`:
+    append the run's JUnit testsuite there instead of writing `junit`."""
     err = make_console(stderr=True)
     paths, trace = trace, trace if isinstance(trace, str) else " ".join(trace)
     try:
@@ -148,6 +217,10 @@ def main(trace: str | list[str], fail_on: str | None = "error", rules: list[str]
                   "`mlatrace report` shows a best-effort view)", soft_wrap=True)
         return 2
     active = [r for r in RULES if cfg.enabled(r) and (not selected or r in selected)]
+    if junit_suites is not None:
+        suite = junit_xml(result, fail_on, active, trace).getroot()
+        suite.set("name", f"mlatrace run {run_id}")
+        junit_suites.append(suite)
     if junit:
         try:
             Path(junit).parent.mkdir(parents=True, exist_ok=True)
@@ -172,6 +245,7 @@ def main(trace: str | list[str], fail_on: str | None = "error", rules: list[str]
         if f.evidence:
             e = f.evidence[0]
             out.print(f"    at {e.file}:seq {e.seq} ({e.kind}); fix: {f.hint}", soft_wrap=True)
+    print_suppressed(out, result)
     summary = data["summary"]
     coverage = result.coverage
     render_coverage_lines(out, coverage)
@@ -195,12 +269,36 @@ def main(trace: str | list[str], fail_on: str | None = "error", rules: list[str]
     return int(code)
 
 
+def suppressed_by_entry(result: Analysis) -> list[tuple[dict, int]]:
+    """(allow entry, how many findings it suppressed), in the config's order."""
+    counts = [0] * len(result.config.allow)
+    for f in result.suppressed:
+        index = result.config.allow_entry(f, f.details.get("key"))
+        if index is not None:
+            counts[index] += 1
+    return [(entry, n) for entry, n in zip(result.config.allow, counts, strict=True) if n]
+
+
+def print_suppressed(out: Any, result: Analysis) -> None:
+    """`suppressed: N findings by {rule = ...} (config)`: one line per allow entry that hid any."""
+    from rich.markup import escape
+
+    from mlatrace.analysis.config import describe_allow
+
+    for entry, n in suppressed_by_entry(result):
+        out.print(f"suppressed: {plural(n, 'finding')} by allow entry "
+                  f"{escape(describe_allow(entry))} ({result.config.source})",
+                  highlight=False, soft_wrap=True)
+
+
 def render_coverage_lines(out: Any, coverage: Any) -> None:
     """`coverage: ...` and indented `blind: ...` lines (never starting with a finding id)."""
     from rich.markup import escape
 
     attached = coverage.probes_attached
+    killed = any(not p.ended for p in coverage.processes)
     head = (plural(attached, "probe") + " attached" if attached is not None
+            else "process killed: coverage unknown" if killed
             else "probe coverage not recorded")
     state = "blind" if coverage.blind else "not blind"
     out.print(f"coverage: {head}, {coverage.probes_errored} errored; {state}",

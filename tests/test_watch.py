@@ -319,7 +319,7 @@ def test_watch_once_cli(tmp_path: Path) -> None:
     assert "following mlatrace-trace/r1" in proc.stderr
     assert "MLT001 frozen-one-split" in out and "active" in out
     assert "p1000.jsonl" in out and "p1001.jsonl" in out and "ended (exit)" in out
-    assert "FULL(num_tokens=1)" in out and "probe errors: 0" in out
+    assert "FULL(num_tokens=1)" in out and "0 probe errors" in out
     missing = _watch("--once", str(tmp_path / "nothing"))
     assert missing.returncode == 2 and "no trace here" in missing.stderr
 
@@ -670,7 +670,10 @@ def test_watch_coverage_is_the_reports(tmp_path: Path) -> None:
     live.refresh()
     batch = analyze(open_trace(tmp_path)).coverage
     snap = snapshot_dict(live)["coverage"]
-    assert snap["blind"] and snap["reasons"] == batch.reasons
+    running = live.processes()[0].state == "running"  # pid 7 may be alive on this host:
+    expected = [r for r in batch.reasons               # then it is not a killed process
+                if not (running and r.startswith("process killed"))]
+    assert snap["blind"] and snap["reasons"] == expected
     assert snap["packs"] == ["reference"] and snap["attached"] is None  # no process.end yet
     assert snap["probe_errors"] == [{"file": "p7.jsonl", "probe": "vllm.attn",
                                      "target": "vllm.x.forward",

@@ -287,6 +287,9 @@ class _ProcessBuilder(Unpickled):
 
     def process_end(self, rec: dict) -> None:
         self.proc.end = rec
+        kept, rank = self.proc.ranks_kept, self.proc.rank
+        if kept and rank is not None and rank not in kept:
+            return  # a rank left out by --ranks: its replays are not this trace's
         for gid, count in _dict(rec.get("replays")).items():
             gid_i = int(gid) if isinstance(gid, str) and gid.lstrip("-").isdigit() else _int(gid)
             count_i = _int(count)
@@ -589,13 +592,15 @@ class _ProcessBuilder(Unpickled):
             self._replay_host_state(graph, stats, rec, tid)
         gpu = rec.gpu_ns
         if type(gpu) is int and gpu >= 0:  # stats.add_gpu_ns(gpu), inlined
-            if gpu >= _GPU_ROUNDED_FROM:
+            if stats.gpu_rounded and gpu >= _GPU_ROUNDED_FROM:
                 shift = gpu.bit_length() - GPU_HIST_BITS
                 gpu = gpu >> shift << shift
             try:
                 stats.gpu_hist[gpu] += 1
-            except KeyError:  # a value not seen before (few: 8 significant bits)
-                stats.gpu_hist[gpu] = 1
+            except KeyError:  # a value not seen before (few once rounded: 8 significant bits)
+                stats.add_gpu_ns(gpu)
+            if type(n) is int and graph.parent is not None:
+                self._legacy_time_to_wrappers(graph, n, gpu)
         current = self.metadata.get(tid)
         if current is None:
             return
@@ -654,6 +659,16 @@ class _ProcessBuilder(Unpickled):
         else:
             self._count_ptrs(stats, ptrs, md, sources)
 
+    def _legacy_time_to_wrappers(self, graph: GraphModel, n: int, gpu: int) -> None:
+        """An older trace's `gpu_ns` on a nested graph's replay: the graphs around it take
+        it as a graph.replay.time of that replay (docs/trace-format.md)."""
+        seen = {graph.gid}
+        graph = self.model.graph(self.pid, graph.parent)
+        while graph is not None and graph.gid not in seen:
+            seen.add(graph.gid)
+            graph.replays.add_timed(n, gpu)
+            graph = self.model.graph(self.pid, graph.parent)
+
     def replay_time(self, rec: Record) -> None:
         """graph.replay.time: the GPU time of replay n of gid, and of each graph around it."""
         gid, n, gpu = rec.gid, rec.n, rec.gpu_ns
@@ -661,11 +676,14 @@ class _ProcessBuilder(Unpickled):
             return
         graph, seen = self._graph(gid), set()
         add_point(graph.replays, "gpu_times", rec.t, gpu)
+        host = rec.get("via") == "host"
         ref = None
         while graph is not None and graph.gid not in seen:
             seen.add(graph.gid)
             stats = graph.replays
             stats.add_timed(n, gpu)
+            if host:
+                stats.host_timed = True
             if n != 1 and gpu > 0:   # the first replay also uploads the graph
                 if stats.gpu_fastest is None or gpu < stats.gpu_fastest:
                     ref = ref or self._ref(rec, "graph.replay.time")

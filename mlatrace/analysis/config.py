@@ -24,7 +24,9 @@ Keys (all optional):
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
+import re
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -57,8 +59,13 @@ class Config:
 
     def allowed(self, finding: Any, key: Any = None) -> bool:
         """True when an allow entry matches the finding (its rule and every field it names)."""
-        for entry in self.allow:
-            if entry.get("rule") not in (None, finding.id):
+        return self.allow_entry(finding, key) is not None
+
+    def allow_entry(self, finding: Any, key: Any = None) -> int | None:
+        """The index of the first allow entry matching the finding, else None. Every entry
+        names a rule (config_from_dict refuses one that does not): never a wildcard."""
+        for index, entry in enumerate(self.allow):
+            if entry.get("rule") is None or str(entry["rule"]).upper() != finding.id:
                 continue
             if "key" in entry and not fnmatch.fnmatchcase(str(key), str(entry["key"])):
                 continue
@@ -68,11 +75,63 @@ class Config:
                 continue
             if "op" in entry and not fnmatch.fnmatchcase(str(finding.details.get("op")), str(entry["op"])):
                 continue
-            return True
-        return False
+            return index
+        return None
+
+
+ALLOW_KEYS = ("rule", "key", "rank", "pid", "op")
+"""The fields an allow entry may name; any other is a configuration error."""
+
+
+def describe_allow(entry: dict) -> str:
+    """An allow entry as written in TOML: {rule = "MLT006", key = "*decode*"}."""
+    parts = ", ".join(f"{k} = {v!r}" if not isinstance(v, str) else f'{k} = "{v}"'
+                      for k, v in entry.items())
+    return "{" + parts + "}"
+
+
+def line_of(source: str | None, key: str) -> int | None:
+    """The first line of file `source` where `key = ...` is written (for file:line errors)."""
+    if not source:
+        return None
+    try:
+        text = Path(source).read_text(errors="replace")
+    except OSError:
+        return None
+    pattern = re.compile(rf"(^|[{{,\s]){re.escape(key)}\s*=")
+    for number, line in enumerate(text.splitlines(), 1):
+        if pattern.search(line.split("#", 1)[0]):
+            return number
+    return None
+
+
+def _where(source: str | None, key: str) -> str:
+    line = line_of(source, key)
+    return f"{source}:{line}" if line else str(source)
+
+
+def _check_allow(entries: list[dict], source: str | None) -> None:
+    """Every allow entry names a known rule and only fields it knows (ConfigError)."""
+    for entry in entries:
+        unknown = [k for k in entry if k not in ALLOW_KEYS]
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], ALLOW_KEYS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{_where(source, unknown[0])}: allow entry {describe_allow(entry)}: "
+                              f"unknown key {unknown[0]!r}{hint}; an entry may name "
+                              f"{', '.join(ALLOW_KEYS)}")
+        rule = entry.get("rule")
+        if rule is None:
+            raise ConfigError(f"{_where(source, 'allow')}: allow entry {describe_allow(entry)} "
+                              "names no rule (it would suppress every finding); add rule = \"MLT...\"")
+        if not isinstance(rule, str) or rule.upper() not in RULE_IDS:
+            raise ConfigError(f"{_where(source, 'allow')}: allow entry {describe_allow(entry)}: "
+                              f"unknown rule {rule!r} (known: {', '.join(RULE_IDS)})")
 
 
 _INT_KEYS = ("long_len_factor", "default_block_n", "far_factor", "far_min_len")
+_KNOWN_KEYS = (*_INT_KEYS, "fail_on", "disable", "allow", "expect", "underfill_fraction",
+               "growth_factor", "min_timed_replays", "attention_names")
 
 
 def config_from_dict(table: dict, source: str | None = None) -> Config:
@@ -98,6 +157,7 @@ def config_from_dict(table: dict, source: str | None = None) -> Config:
             if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
                 raise ConfigError(f"{source}: allow must be a list of tables, e.g. "
                                   "[{rule = \"MLT006\", key = \"...\"}]")
+            _check_allow(value, source)
             cfg.allow = [dict(v) for v in value]
         elif key == "expect":
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
@@ -129,7 +189,11 @@ def config_from_dict(table: dict, source: str | None = None) -> Config:
                 raise ConfigError(f"{source}: attention_names must be a non-empty list of "
                                   "strings, e.g. [\"attn\", \"mla\"]")
             cfg.grid = replace(cfg.grid, attention_names=tuple(value))
-        # unknown keys are ignored: newer configs stay readable
+        else:  # a mistyped key would silently leave its default in force
+            close = difflib.get_close_matches(str(key), _KNOWN_KEYS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{_where(source, str(key))}: unknown key {key!r}{hint}; the "
+                              f"keys are {', '.join(_KNOWN_KEYS)}")
     return cfg
 
 

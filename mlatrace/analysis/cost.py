@@ -7,6 +7,7 @@ graph (matched by rule id, so new rules on graphs get a cost by joining the tupl
                     "timed": int,                   # of them timed (graph.replay.time)
                     "replay_gpu_ns_p50": int|null, "replay_gpu_ns_p90": int|null,
                     "total_gpu_ns": int|null,       # mean timed replay x replays
+                    "timed_via": "gpu"|"host"|null,  # host: a CPU host graph's host clock
                     "estimate": {"gpu_ns_p50": int, "how": str} | null}
 
 A graph whose replays were never timed has null times (the trace was recorded with
@@ -54,6 +55,7 @@ def finding_cost(model: TraceModel, finding: Finding, whatif: dict | None) -> di
         "replay_gpu_ns_p50": pct["p50"] if pct else None,
         "replay_gpu_ns_p90": pct["p90"] if pct else None,
         "total_gpu_ns": round(stats.gpu_sum / stats.gpu_seen * stats.count) if pct else None,
+        "timed_via": ("host" if stats.host_timed else "gpu") if pct else None,
         "estimate": None,
     }
     if pct and whatif:

@@ -10,6 +10,9 @@ The run is **blind** (`check` exits 3) when:
   or drifted, a probe that raised);
 - the headers' versions name a probed engine (vLLM, SGLang, AITER) yet no process
   recorded any graph or attention record;
+- no probe attached in any process of the run, or a pack given with `--probes` none of
+  whose targets attached, or that attached and was never called;
+- a process ended without `process.end` (killed): its coverage is unknown;
 - an expectation (`--expect`, `expect = [...]` in the config) was not met;
 - ranks of the world size are missing (ranks left out with `--ranks`, recorded in the
   headers' `ranks_kept`, are not missing).
@@ -24,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlatrace.analysis.model import ProcessModel, TraceModel
+from mlatrace.tables import plural
 
 ENGINES = ("vllm", "sglang", "aiter")
 """Engines with probe packs: their version in a header means graphs or attention are due."""
@@ -43,7 +47,8 @@ KNOWN_KINDS = (
     "process", "process.rank", "process.end", "probe.error", "graph.capture.begin",
     "graph.capture.end", "graph.nodes", "graph.replay", "graph.eager_break", "dispatch",
     "attn.metadata", "attn.call", "kernel.split", "kernel.launch", "kernel.skip", "sync",
-    "host.decision", "mark", "runner.dummy_run", "runner.capture_model", "device",
+    "host.decision", "mark", "runner.dummy_run", "runner.capture_model", "graph.replay.time",
+    "ray.init", "ray.worker", "record.error", "sample.run", "device",
 )
 """The record kinds of schema mlatrace/1 (docs/trace-format.md)."""
 
@@ -62,10 +67,15 @@ def expect_kinds(what: str) -> tuple[str, ...]:
     name = what.strip()
     if name in EXPECT_ALIASES:
         return EXPECT_ALIASES[name]
-    if name in KNOWN_KINDS or ("." in name and all(
+    import difflib
+
+    same_shape = [k for k in (*KNOWN_KINDS, *EXPECT_ALIASES) if k.count(".") == name.count(".")]
+    close = difflib.get_close_matches(name, same_shape, n=1, cutoff=0.8)
+    if name in KNOWN_KINDS or (not close and "." in name and all(
             part and part.replace("_", "").isalnum() for part in name.split("."))):
         return (name,)   # a dotted name not listed: a kind of a newer schema or a user pack
-    raise ExpectError(f"unknown expectation {what!r}: use a record kind (attn.call, "
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise ExpectError(f"unknown expectation {what!r}: {hint}use a record kind (attn.call, "
                       f"kernel.launch, mark, ...) or one of {', '.join(EXPECT_ALIASES)}")
 
 
@@ -87,6 +97,8 @@ class ProcessCoverage:
     probe_errors: list[dict]
     unseen: dict[str, int]                # probe -> calls passed uninspected (step-aside)
     steps_off: dict[str, int]             # probe -> steps its wrapper was taken off
+    user_packs: list[str] = field(default_factory=list)     # given with --probes
+    counted_packs: list[str] = field(default_factory=list)  # packs with a counted, patched probe
 
     def to_dict(self) -> dict[str, Any]:
         return {"file": self.file, "pid": self.pid, "rank": self.rank,
@@ -94,7 +106,7 @@ class ProcessCoverage:
                 "packs_attached": self.packs_attached, "packs_skipped": self.packs_skipped,
                 "targets": self.targets, "hits": self.hits, "records": self.records,
                 "probe_errors": len(self.probe_errors), "unseen": self.unseen,
-                "steps_off": self.steps_off}
+                "steps_off": self.steps_off, "user_packs": self.user_packs}
 
 
 @dataclass
@@ -141,6 +153,8 @@ def process_coverage(proc: ProcessModel) -> ProcessCoverage:
     targets: dict[str, Any] = {"patched": 0, "not_imported": 0, "inherited": 0,
                                "missing": [], "drifted": [], "failed": []}
     hits: dict[str, int] = {}
+    counted: set[str] = set()
+    uncounted: set[str] = set()
     attached: list[str] | None = None
     skipped: dict[str, str] = {}
     if recorded:
@@ -168,6 +182,8 @@ def process_coverage(proc: ProcessModel) -> ProcessCoverage:
                 targets[bucket].append(f"{qualname} {target}")
             if isinstance(entry.get("hits"), int) and entry["hits"] > 0:
                 hits[str(qualname)] = entry["hits"]
+            if patched:  # a pack is "never called" only when every patched probe counts calls
+                (counted if isinstance(entry.get("hits"), int) else uncounted).add(pack)
         attached = sorted(p for p, t in by_pack.items() if t["patched"])
         for pack, tally in sorted(by_pack.items()):
             if tally["patched"]:
@@ -186,7 +202,10 @@ def process_coverage(proc: ProcessModel) -> ProcessCoverage:
                            packs_skipped=skipped, targets=targets, hits=hits,
                            records=dict(sorted(proc.kinds.items(), key=lambda kv: str(kv[0]))),
                            probe_errors=list(proc.probe_errors), unseen=_per_probe(end, "unseen"),
-                           steps_off=_per_probe(end, "steps_off"))
+                           steps_off=_per_probe(end, "steps_off"),
+                           user_packs=sorted(str(n) for n in (raw.get("user_packs") or [])
+                                             if isinstance(n, str)) if recorded else [],
+                           counted_packs=sorted(counted - uncounted))
 
 
 def _per_probe(end: dict | None, name: str) -> dict[str, int]:
@@ -227,6 +246,38 @@ def _limited(lines: list[str]) -> list[str]:
         return lines
     return lines[:MAX_REASONS_PER_CAUSE] + [f"... and {len(lines) - MAX_REASONS_PER_CAUSE} "
                                             "more of the same cause"]
+
+
+def _nothing_attached(cov: Coverage) -> list[str]:
+    """Blind reasons for probes that saw nothing: no probe attached in any process (of
+    those that recorded coverage), and each `--probes` pack (a process's coverage marks
+    it `user`) none of whose targets attached, or that attached and was never called."""
+    recorded = [p for p in cov.processes if p.recorded]
+    if not recorded:
+        return []   # older traces: unknown, only the record-based judgements apply
+    out = []
+    if cov.probes_attached == 0 and all(p.ended for p in cov.processes):
+        packs = sorted({pack for p in recorded for pack in p.packs})
+        out.append(f"no probe attached in any process of the run ({plural(len(recorded), 'process', 'processes')}"
+                f"; packs installed: {', '.join(packs) or 'none'}): the command never imported "
+                "a probed module, so nothing was watched")
+    user: set[str] = set()
+    attached: set[str] = set()
+    called: set[str] = set()
+    counted: set[str] = set()
+    for p in recorded:
+        user |= set(p.user_packs)
+        attached |= set(p.packs_attached or [])
+        called |= {qualname.split(".", 1)[0] for qualname in p.hits}
+        counted |= set(p.counted_packs)
+    for pack in sorted(user):
+        if pack not in attached:
+            why = sorted({p.packs_skipped[pack] for p in recorded if pack in p.packs_skipped})
+            out.append(f"pack {pack} (--probes): none of its targets attached in any process "
+                       f"({'; '.join(why) or 'no target found'})")
+        elif pack in counted and pack not in called:
+            out.append(f"pack {pack} (--probes): attached, but none of its probes was called")
+    return out
 
 
 def judge(model: TraceModel, expect: list[str] | tuple[str, ...] = ()) -> Coverage:
@@ -272,6 +323,13 @@ def judge(model: TraceModel, expect: list[str] | tuple[str, ...] = ()) -> Covera
         if not count:
             named = what if kinds == (what,) else f"{what} ({' or '.join(kinds)})"
             reasons.append(f"expected {named}, but no process recorded any")
+
+    reasons += _nothing_attached(cov)
+    killed = [p for p in cov.processes if not p.ended]
+    if killed:
+        lines = [f"process killed: coverage unknown ({p.file}, pid {p.pid}: no process.end, "
+                 "the process ended without writing it)" for p in killed]
+        reasons += _limited(lines)
 
     cov.ranks = _ranks(model)
     if cov.ranks["missing"]:

@@ -15,6 +15,7 @@ from typing import Any
 
 MAX_DISTINCT = 16          # distinct values kept per frozen item / per pointer name
 GPU_HIST_BITS = 8          # GPU-time histogram keeps 8 significant bits (<0.8% error)
+GPU_EXACT_TIMES = 256      # ... once it holds more distinct times than this; exact before
 MAX_SYNC_SITES = 64
 MAX_NODES = 256            # distinct (name, grid) graph nodes kept per graph
 MAX_LAYERS = 512           # distinct layer names counted per attention op
@@ -228,6 +229,10 @@ class ReplayStats:
     # replay n -> [GPU ns summed over the timed replays of this graph and the graphs nested
     # in it with that n, how many]; fold_timed() puts the sums in gpu_hist at each finish
     gpu_by_n: dict[int, list] | None = None
+    # gpu_hist's keys are exact times until it holds GPU_EXACT_TIMES distinct ones; then
+    # every key is rounded to GPU_HIST_BITS significant bits (and stays so)
+    gpu_rounded: bool = False
+    host_timed: bool = False  # a graph.replay.time of it said via "host" (a CPU host graph)
     timed_folded: list[int] | None = None  # the rounded sums the last fold_timed() added
     # the graph.replay.time records of the fastest and slowest timed replay after the first
     # (MLT008's evidence), with their times
@@ -258,17 +263,28 @@ class ReplayStats:
         return sum(map(mul, hist, hist.values()))
 
     def add_gpu_ns(self, value: int) -> int:
-        """Count one replay's GPU time; returns the value as the histogram keeps it."""
-        shift = value.bit_length() - GPU_HIST_BITS
-        if shift > 0:
-            value = (value >> shift) << shift
+        """Count one replay's GPU time; returns the value as the histogram keeps it.
+
+        Exact while few distinct times were seen (GPU_EXACT_TIMES): the quantiles of a
+        handful of samples are the samples themselves; beyond, 8 significant bits."""
         hist = self.gpu_hist
+        if not self.gpu_rounded and value not in hist and len(hist) >= GPU_EXACT_TIMES:
+            self.gpu_rounded = True
+            rounded: dict[int, int] = {}
+            for key, count in hist.items():
+                key = _round_gpu(key)
+                rounded[key] = rounded.get(key, 0) + count
+            self.gpu_hist = hist = rounded
+        if self.gpu_rounded:
+            value = _round_gpu(value)
         hist[value] = hist.get(value, 0) + 1
         return value
 
     def _remove_gpu_ns(self, value: int) -> None:
-        """Undo add_gpu_ns of an already rounded value."""
+        """Undo add_gpu_ns of a value it returned."""
         hist = self.gpu_hist
+        if self.gpu_rounded:
+            value = _round_gpu(value)
         left = hist[value] - 1
         if left:
             hist[value] = left
@@ -300,13 +316,15 @@ class ReplayStats:
             self._remove_gpu_ns(value)
         self.timed_folded = None
         by_n = self.gpu_by_n
-        if not by_n:
-            return
+        if not by_n or self.gpu_hist:  # its own replay records carried gpu_ns (older
+            return                     # traces): those are its times, not a second count
         most = max(count for _ns, count in by_n.values())
         self.timed_folded = [self.add_gpu_ns(ns) for ns, count in by_n.values() if count == most]
 
     def percentiles(self) -> dict[str, int] | None:
-        """GPU-time percentiles of the replays that carried gpu_ns (rounded down, <0.8%)."""
+        """GPU-time percentiles (nearest rank: the p50 of three samples is the middle one) of
+        the timed replays: exact while at most GPU_EXACT_TIMES distinct times were seen,
+        beyond that each rounded down to 8 significant bits (< 0.8% low)."""
         seen = self.gpu_seen
         if not seen:
             return None
@@ -323,6 +341,12 @@ class ReplayStats:
         out["samples"] = seen
         out["mean"] = self.gpu_sum // seen
         return out
+
+
+def _round_gpu(value: int) -> int:
+    """`value` to GPU_HIST_BITS significant bits, rounded down (idempotent)."""
+    shift = value.bit_length() - GPU_HIST_BITS
+    return (value >> shift) << shift if shift > 0 else value
 
 
 @dataclass

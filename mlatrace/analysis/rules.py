@@ -15,6 +15,7 @@ from mlatrace.analysis.config import Config
 from mlatrace.analysis.decisions import bucketed_splits, legacy_splits
 from mlatrace.analysis.findings import Evidence, Finding, make_finding
 from mlatrace.analysis.model import DecisionShape, GraphModel, Ref, TraceModel, classify_op
+from mlatrace.tables import plural
 
 
 def _ev(ref: Ref | None, what: str) -> list[Evidence]:
@@ -237,13 +238,13 @@ def frozen_one_split(model: TraceModel, config: Config) -> list[Finding]:
             would = (f"; {known.known(decided.name).formula} gives {at_replay.get('hi')} at the "
                      "longest replay" if at_replay.get("hi") else "")
             message = (f"graph {key} (gid {rg.gid}, {model.effective_mode(graph) or '?'}) froze "
-                       f"{decided.name} at 1 ({captured}) and was replayed {count} times up to "
+                       f"{decided.name} at 1 ({captured}) and was replayed {plural(count, 'time')} up to "
                        f"seq_len {longest} (>= {config.long_len_factor * block_n} = "
                        f"{config.long_len_factor} x BLOCK_N {block_n}){would}")
         else:
             message = (f"graph {key} (gid {rg.gid}, {model.effective_mode(graph) or '?'}) froze "
                        f"{op or 'the split-KV decode'} at 1 KV split (host hint min_kv_seq_len={hint}) "
-                       f"and was replayed {count} times up to seq_len {longest} "
+                       f"and was replayed {plural(count, 'time')} up to seq_len {longest} "
                        f"(>= {config.long_len_factor * block_n} = {config.long_len_factor} x BLOCK_N {block_n}); "
                        f"given the real min_kv_seq_len {real_min} the legacy policy would pick "
                        f"{legacy} splits, bucketed {bucketed}")
@@ -294,7 +295,7 @@ def replay_beyond_capture(model: TraceModel, config: Config) -> list[Finding]:
         ops = sorted({c.op for c in beyond})
         key = _key_text(model, graph)
         message = (f"{call.op} was captured in graph {key} with max_seq_len={cap} and "
-                   f"replayed {rg.replays.count} times up to seq_len {longest}")
+                   f"replayed {plural(rg.replays.count, 'time')} up to seq_len {longest}")
         fix = ("capture at the maximum sequence length (max_model_len), or keep this kernel "
                "out of the graph / fall back to eager beyond the captured length")
         evidence = []

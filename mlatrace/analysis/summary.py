@@ -104,6 +104,7 @@ def replays(model: TraceModel, root: GraphModel, captured_ptrs: dict[str, int]) 
         "gpu_times": ({"gid": timed.gid, **timed.replays.gpu_times.to_dict()}
                       if timed is not None else None),
         "gpu_hist": sorted(stats.gpu_hist.items()) or None,
+        "timed_via": "host" if stats.host_timed else "gpu" if stats.gpu_seen else None,
     }
 
 

@@ -35,6 +35,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from mlatrace.tables import plural
+
 GOALS = {"full": 1.01, "breakable": 1.01, "none": 1.02}
 POLICY = {"full": "device", "breakable": "bucketed", "none": "device"}
 ROUNDS = 3
@@ -212,7 +214,7 @@ def main(steps: int = 300, graphs: str = "full", rounds: int = ROUNDS,
                     else "CPU (host graph; indicative only, no CUDA here)")
     print(f"mlatrace bench overhead: device {device_label}")
     print(f"serve: batch {first['batch']}, heads {first['heads']}, layers {first['layers']}, "
-          f"ctx {first['ctx']}, {steps} timed steps, {rounds} rounds alternating "
+          f"ctx {first['ctx']}, {steps} timed steps, {plural(rounds, 'round')} alternating "
           f"untraced/traced; sync debug mode 'error': {'on' if first['sync_debug'] else 'off'}; "
           f"sampling: {'default' if sample is None else sample}, step-aside: "
           f"{'default' if step_aside is None else step_aside}")

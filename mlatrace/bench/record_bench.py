@@ -61,7 +61,8 @@ def run_loop(workdir: Path, workload: str, calls: int, traced: bool
     out = None
     if traced:
         out = workdir / f"trace-{workload}-{calls}-{time.monotonic_ns()}"
-        cmd = [sys.executable, "-m", "mlatrace", "run", "--out", str(out), "--", *cmd]
+        cmd = [sys.executable, "-m", "mlatrace", "run", "--quiet", "--out", str(out), "--",
+               *cmd]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(workdir), *filter(None, [os.environ.get("PYTHONPATH")])]))
     env.pop("MLATRACE_OUT", None)

@@ -14,6 +14,8 @@ import os
 import sys
 from typing import Any
 
+from mlatrace.tables import plural
+
 
 def _say(message: str) -> None:
     sys.stderr.write(message + "\n")
@@ -61,7 +63,7 @@ def main(trace: str, otlp: str | None = None, protocol: str = "http/protobuf",
         except OSError as exc:
             _say(f"error: cannot write {perfetto}: {exc.strerror or exc}")
             return 2
-        print(f"perfetto: wrote {events} events ({processes} processes, {len(findings)} findings) "
+        print(f"perfetto: wrote {events} events ({plural(processes, 'process', 'processes')}, {plural(len(findings), 'finding')}) "
               f"to {perfetto}; open it in https://ui.perfetto.dev")
     if otlp:
         try:
@@ -80,8 +82,9 @@ def main(trace: str, otlp: str | None = None, protocol: str = "http/protobuf",
                  f"sent {result.sent} of {result.spans} spans")
             code = 1
         else:
-            print(f"otlp: sent {result.sent} spans ({result.processes} processes, "
-                  f"{len(findings)} findings) to {otlp} ({protocol})")
+            print(f"otlp: sent {result.sent} spans "
+                  f"({plural(result.processes, 'process', 'processes')}, "
+                  f"{plural(len(findings), 'finding')}) to {otlp} ({protocol})")
     problems = sorted({str(p) for p in opened.problems})
     if problems:
         _say(f"warning: {len(problems)} unreadable lines skipped, e.g. {problems[0]}")

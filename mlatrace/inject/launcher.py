@@ -92,6 +92,24 @@ def _parse_ranks(ranks: str | None) -> str | None:
     return ",".join(values)
 
 
+def _unknown_packs(names: list[str], probes: list[str]) -> str | None:
+    """Why a --no-pack name names no pack that would be installed (None: all known)."""
+    if not names:
+        return None
+    import difflib
+
+    from mlatrace.probe.packs import discover, pack_name
+
+    known = sorted({n for path in discover(probes)[0] if (n := pack_name(path))})
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            return (f"--no-pack {name}: no such pack ({hint}packs: {', '.join(known)}; "
+                    "`mlatrace probes list` shows them)")
+    return None
+
+
 def _unusable_out_dir(out_dir: Path) -> str | None:
     """Create OUT and prove it takes files; None when usable, else why not (one line)."""
     if out_dir.exists() and not out_dir.is_dir():
@@ -104,6 +122,18 @@ def _unusable_out_dir(out_dir: Path) -> str | None:
     except OSError as exc:
         return exc.strerror or str(exc)
     return None
+
+
+def _claim(path: Path, info: dict) -> bool:
+    """Create run.json, the claim of its directory for one run: atomically (O_EXCL), so of
+    two launchers started into one --out at the same moment exactly one gets it."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(info, indent=2) + "\n")
+    return True
 
 
 def _write_run_json(path: Path, info: dict) -> None:
@@ -129,12 +159,13 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
         otlp: str | None = None, sample: int | None = None,
         no_packs: list[str] | None = None, replay_timing: str | None = None,
         watch: bool = False, run_id: str | None = None,
-        step_aside: str | None = None) -> int:
+        step_aside: str | None = None, quiet: bool = False) -> int:
     """Run `cmd` traced; return its exit code (2 for a usage error, 127 if not found).
 
     With `watch`, CMD's output goes to `cmd.log` in the trace dir and the watch view
     (`mlatrace.watch`) follows the trace until CMD exits, then prints the final report.
     `run_id`: join a run traced on several hosts (each host's launcher given the same id).
+    `quiet`: no closing lines (where the trace is), for scripts that run many commands.
     """
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
@@ -161,6 +192,10 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
               f"steps aside, SETTLE >= 1; a whole step looked at every VERIFY-th, VERIFY >= "
               f"2) or 0, got {step_aside!r}", file=sys.stderr)
         return 2
+    unknown = _unknown_packs(no_packs or [], probes or [])
+    if unknown:
+        print(f"mlatrace run: {unknown}", file=sys.stderr)
+        return 2
     if run_id is not None and not RUN_ID.fullmatch(run_id):
         print(f"mlatrace run: --run-id wants 1-64 letters, digits, '.', '_' or '-', "
               f"got {run_id!r}", file=sys.stderr)
@@ -174,6 +209,7 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
     if problem:
         print(f"mlatrace run: cannot write the trace to {out_dir}: {problem}", file=sys.stderr)
         return 2
+    fixed_dir = bool(out) or run_id is not None  # else a default name, free to move on
     run_id = run_id or uuid.uuid4().hex[:12]
     info = {
         "schema": mlatrace.SCHEMA,
@@ -194,7 +230,15 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
                     "step_aside": step_aside},
     }
     run_json = out_dir / "run.json"
-    _write_run_json(run_json, info)
+    while not fixed_dir and not _claim(run_json, info):
+        out_dir = default_out_dir().resolve()  # the same second as another run: the next name
+        if _unusable_out_dir(out_dir) is None:
+            run_json = out_dir / "run.json"
+    if fixed_dir and not _claim(run_json, info):
+        print(f"mlatrace run: {out_dir} already holds a run (its run.json: another `mlatrace "
+              "run` writes there, or wrote there before); choose another --out",
+              file=sys.stderr)
+        return 2
     env = child_env(out_dir, run_id, ranks=ranks, probes=list(probes or []),
                     replay_sample=replay_sample, graph_nodes=graph_nodes, otlp=otlp,
                     launch_sample=launch_sample, sample=sample, no_packs=no_packs,
@@ -212,10 +256,14 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
                 child = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=output,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     except OSError as exc:
-        print(f"mlatrace run: cannot start {cmd[0]!r}: {exc.strerror or exc}", file=sys.stderr)
-        info.update(end_ns=time.time_ns(), exit_code=127, error=str(exc))
+        # as a shell says it: 127 not found, 126 found but not executable
+        code = 126 if isinstance(exc, PermissionError) else 127
+        why = (f"{exc.strerror or exc} (not executable: chmod +x, or run it through its "
+               "interpreter)" if code == 126 else exc.strerror or str(exc))
+        print(f"mlatrace run: cannot start {cmd[0]!r}: {why}", file=sys.stderr)
+        info.update(end_ns=time.time_ns(), exit_code=code, error=str(exc))
         _write_run_json(run_json, info)
-        return 127
+        return code
 
     received: list[int] = []
 
@@ -244,14 +292,18 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
                 process_files=len(files))
     _write_run_json(run_json, info)
     if view is not None:
-        from mlatrace.watch import print_final
+        from mlatrace.watch import LOG_NAME, print_final
 
         live, console = view
         print_final(live, console)
+        if exit_code:
+            _print_log_tail(out_dir / LOG_NAME)
     if returncode < 0:
         ended = f"{cmd[0]} died of {signal.Signals(-returncode).name} (exit code {exit_code})"
     else:
         ended = f"{cmd[0]} exited with code {exit_code}"
+    if quiet:
+        return exit_code
     if files:
         print(f"mlatrace: {ended}; trace of {len(files)} "
               f"{'process' if len(files) == 1 else 'processes'} in {out_dir}\n"
@@ -260,6 +312,25 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
         print(f"mlatrace: {ended}; no Python process ran under it: nothing was traced "
               f"(run.json in {out_dir})", file=sys.stderr)
     return exit_code
+
+
+LOG_TAIL_LINES = 20
+
+
+def _print_log_tail(log: Path, lines: int = LOG_TAIL_LINES) -> None:
+    """The last lines of the command's output (`run --watch` sent it to cmd.log): why a
+    failing command failed, without opening the log."""
+    try:
+        with log.open("rb") as f:
+            f.seek(max(0, log.stat().st_size - 64 * 1024))
+            tail = f.read().decode(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return
+    if tail:
+        print(f"mlatrace: the command's last {len(tail)} lines of output ({log}):",
+              file=sys.stderr)
+        for line in tail:
+            print(f"  | {line}", file=sys.stderr)
 
 
 def _watch_child(out_dir: Path, child: subprocess.Popen) -> tuple | None:

@@ -35,18 +35,20 @@ def default_pack_paths(extra: list[str] | None = None) -> list[Path]:
     return discover(extra)[0]
 
 
-def install(packs: list[Pack | str | Path], failed: dict[str, str] | None = None) -> list[str]:
+def install(packs: list[Pack | str | Path], failed: dict[str, str] | None = None,
+            user: list[str] | None = None) -> list[str]:
     """Install these packs; returns their names ([] when packs are already installed).
 
     `failed`: pack files that did not load (path -> reason), kept for the coverage that
-    `process.end` records.
+    `process.end` records. `user`: the names of the packs the user gave (`--probes`),
+    which coverage judges on their own (a user pack that saw nothing makes a run blind).
     """
     global _engine
     with _lock:
         if _engine is not None:
             return []
         loaded = [p if isinstance(p, Pack) else load_pack(p) for p in packs]
-        engine = Engine(failed_packs=dict(failed or {}))
+        engine = Engine(failed_packs=dict(failed or {}), user_packs=list(user or []))
         engine.install(loaded)
         _engine = engine
     try:
@@ -96,7 +98,10 @@ def install_default() -> list[str]:
     for where, error in problems:
         failed[where] = error
         _report_pack_error(where, error)
-    return install(packs, failed)
+    given = {str(Path(p).resolve())
+             for p in (os.environ.get("MLATRACE_PROBES") or "").split(os.pathsep) if p}
+    user = [p.name for p in packs if str(Path(p.path).resolve()) in given]
+    return install(packs, failed, user)
 
 
 def _report_pack_error(path: str, error: str) -> None:

@@ -3,7 +3,8 @@
 doctor imports each target's module (this command is not a traced program; with
 ``--source DIR`` it parses DIR's files instead, see probe/source.py) and
 says, per target: ok, inherited (the class does not override it; its base's
-probe sees the calls), not installed (the library is absent), not importable
+probe sees the calls), not installed (the library is absent), NOT FOUND (a module of a
+``--probes`` pack that is not on the path: a typo, or PYTHONPATH; a pack problem), not importable
 (the module fails to import here, e.g. a GPU-only backend on a CPU box), absent
 (a module or attribute of another version), or DRIFT (the target exists but its
 parameters differ from the pack's). A probe none of whose targets exists while
@@ -22,6 +23,7 @@ does not resolve.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -31,7 +33,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from mlatrace.common import installed_version
 from mlatrace.probe.engine import Drift, InheritedError, resolve, split_target
@@ -53,7 +58,7 @@ class TargetStatus:
     pack: str
     probe: str
     target: str
-    status: str      # ok | inherited | not installed | not importable | absent | drift
+    status: str      # ok | inherited | not installed | not found | not importable | absent | drift
     detail: str = ""
 
 
@@ -62,8 +67,47 @@ def _load(extra: list[str]) -> tuple[list[Pack], list[str], list[str]]:
 
     Problems (exit 1): a mistyped or unknown option, an entry point without a pack.
     Cannot load (exit 2): a malformed pack, a handler that does not resolve; the other
-    packs are still listed and checked.
+    packs are still listed and checked. Handlers are resolved on the path a traced
+    process has when mlatrace starts in it (`_startup_path`), whichever way doctor runs.
     """
+    with _startup_path() as dropped:
+        packs, problems, broken = _load_packs(extra)
+    if dropped:
+        hint = ("; it is in the current directory, which a traced process does not have on "
+                "its path when mlatrace starts: run with PYTHONPATH=$PWD")
+        for spec in (spec for pack in packs for spec in pack.probes if spec.handler_error):
+            module = spec.handler.partition(":")[0] if spec.handler else ""
+            if module and _in_dir(module, dropped):
+                broken[broken.index(spec.handler_error)] = spec.handler_error + hint
+                spec.handler_error += hint
+    return packs, problems, broken
+
+
+@contextlib.contextmanager
+def _startup_path() -> Iterator[str | None]:
+    """sys.path without the current directory ('' or the cwd, which `python -m`/`-c` put
+    first only after start-up), unless PYTHONPATH names it; yields that directory (None
+    when PYTHONPATH names it)."""
+    cwd = os.getcwd()
+    given = {os.path.realpath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+    if os.path.realpath(cwd) in given:
+        yield None
+        return
+    saved = list(sys.path)
+    sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != os.path.realpath(cwd)]
+    try:
+        yield cwd
+    finally:
+        sys.path[:] = saved
+
+
+def _in_dir(module: str, directory: str) -> bool:
+    top = module.split(".")[0]
+    return (os.path.isfile(os.path.join(directory, top + ".py"))
+            or os.path.isdir(os.path.join(directory, top)))
+
+
+def _load_packs(extra: list[str]) -> tuple[list[Pack], list[str], list[str]]:
     paths, entry_point_problems = discover(extra)
     packs: list[Pack] = []
     problems = [error for _, error in entry_point_problems]
@@ -142,8 +186,12 @@ def _module_status(module_name: str, cache: dict[str, tuple[object | None, str, 
 
 
 def check(packs: list[Pack], skip: dict[str, str] | None = None,
-          progress: int | None = None) -> list[TargetStatus]:
-    """Check every target of every probe against what is installed (in this process)."""
+          progress: int | None = None, user: set[str] | None = None) -> list[TargetStatus]:
+    """Check every target of every probe against what is installed (in this process).
+
+    `user`: the names of the packs given with --probes. A module of theirs that cannot be
+    found is "not found" (a typo, or a directory missing from the path), not "not
+    installed": the user wrote the pack for this program."""
     results: list[TargetStatus] = []
     cache: dict[str, tuple[object | None, str, str]] = {}
     for pack in packs:
@@ -157,6 +205,11 @@ def check(packs: list[Pack], skip: dict[str, str] | None = None,
                 module_name, _ = split_target(target)
                 module, status, detail = _module_status(module_name, cache, skip,
                                                         progress)
+                if status == "not installed" and user and pack.name in user:
+                    status = "not found"
+                    detail = (f"no module {detail.removeprefix('no module ')!r} on the path "
+                              "(sys.path): a typo in the target, or its directory missing "
+                              "from PYTHONPATH?")
                 if module is not None:
                     try:
                         resolve(target, module, spec.params, spec.arg_names, spec.inherited)
@@ -169,7 +222,8 @@ def check(packs: list[Pack], skip: dict[str, str] | None = None,
                         status, detail = "absent", str(exc).split(": ", 1)[-1]
                 probe_results.append(TargetStatus(pack.name, spec.name, target, status, detail))
             _no_target_is_drift([r for r in probe_results
-                                 if r.status not in ("not installed", "not importable")])
+                                 if r.status not in ("not installed", "not importable",
+                                                     "not found")])
             results.extend(probe_results)
     return results
 
@@ -227,11 +281,14 @@ def check_isolated(extra: list[str]) -> list[TargetStatus]:
         with tempfile.NamedTemporaryFile("r", suffix=".mlatrace-doctor") as log:
             env = dict(os.environ, MLATRACE_DOCTOR_LOG=log.name,
                        MLATRACE_DOCTOR_SKIP=json.dumps(crashed))
-            proc = subprocess.run([sys.executable, "-c", "from mlatrace.probe.commands "
-                                   "import _check_child; _check_child()", *extra],
-                                  env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                  text=True)
-            lines = log.read().splitlines()
+            with tempfile.TemporaryFile("w+") as err:
+                child = subprocess.Popen([sys.executable, "-c", "from mlatrace.probe.commands "
+                                          "import _check_child; _check_child()", *extra],
+                                         env=env, stdout=subprocess.DEVNULL, stderr=err,
+                                         text=True)
+                lines = _follow_progress(child, log)
+                err.seek(0)
+                proc = subprocess.CompletedProcess(child.args, child.returncode, None, err.read())
         if proc.returncode == 0 and lines and lines[-1].startswith("results "):
             found = [TargetStatus(**r) for r in json.loads(lines[-1][len("results "):])]
             return found
@@ -245,12 +302,41 @@ def check_isolated(extra: list[str]) -> list[TargetStatus]:
         crashed[importing[-1]] = f"importing it ended the interpreter ({how}; native clash?)"
 
 
+def _user_packs(packs: list[Pack], extra: list[str]) -> set[str]:
+    """The names of the packs loaded from the --probes files."""
+    given = {os.path.realpath(p) for p in extra}
+    return {p.name for p in packs if os.path.realpath(p.path) in given}
+
+
+PROGRESS_S = 0.2
+
+
+def _follow_progress(child: subprocess.Popen, log: Any) -> list[str]:
+    """Wait for the checking child, saying on a terminal's stderr which module it imports
+    (vLLM's take seconds each); its log's lines once it ended."""
+    tty = sys.stderr.isatty()
+    text, shown = "", ""
+    while child.poll() is None:
+        time.sleep(PROGRESS_S)
+        text += log.read()
+        done = text[:text.rfind("\n") + 1]  # whole lines only: a write may be under way
+        importing = [x for x in done.splitlines() if x.startswith("importing ")]
+        if tty and importing and importing[-1] != shown:
+            shown = importing[-1]
+            sys.stderr.write(f"\r\x1b[K  {shown[:100]}")
+            sys.stderr.flush()
+    if tty:
+        sys.stderr.write("\r\x1b[K")
+        sys.stderr.flush()
+    return (text + log.read()).splitlines()
+
+
 def _check_child() -> None:
     """The child side of check_isolated: packs as the parent loads them, results as JSON."""
     packs, _problems, _broken = _load(sys.argv[1:])
     skip = json.loads(os.environ.get("MLATRACE_DOCTOR_SKIP") or "{}")
     fd = os.open(os.environ["MLATRACE_DOCTOR_LOG"], os.O_WRONLY | os.O_APPEND)
-    results = check(packs, skip, progress=fd)
+    results = check(packs, skip, progress=fd, user=_user_packs(packs, sys.argv[1:]))
     os.write(fd, ("results " + json.dumps([asdict(r) for r in results]) + "\n").encode())
     os.close(fd)
 
@@ -276,6 +362,10 @@ def doctor(extra: list[str] | None = None, source: str | None = None) -> int:
         mismatched = {pack.name: problem for pack in packs
                       if (problem := version_problem(pack, there.get(pack.library)))}
     else:
+        targets = sum(len(spec.targets) for pack in packs for spec in pack.probes)
+        print(f"probes doctor: importing the modules of {targets} targets of {len(packs)} "
+              "packs (a few seconds each where vLLM or SGLang is installed)...",
+              file=sys.stderr, flush=True)
         try:
             results = check_isolated(list(extra or []))
         except RuntimeError as exc:
@@ -285,6 +375,8 @@ def doctor(extra: list[str] | None = None, source: str | None = None) -> int:
     for result in results:
         counts[result.status] = counts.get(result.status, 0) + 1
     drift = counts.get("drift", 0)
+    problems += [f"{r.pack}.{r.probe}: target {r.target}: {r.detail}"
+                 for r in results if r.status == "not found"]
     summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
     verdicts = ([f"DRIFT in {drift} target{'' if drift == 1 else 's'}"] if drift else []) \
         + ([f"{len(problems)} pack problem{'' if len(problems) == 1 else 's'}"]
@@ -311,7 +403,8 @@ def doctor(extra: list[str] | None = None, source: str | None = None) -> int:
         checked = f"; checked against: {'; '.join(pack.checked)}" if pack.checked else ""
         print(f"\n{pack.name}: {installed}{applies}{off}{checked}")
         for result in (r for r in results if r.pack == pack.name):
-            mark = result.status.upper() if result.status in ("drift", "bad handler") \
+            mark = result.status.upper() if result.status in ("drift", "bad handler",
+                                                              "not found") \
                 else result.status
             detail = f"  ({result.detail})" if result.detail else ""
             print(f"  {mark:<15} {result.probe:<22} {result.target}{detail}")

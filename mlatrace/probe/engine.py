@@ -779,6 +779,7 @@ class Engine:
     patches: list[Patch] = field(default_factory=list)
     # pack files that did not load at all: path -> 'file:line: reason' (probe.__init__)
     failed_packs: dict[str, str] = field(default_factory=dict)
+    user_packs: list[str] = field(default_factory=list)   # given with --probes (MLATRACE_PROBES)
     # targets whose module was imported (their hook ran): the rest were never imported
     imported: set[str] = field(default_factory=set)
     lock: threading.RLock = field(default_factory=threading.RLock)
@@ -914,7 +915,7 @@ class Engine:
             totals["attached"] += bool(patched)
             totals["errors"] += len(runtime.errors)
         return {"packs": packs, "failed_packs": dict(self.failed_packs), "probes": probes,
-                "not_imported_modules": sorted(modules)}
+                "not_imported_modules": sorted(modules), "user_packs": list(self.user_packs)}
 
     def forked(self) -> None:
         """In a forked child: the patches are inherited, hits and errors start again (the

@@ -478,6 +478,16 @@ def discover(extra: list[str | Path] | None = None,
     return paths, problems
 
 
+def pack_name(path: str | Path) -> str | None:
+    """The `[pack]` name of a pack file, read without loading the pack (None: unreadable)."""
+    try:
+        with open(path, "rb") as f:
+            name = tomllib.load(f).get("pack", {}).get("name")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return name if isinstance(name, str) else None
+
+
 def load_applicable(extra: list[str | Path] | None = None, environ: Any = None
                     ) -> tuple[list[Pack], list[tuple[str, str]]]:
     """What `mlatrace run` installs: every discovered pack that loads, is not disabled and

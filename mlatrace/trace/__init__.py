@@ -101,6 +101,11 @@ class ProcessFile:
     _header_line_ok: bool = field(default=False, repr=False)
     _header_problem: bool = field(default=False, repr=False)
     _last_seq: int | None = field(default=None, repr=False)
+    # the last record taken jumped ahead: (seq before it, its seq, its line, records it
+    # counted as dropped); a later record going on from before the jump shows it was wild
+    _jump: tuple[int, int, int, int] | None = field(default=None, repr=False)
+    # unreadable lines since the last record taken: the seqs they held are not drops
+    _unreadable: int = field(default=0, repr=False)
     # the number of the last line handed to the checks (`checked_chunk`) so far: where
     # the next piece of the file begins
     lines_checked: int = field(default=0, repr=False)
@@ -184,7 +189,8 @@ class ProcessFile:
         lines each (`checked_chunks`); the file is read a piece at a time, never whole.
         `typed`: those of `TYPED_KINDS` as `Record`s (the builder's reads)."""
         self.gaps = self.dropped = self.records_read = self.lines_checked = 0
-        self._last_seq = None
+        self._last_seq = self._jump = None
+        self._unreadable = 0
         try:
             f = self.path.open("rb")
         except OSError as exc:
@@ -281,13 +287,20 @@ class ProcessFile:
                                  seqs[:-1] if last is None else [last, *seqs[:-1]]))
                 jumps = len(steps) - steps.count(1) if steps else 0
                 ok = not steps or min(steps) > 0
-                if ok and jumps and "process.end" in counts:
-                    ok = False  # a gap before process.end is not counted: the precise path
+                if ok and jumps and ("process.end" in counts or self._unreadable):
+                    ok = False  # a gap before process.end, or after unreadable lines, is
+                    # not a drop: the precise path
         if not ok:
             return list(self.checked_lines(enumerate(io.BytesIO(data), start=first), typed))
         if jumps:
             self.gaps += jumps
             self.dropped += sum(steps) - len(steps)
+            step = steps[-1]
+            self._jump = ((seqs[-1] - step, seqs[-1], first + len(seqs) - 1, step - 1)
+                          if step > 1 and kinds[-1] != "process.end" else None)
+        else:
+            self._jump = None
+        self._unreadable = 0
         if as_records:
             if not counts.keys() <= TYPED_KINDS:  # other kinds: their whole dicts
                 lines = data.split(b"\n")
@@ -314,8 +327,33 @@ class ProcessFile:
         over each new piece of the file as it arrives. `typed`: the records of
         `TYPED_KINDS` come as `Record`s.
         """
-        last_seq = self._last_seq
+        last_seq, jump, unreadable = self._last_seq, self._jump, self._unreadable
         decode, errors = _decode_line, _DecodeError
+        held: tuple[dict[str, Any], int] | None = None  # a record whose seq jumped ahead,
+        # held until the next record shows whether the writer skipped seqs or it is wild
+
+        def taken(record: dict[str, Any], lineno: int) -> dict[str, Any] | None:
+            if type(record["k"]) is str and record["k"] in CHECKED_KINDS:
+                reason = check_fields(record)
+                if reason:
+                    self._problem(lineno, f"{reason}; record skipped")
+                    return None
+            if record["k"] == "process.end":
+                self.end = record
+            self.records_read += 1
+            if typed and type(record["k"]) is str and record["k"] in TYPED_KINDS:
+                record = to_record(record)
+            return record
+
+        def wild(at: tuple[int, int, int, int], handed_on: bool) -> int:
+            """The jumped record was wild: its gap is not a drop; the seq before it again."""
+            self.gaps -= 1
+            self.dropped -= at[3]
+            what = "read anyway (already handed on)" if handed_on else "record skipped"
+            self._problem(at[2], f"seq {at[1]} out of order (the records after it go on from "
+                                 f"seq {at[0]}); {what}")
+            return at[0]
+
         try:
             for lineno, raw in lines:
                 if lineno == 1 and self._header_line_ok:
@@ -330,29 +368,47 @@ class ProcessFile:
                         # read_header already reported a bad first line
                         if raw.strip() and not (lineno == 1 and self._header_problem):
                             self._decode(raw, lineno)  # slow path: says precisely what is wrong
+                            unreadable += 1
                         continue
                 seq = record["seq"]
+                if held is not None:
+                    if jump is not None and jump[0] < seq < jump[1]:
+                        last_seq, jump = wild(jump, False), None
+                    else:
+                        checked = taken(*held)
+                        if checked is not None:
+                            yield checked
+                    held = None
                 if last_seq is not None:
                     if seq <= last_seq:
-                        self._problem(lineno, f"seq {seq} not after {last_seq}; record skipped")
-                        continue
-                    if seq > last_seq + 1 and record["k"] != "process.end":
+                        if jump is not None and jump[0] < seq:
+                            last_seq, jump = wild(jump, True), None
+                        else:
+                            self._problem(lineno, f"seq {seq} not after {last_seq}; record skipped")
+                            continue
+                    # a seq the unreadable lines before this record held is theirs, already
+                    # reported: not a record the writer dropped
+                    lost = seq - last_seq - 1 - unreadable
+                    unreadable = 0
+                    if lost > 0 and record["k"] != "process.end":
                         self.gaps += 1
-                        self.dropped += seq - last_seq - 1
-                last_seq = seq
-                if record["k"] in CHECKED_KINDS:
-                    reason = check_fields(record)
-                    if reason:
-                        self._problem(lineno, f"{reason}; record skipped")
+                        self.dropped += lost
+                        jump = (last_seq, seq, lineno, lost)
+                        last_seq, held = seq, (record, lineno)
                         continue
-                if record["k"] == "process.end":
-                    self.end = record
-                self.records_read += 1
-                if typed and type(record["k"]) is str and record["k"] in TYPED_KINDS:
-                    record = to_record(record)
-                yield record
+                    jump = None
+                unreadable = 0
+                last_seq = seq
+                checked = taken(record, lineno)
+                if checked is not None:
+                    yield checked
+            if held is not None:
+                checked = taken(*held)
+                if checked is not None:
+                    yield checked
+                held = None
         finally:
-            self._last_seq = last_seq
+            self._last_seq, self._jump, self._unreadable = last_seq, jump, unreadable
 
 
 @dataclass
@@ -400,6 +456,9 @@ def open_trace(path: str | Path) -> Trace:
                 run = json.loads(run_json.read_text())
             except (OSError, ValueError) as exc:
                 problems.append(Problem("run.json", 1, f"unreadable: {exc}"))
+            if isinstance(run, dict) and run.get("abnormal_end"):
+                problems.append(Problem("run.json", 0, "the run ended abnormally: "
+                                        f"{run['abnormal_end']}"))
         if not files and run is None:
             raise TraceError(f"{root}: no trace here (no run.json and no p<pid>.jsonl files)")
         if not files:

@@ -7,7 +7,8 @@ says where each came from. Files are copied byte for byte (a truncated last line
 truncated, to be reported the same way), so OUT reads as the sources read together:
 `mlatrace report OUT` is the same run, with the same processes, ranks and findings.
 
-Exit codes: 0 merged, 2 no trace under DIRS, OUT not empty, or a copy failed.
+Exit codes: 0 merged, 2 no trace under DIRS, traces of different runs without `--run`,
+OUT not empty, or a copy failed.
 """
 
 from __future__ import annotations
@@ -65,6 +66,10 @@ def merge(paths: list[str], out: str | Path, run_id: str | None = None
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise TraceError(f"{target}: exists and is not an empty directory")
     runs = find_runs(paths)
+    if len(runs) > 1 and run_id is None:  # never keep one run of several silently
+        listed = "; ".join(f"{r.run_id} ({', '.join(str(d) for d in r.dirs)})" for r in runs)
+        raise TraceError(f"{' '.join(paths)}: holds {len(runs)} different runs ({listed}); "
+                         "merge copies one run: say which with --run ID")
     run, note = select_run(runs, run_id, " ".join(paths))
     target.mkdir(parents=True, exist_ok=True)
     sources = []

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlatrace.tables import shorten
 from mlatrace.trace import Problem, ProcessFile, Trace, TraceError, open_trace
 
 MAX_DEPTH = 3  # how far below a given path trace directories are looked for
@@ -148,7 +149,7 @@ def select_run(runs: list[RunInfo], run_id: str | None = None,
     if len(runs) == 1:
         return newest, None
     note = (f"{where} holds {len(runs)} runs: opened the newest, run {newest.run_id} "
-            f"({describe_start(newest.start_ns)}, {' '.join(newest.argv)[:60]}) in "
+            f"({describe_start(newest.start_ns)}, {shorten(' '.join(newest.argv), 60)}) in "
             f"{', '.join(str(d) for d in newest.dirs)}; `mlatrace report --list {where}` "
             "lists them, `--run ID` picks one")
     return newest, note

@@ -23,7 +23,7 @@ TYPED_KINDS = frozenset({"graph.replay", "graph.replay.time", "attn.metadata", "
 
 # the fields the builder and the rules read of the typed kinds (besides k, t, seq)
 RECORD_FIELDS = ("tid", "gid", "n", "gpu_ns", "capturing", "backend", "layer", "seq_len_min",
-                 "seq_len_max", "num_reqs", "max_query_len", "num_tokens", "ptrs")
+                 "seq_len_max", "num_reqs", "max_query_len", "num_tokens", "ptrs", "via")
 
 
 def _get(self: Any, name: str, default: Any = None) -> Any:

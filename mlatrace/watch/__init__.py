@@ -72,7 +72,7 @@ def snapshot(live: LiveRun, console: Any, log_path: str | None = None,
     if as_json:
         sys.stdout.write(json.dumps(snapshot_dict(live, log_path), indent=1, default=str) + "\n")
     else:
-        console.print(render(live, log_path))
+        console.print(render(live, log_path, console.width))
 
 
 def follow(live: LiveRun, console: Any, log_path: str | None = None,
@@ -88,7 +88,7 @@ def follow(live: LiveRun, console: Any, log_path: str | None = None,
     live.refresh()
     last = time.monotonic()
     try:
-        with Live(render(live, log_path), console=console, auto_refresh=False,
+        with Live(render(live, log_path, console.width), console=console, auto_refresh=False,
                   redirect_stdout=False, redirect_stderr=False) as view:
             unseen = False  # records read since the last refresh
             while True:
@@ -97,7 +97,7 @@ def follow(live: LiveRun, console: Any, log_path: str | None = None,
                 now = time.monotonic()
                 if over or refresh_due(live, unseen, now - last):
                     live.refresh()
-                    view.update(render(live, log_path), refresh=True)
+                    view.update(render(live, log_path, console.width), refresh=True)
                     if page is not None:
                         page.update(live)
                     last, unseen = now, False

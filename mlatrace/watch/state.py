@@ -205,9 +205,9 @@ class LiveRun:
                 out.append(ProcessState(proc, f"ended ({end.get('reason', '?')})", True))
                 continue
             header = proc.header or {}
-            pid = header.get("pid")
-            gone = run_over or (header.get("host") == here and isinstance(pid, int)
-                                and not _alive(pid))
+            pid = header.get("pid", proc.pid)  # no header yet: the pid of the file's name
+            host = header.get("host", (self.tail.run or {}).get("host", here))
+            gone = run_over or (host == here and isinstance(pid, int) and not _alive(pid))
             out.append(ProcessState(proc, "gone (no process.end)" if gone else "running", gone))
         return out
 
@@ -217,12 +217,19 @@ class LiveRun:
 
     def finished(self) -> bool:
         """Every process of the run has ended: the launcher wrote its end in run.json (it
-        does so once the command and its stragglers exited), or, with no launcher, every
-        process file holds its process.end."""
-        if self.tail.run is not None:
-            return self.run_over_by_launcher()
-        procs = self.tail.processes()
-        return bool(procs) and all(p.end is not None for p in procs)
+        does so once the command and its stragglers exited); or, with no launcher (none
+        wrote run.json, or the one on this host is gone: SIGKILL), every process file holds
+        its process.end or its process is gone (`processes`: killed without one)."""
+        run = self.tail.run
+        if run is not None:
+            if self.run_over_by_launcher():
+                return True
+            launcher = run.get("launcher_pid")
+            if not isinstance(launcher, int) or run.get("host") != socket.gethostname() \
+                    or _alive(launcher):
+                return False
+        procs = self.processes()
+        return bool(procs) and all(p.ended for p in procs)
 
 
 def g_key(graph: GraphModel) -> tuple:

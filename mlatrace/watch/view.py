@@ -15,11 +15,13 @@ from typing import Any
 
 from mlatrace.analysis.coverage import Coverage
 from mlatrace.analysis.summary import root_graphs, topology
+from mlatrace.tables import DEFAULT_PIPE_WIDTH, Column, fit_table, shorten
 from mlatrace.watch.state import LiveRun
 
 SNAPSHOT_SCHEMA = "mlatrace.watch/1"
 
 MAX_ROWS = 12
+MESSAGE_CHARS = 150  # a finding's message in the live view: two lines of an 80-column terminal
 
 
 def _fmt(value: Any) -> str:
@@ -47,17 +49,35 @@ def _elapsed(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
-def render(live: LiveRun, log_path: str | None = None) -> Any:
-    """The whole screen for the current state of `live` (call after `live.refresh()`)."""
+def render(live: LiveRun, log_path: str | None = None, width: int | None = None) -> Any:
+    """The whole screen for the current state of `live` (call after `live.refresh()`), its
+    tables fitted to `width` (the console's) as `report`'s are: the least important columns
+    left out, never a word split inside a cell."""
     from rich.console import Group
 
+    width = width or DEFAULT_PIPE_WIDTH
     # findings first: a terminal too short for the whole view crops the bottom
-    parts = [_run_lines(live, log_path), _coverage(live), _findings(live), _processes(live),
-             _graphs(live), _attention(live)]
+    parts = [_run_lines(live, log_path, width), _coverage(live), _findings(live, width),
+             _processes(live, width), _graphs(live, width), _attention(live, width)]
     return Group(*[p for p in parts if p is not None])
 
 
-def _run_lines(live: LiveRun, log_path: str | None) -> Any:
+def _fitted(title: str, columns: list[Column], rows: list[list[str]], width: int,
+            caption: str | None = None) -> Any:
+    """A table of `rows` fitted to `width` (mlatrace.tables), naming what it left out."""
+    from types import SimpleNamespace
+
+    table, dropped = fit_table(SimpleNamespace(width=width), columns, rows, title=title)
+    notes = ([caption] if caption else []) + (
+        [f"not shown at {width} columns: {', '.join(dropped)}"] if dropped else [])
+    if notes:
+        table.caption, table.caption_justify = "; ".join(notes), "left"
+    return table
+
+
+
+
+def _run_lines(live: LiveRun, log_path: str | None, width: int = DEFAULT_PIPE_WIDTH) -> Any:
     from rich.text import Text
 
     run = live.run_json() or {}
@@ -78,7 +98,8 @@ def _run_lines(live: LiveRun, log_path: str | None) -> Any:
         text.append(f" (run {run['run_id']})")
     text.append(f": {state}, {live.records} records read\n")
     if run.get("argv"):
-        text.append("command: " + " ".join(str(a) for a in run["argv"])[:150] + "\n")
+        text.append("command: " + shorten(" ".join(str(a) for a in run["argv"]),
+                                          max(20, 2 * width - 10)) + "\n")
     if log_path:
         text.append(f"command output: {log_path}\n")
     problems = live.model.problems
@@ -88,42 +109,44 @@ def _run_lines(live: LiveRun, log_path: str | None) -> Any:
     return text
 
 
-def _table(title: str, columns: tuple[str, ...]) -> Any:
-    from rich.table import Table
-
-    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
-    for col in columns:
-        table.add_column(col, overflow="fold")
-    return table
+PROCESS_COLUMNS = [Column("file"), Column("pid", priority=2, justify="right"),
+                   Column("rank", priority=3, justify="right"), Column("role", wrap=True),
+                   Column("state", wrap=True), Column("records", priority=1, justify="right")]
 
 
-def _processes(live: LiveRun) -> Any:
+def _processes(live: LiveRun, width: int = DEFAULT_PIPE_WIDTH) -> Any:
     model = live.model
     by_file = {p.file: p for p in model.processes}
-    table = _table("processes", ("file", "pid", "rank", "role", "state", "records"))
+    rows = []
     states = live.processes()
     for ps in states[:MAX_ROWS]:
         p = by_file.get(ps.proc.name)
         if p is None:  # the first line is not complete yet
-            table.add_row(ps.proc.name, _fmt(ps.proc.pid), "-", "starting", ps.state, "0")
+            rows.append([ps.proc.name, _fmt(ps.proc.pid), "-", "starting", ps.state, "0"])
             continue
         style = "green" if ps.state == "running" else ("" if ps.state.startswith("ended")
                                                         else "yellow")
-        table.add_row(p.file, _fmt(p.pid), _fmt(p.rank), p.role,
-                      f"[{style}]{ps.state}[/]" if style else ps.state, str(p.records))
+        rows.append([p.file, _fmt(p.pid), _fmt(p.rank), p.role,
+                     f"[{style}]{ps.state}[/]" if style else ps.state, str(p.records)])
     if len(states) > MAX_ROWS:
-        table.add_row(f"+{len(states) - MAX_ROWS} more", "", "", "", "", "")
-    return table
+        rows.append([f"+{len(states) - MAX_ROWS} more", "", "", "", "", ""])
+    return _fitted("processes", PROCESS_COLUMNS, rows, width)
 
 
-def _graphs(live: LiveRun) -> Any:
+GRAPH_COLUMNS = [Column("rank"), Column("gid"), Column("key", wrap=True),
+                 Column("mode", priority=3), Column("splits"), Column("stage-1 grid", priority=2),
+                 Column("stage 2", priority=4), Column("replays", justify="right"),
+                 Column("rate/s", priority=5, justify="right"),
+                 Column("latest len", priority=6, justify="right"),
+                 Column("max len", priority=1, justify="right")]
+
+
+def _graphs(live: LiveRun, width: int = DEFAULT_PIPE_WIDTH) -> Any:
     model = live.model
     roots = root_graphs(model)
     if not roots:
         return None
-    table = _table("graphs captured (frozen at capture / replays)",
-                   ("rank", "gid", "key", "mode", "splits", "stage-1 grid", "stage 2",
-                    "replays", "rate/s", "latest len", "max len"))
+    rows = []
     for root in roots[-MAX_ROWS:]:
         topo = topology(model, root)
         replayed = root if root.replays.count else next(
@@ -135,26 +158,34 @@ def _graphs(live: LiveRun) -> Any:
         latest = stats.latest_md or {}
         rate = live.replay_rate(replayed)
         nested = [g.gid for g in model.subtree(root) if g is not root]
-        table.add_row(_fmt(model.rank_of(root.pid)) if model.rank_of(root.pid) is not None
-                      else f"pid {root.pid}",
-                      str(root.gid) + (">" + ",".join(map(str, sorted(nested))) if nested else ""),
-                      _fmt(model.effective_key(root)), _fmt(model.effective_mode(root)),
-                      _fmt(topo["num_kv_splits"]),
-                      _fmt(grid[0] if grid and len(grid) == 1 else grid), _fmt(topo["stage2"]),
-                      str(stats.count), "-" if rate is None else f"{rate:.1f}",
-                      _span(latest.get("seq_len_min"), latest.get("seq_len_max")),
-                      _fmt(stats.seq_len_max))
-    if len(roots) > MAX_ROWS:
-        table.caption = f"the last {MAX_ROWS} of {len(roots)} captures"
-    return table
+        rows.append([_fmt(model.rank_of(root.pid)) if model.rank_of(root.pid) is not None
+                     else f"pid {root.pid}",
+                     str(root.gid) + (">" + ",".join(map(str, sorted(nested))) if nested else ""),
+                     _fmt(model.effective_key(root)), _fmt(model.effective_mode(root)),
+                     _fmt(topo["num_kv_splits"]),
+                     _fmt(grid[0] if grid and len(grid) == 1 else grid), _fmt(topo["stage2"]),
+                     str(stats.count), "-" if rate is None else f"{rate:.1f}",
+                     _span(latest.get("seq_len_min"), latest.get("seq_len_max")),
+                     _fmt(stats.seq_len_max)])
+    caption = (f"the last {MAX_ROWS} of {len(roots)} captures" if len(roots) > MAX_ROWS
+               else None)
+    return _fitted("graphs captured (frozen at capture / replays)", GRAPH_COLUMNS, rows,
+                   width, caption)
 
 
-def _attention(live: LiveRun) -> Any:
+ATTENTION_COLUMNS = [Column("pid", priority=2, justify="right"),
+                     Column("rank", priority=3, justify="right"), Column("record"),
+                     Column("backend / op"), Column("count", justify="right"),
+                     Column("captured", priority=4, justify="right"),
+                     Column("layers", priority=5, justify="right"),
+                     Column("latest len (reqs)", priority=6, wrap=True),
+                     Column("len range", priority=1)]
+
+
+def _attention(live: LiveRun, width: int = DEFAULT_PIPE_WIDTH) -> Any:
     model = live.model
     procs = {p.name: p for p in live.tail.processes()}
-    table = _table("attention (metadata builds by backend, calls by op)",
-                   ("pid", "rank", "record", "backend / op", "count", "captured", "layers",
-                    "latest len (reqs)", "len range"))
+    table: list[list[str]] = []
     rows = 0
     for p in model.processes:
         latest = latest_metadata(live, procs.get(p.file))
@@ -165,10 +196,11 @@ def _attention(live: LiveRun) -> Any:
             md = latest.get(a.name) if a.kind == "attn.metadata" else None
             now = "-" if md is None else (f"{_span(md.get('seq_len_min'), md.get('seq_len_max'))}"
                                           f" ({_fmt(md.get('num_reqs'))})")
-            table.add_row(_fmt(p.pid), _fmt(p.rank), a.kind, a.name, str(a.count),
+            table.append([_fmt(p.pid), _fmt(p.rank), a.kind, a.name, str(a.count),
                           str(a.captured), str(len(a.layers) or "-"), now,
-                          _span(a.seq_len_min, a.seq_len_max))
-    return table if rows else None
+                          _span(a.seq_len_min, a.seq_len_max)])
+    return (_fitted("attention (metadata builds by backend, calls by op)", ATTENTION_COLUMNS,
+                    table, width) if rows else None)
 
 
 def _coverage(live: LiveRun) -> Any:
@@ -178,21 +210,34 @@ def _coverage(live: LiveRun) -> Any:
     cov = live.analysis.coverage
     text = Text("coverage: ")
     packs = coverage_packs(cov)
-    text.append(f"packs: {', '.join(packs['packs']) or 'none seen yet'}")
+    installed = len(packs["packs"])
+    many = f"{installed} pack" + ("" if installed == 1 else "s")
     if packs["attached"] is not None:  # known from process.end: processes that ended
-        text.append(f" (attached: {', '.join(packs['attached']) or 'none'})")
+        text.append(f"attached {', '.join(packs['attached']) or 'none'} (of {many})")
+    else:  # only the attached ones are worth a line: which they are is known at an end
+        text.append(f"{many} installed, attached known once a process ends"
+                    if installed else "packs: none seen yet")
     errors = cov.records.get("probe.error", 0)
     if errors:
         first = "; ".join(f"{e['file']}: {e.get('probe')} {e.get('target')}: "
                           f"{str(e.get('error'))[:80]}" for e in cov.probe_errors[:3])
         text.append(f"; probe errors: {errors} ({first})", style="yellow")
     else:
-        text.append("; probe errors: 0")
-    if cov.blind:
-        text.append(f"\nblind so far: {cov.reasons[0]}"
-                    + (f" (+{len(cov.reasons) - 1} more reasons)" if len(cov.reasons) > 1 else ""),
+        text.append("; 0 probe errors")
+    reasons = live_reasons(live)
+    if reasons:
+        text.append(f"\nblind so far: {reasons[0]}"
+                    + (f" (+{len(reasons) - 1} more reasons)" if len(reasons) > 1 else ""),
                     style="red")
     return text
+
+
+def live_reasons(live: LiveRun) -> list[str]:
+    """The blind reasons, less "process killed" for a process that is still running (its
+    process.end is still to come)."""
+    running = [ps.proc.name for ps in live.processes() if ps.state == "running"]
+    return [r for r in live.analysis.coverage.reasons
+            if not (r.startswith("process killed") and any(f"({name}," in r for name in running))]
 
 
 def coverage_packs(cov: Coverage) -> dict[str, list[str] | None]:
@@ -203,14 +248,20 @@ def coverage_packs(cov: Coverage) -> dict[str, list[str] | None]:
             if recorded else None}
 
 
-def _findings(live: LiveRun) -> Any:
+FINDING_COLUMNS = [Column("id", wrap=True), Column("severity", priority=3),
+                   Column("status", priority=2, wrap=True),
+                   Column("first seen", priority=4, wrap=True),
+                   Column("message", wrap=True, want=40)]
+
+
+def _findings(live: LiveRun, width: int = DEFAULT_PIPE_WIDTH) -> Any:
     from rich.text import Text
 
     logged = live.findings()
     if not logged:
         return Text("findings: none so far" if not live.finished() else "findings: none",
                     style="green")
-    table = _table("findings", ("id", "severity", "status", "first seen", "message"))
+    rows = []
     run = live.run_json() or {}
     start = run.get("start_ns")
     began = start / 1e9 if isinstance(start, int) else None
@@ -222,8 +273,11 @@ def _findings(live: LiveRun) -> Any:
         seen = _clock(lf.first_seen) + (f" (+{_elapsed(after)})"
                                         if after is not None and 0 <= after < 86400 else "")
         where = f"rank {f.rank}: " if f.rank is not None else ""
-        table.add_row(f"{f.id} {f.name}", sev, status, seen, where + f.message)
-    return table
+        rows.append([f"{f.id} {f.name}", sev, status, seen,
+                     shorten(where + f.message, MESSAGE_CHARS)])
+    return _fitted("findings", FINDING_COLUMNS, rows, width,
+                   f"{len(logged) - MAX_ROWS} more: see the final report"
+                   if len(logged) > MAX_ROWS else None)
 
 
 def latest_metadata(live: LiveRun, proc_file: Any) -> dict[str, dict]:
@@ -289,7 +343,8 @@ def snapshot_dict(live: LiveRun, log_path: str | None = None) -> dict[str, Any]:
         "processes": processes,
         "findings": findings,
         "metadata": metadata,
-        "coverage": {**coverage_packs(cov), "blind": cov.blind, "reasons": list(cov.reasons),
+        "coverage": {**coverage_packs(cov), "blind": bool(live_reasons(live)),
+                     "reasons": live_reasons(live),
                      "probe_errors": [{k: e.get(k) for k in ("file", "probe", "target", "error")}
                                       for e in cov.probe_errors]},
         "report": report_dict(str(live.roots[0]), live.analysis),
