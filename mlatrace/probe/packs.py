@@ -478,10 +478,13 @@ def discover(extra: list[str | Path] | None = None,
     return paths, problems
 
 
-def load_applicable(extra: list[str | Path] | None = None, environ: Any = None
+def load_applicable(extra: list[str | Path] | None = None, environ: Any = None,
+                    other_versions: list[tuple[str, str]] | None = None
                     ) -> tuple[list[Pack], list[tuple[str, str]]]:
     """What `mlatrace run` installs: every discovered pack that loads, is not disabled and
-    applies to the installed version, and (where, error) for each one left out otherwise."""
+    applies to the installed version, and (where, error) for each one left out otherwise.
+    Given `other_versions`, a pack whose `versions` range excludes the installed library
+    goes there instead of into the problems: it does not apply, nothing is wrong."""
     paths, problems = discover(extra, environ)
     disabled = disabled_packs(environ)
     packs: list[Pack] = []
@@ -496,7 +499,8 @@ def load_applicable(extra: list[str | Path] | None = None, environ: Any = None
             continue
         problem = version_problem(pack)
         if problem:
-            problems.append((str(path), problem))
+            (other_versions if other_versions is not None else problems).append(
+                (str(path), problem))
             continue
         packs.append(pack)
     return packs, problems
