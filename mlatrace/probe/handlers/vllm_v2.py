@@ -89,7 +89,6 @@ class ManagerCapture(Handler):
             kwargs = {**kwargs, "create_forward_fn": create_forward_fn}
         else:
             args = (args[0], create_forward_fn, *args[2:])
-        runtime.hits += 1
         graphs.enter_dummy_run()
         try:
             result = call(*args, **kwargs)
