@@ -195,7 +195,8 @@ def process_coverage(proc: ProcessModel) -> ProcessCoverage:
             else:
                 skipped[pack] = "no target here (inherited only)"
         for path, why in (raw.get("failed_packs") or {}).items():
-            skipped[str(path)] = f"load error: {why}"
+            other = isinstance(why, str) and why.startswith("other version")
+            skipped[str(path)] = why if other else f"load error: {why}"
     return ProcessCoverage(file=proc.file, pid=proc.pid, rank=proc.rank, recorded=recorded,
                            ended=bool(end),
                            packs=list(proc.packs), packs_attached=attached,

@@ -32,6 +32,12 @@ Formulas, each from the source named:
   same at every re-plan of one graph; before flashinfer#641 it was the sum of
   `cdiv(qo_len * group, cta_tile_q)` over the requests, which moves with the query-length
   distribution.
+- vLLM TRITON_ATTN (vllm 0.33.0 `vllm/v1/attention/ops/triton_unified_attention.py`
+  `unified_attention`; threshold from `vllm/v1/attention/backends/triton_attn.py`): the 3D
+  (split-KV) kernel with `num_par_softmax_segments` segments when the Q blocks
+  `num_seqs * cdiv(max_seqlen_q, BLOCK_Q)` are at most `seq_threshold_3D` (there
+  `128 // num_kv_heads`, snapped to the nearest capture size) and the scratch holds the query
+  tokens, else the 2D kernel: one KV split, whatever the KV length (vllm#48076).
 """
 
 from __future__ import annotations
@@ -186,6 +192,24 @@ def flashinfer_graph_padded_batch_size(qo_lens: list[int], *, num_kv_heads: int,
                flashinfer_tiles_q(qo_lens, group=group, cta_tile_q=cta_tile_q, bounded=bounded))
 
 
+TRITON_ATTN_MAX_3D_QUERY_LEN = 8  # vllm 0.33.0 triton_unified_attention.MAX_3D_QUERY_LEN
+
+
+def triton_attn_splits(num_reqs: int, *, max_query_len: int = 1, seq_threshold_3d: int | None,
+                       segments: int | None, block_q: int = 1, scratch_rows: int | None = None,
+                       num_tokens: int | None = None, causal: bool = True) -> int:
+    """TRITON_ATTN's KV splits: `segments` when unified_attention takes the 3D kernel, else 1."""
+    if seq_threshold_3d is None or segments is None:
+        return 1
+    if max_query_len > 1 and (max_query_len > TRITON_ATTN_MAX_3D_QUERY_LEN or not causal):
+        return 1
+    if num_reqs * cdiv(max(1, max_query_len), max(1, block_q)) > seq_threshold_3d:
+        return 1
+    if scratch_rows is not None and num_tokens is not None and scratch_rows < num_tokens:
+        return 1
+    return segments
+
+
 # -- decisions by name ---------------------------------------------------------------
 
 SPLIT_SUFFIXES = ("num_kv_splits", "num_splits")
@@ -260,6 +284,40 @@ def _no_range(value: Any, inputs: dict) -> None:
     return None
 
 
+def _triton_attn_block_q(inputs: dict) -> int:
+    """unified_attention's BLOCK_Q: BLOCK_M (16, or next_pow2 of the group) // group."""
+    heads, kv_heads = _int(inputs, "nhead"), _int(inputs, "num_kv_heads")
+    if not heads or not kv_heads:
+        return 1
+    group = max(1, heads // kv_heads)
+    return max(1, (16 if group <= 16 else next_pow2(group)) // group)
+
+
+def _triton_attn_compute(inputs: dict) -> int | None:
+    num_reqs = _int(inputs, "num_reqs")
+    if num_reqs is None:
+        return None
+    return triton_attn_splits(num_reqs, max_query_len=_int(inputs, "max_query_len", 1),
+                              seq_threshold_3d=_int(inputs, "seq_threshold_3D"),
+                              segments=_int(inputs, "num_par_softmax_segments"),
+                              block_q=_int(inputs, "block_q") or _triton_attn_block_q(inputs),
+                              scratch_rows=_int(inputs, "scratch_rows"),
+                              num_tokens=_int(inputs, "num_tokens"),
+                              causal=inputs.get("causal", True) is not False)
+
+
+def _triton_attn_valid(value: Any, inputs: dict) -> dict[str, list] | None:
+    """The 3D kernel's segments adapt to each sequence's KV length inside the kernel, so the
+    value holds for every batch up to the threshold. The 2D kernel's one split holds for no
+    KV length in particular: no range, and MLT001 judges it against the replayed lengths."""
+    threshold = _int(inputs, "seq_threshold_3D")
+    if not isinstance(value, int) or value <= 1 or threshold is None:
+        return None
+    block_q = _int(inputs, "block_q") or _triton_attn_block_q(inputs)
+    rows = threshold // cdiv(max(1, _int(inputs, "max_query_len", 1) or 1), block_q)
+    return {"num_reqs": [0, rows]}
+
+
 KNOWN: dict[str, KnownDecision] = {
     "vllm.triton_mla.num_kv_splits": KnownDecision(
         "min(next_pow2(max_seq_len // 512), 2 x SMs) (vLLM TRITON_MLA _compute_num_kv_splits)",
@@ -273,6 +331,10 @@ KNOWN: dict[str, KnownDecision] = {
     "vllm.flash_attn.num_splits": KnownDecision(
         "FA3 num_splits_heuristic (hopper/heuristics.h), capped by max_num_splits",
         _fa3_compute, _no_range),
+    "vllm.triton_attn.num_kv_splits": KnownDecision(
+        "num_par_softmax_segments if num_seqs * cdiv(max_seqlen_q, BLOCK_Q) <= seq_threshold_3D "
+        "else 1 (vLLM TRITON_ATTN unified_attention: 3D or 2D kernel)",
+        _triton_attn_compute, _triton_attn_valid),
 }
 
 CAP_HEURISTICS: dict[str, str] = {"vllm.flash_attn.max_num_splits": "vllm.flash_attn.num_splits"}

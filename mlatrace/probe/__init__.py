@@ -87,14 +87,16 @@ def install_default() -> list[str]:
     idempotent.
 
     Does nothing when MLATRACE_DISABLE is set; leaves out the packs named in
-    MLATRACE_DISABLE_PACKS. A pack that does not load (a mistyped option too), or whose
-    `versions` range excludes the installed library, is reported once as probe.error
-    and skipped; the other packs still install.
+    MLATRACE_DISABLE_PACKS. A pack that does not load (a mistyped option too) is reported
+    once as probe.error and skipped; one whose `versions` range excludes the installed
+    library is skipped as "other version" (in the coverage, not an error: a pack for
+    another release of the engine); the other packs still install.
     """
     if os.environ.get("MLATRACE_DISABLE", "0") not in ("", "0"):
         return []
-    packs, problems = load_applicable()
-    failed: dict[str, str] = {}
+    other: list[tuple[str, str]] = []
+    packs, problems = load_applicable(other_versions=other)
+    failed: dict[str, str] = {where: f"other version: {why}" for where, why in other}
     for where, error in problems:
         failed[where] = error
         _report_pack_error(where, error)

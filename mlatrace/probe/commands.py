@@ -46,6 +46,7 @@ from mlatrace.probe.packs import (
     PackError,
     disabled_packs,
     discover,
+    is_shipped,
     load_pack,
     version_problem,
 )
@@ -351,7 +352,9 @@ def doctor(extra: list[str] | None = None, source: str | None = None) -> int:
     """
     packs, problems, broken = _load(extra or [])
     mismatched = {pack.name: problem for pack in packs if (problem := version_problem(pack))}
-    problems += list(mismatched.values())
+    # a shipped pack for another release of its engine is "other version", not a problem
+    problems += [problem for pack in packs if (problem := mismatched.get(pack.name))
+                 and not is_shipped(pack.path)]
     disabled = disabled_packs()
     if source is not None:
         from mlatrace.probe.source import signatures, source_versions
@@ -394,7 +397,10 @@ def doctor(extra: list[str] | None = None, source: str | None = None) -> int:
             installed = f"static read of {source}"
         applies = ""
         if pack.versions:
-            verdict = "MISMATCH: run leaves it out" if pack.name in mismatched else "ok"
+            verdict = "ok"
+            if pack.name in mismatched:
+                verdict = ("other version: run leaves it out" if is_shipped(pack.path)
+                           else "MISMATCH: run leaves it out")
             if source is not None:
                 verdict = ("other version: not checked" if pack.name in mismatched else "ok") + \
                     (f" (source has {there[pack.library]})" if pack.library in there else "")

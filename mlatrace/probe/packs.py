@@ -123,6 +123,15 @@ class Pack:
     versions_line: int = 1
 
 
+def is_shipped(path: str | Path) -> bool:
+    """Whether a pack file is one of those shipped with mlatrace."""
+    home = shipped_pack_dir()
+    try:
+        return home is not None and Path(path).resolve().parent == home.resolve()
+    except OSError:
+        return False
+
+
 def shipped_pack_dir() -> Path | None:
     """Where the packs shipped with mlatrace live: mlatrace/_packs (wheel) or <repo>/probes."""
     package_dir = Path(__file__).resolve().parent.parent
@@ -488,10 +497,15 @@ def pack_name(path: str | Path) -> str | None:
     return name if isinstance(name, str) else None
 
 
-def load_applicable(extra: list[str | Path] | None = None, environ: Any = None
+def load_applicable(extra: list[str | Path] | None = None, environ: Any = None,
+                    other_versions: list[tuple[str, str]] | None = None
                     ) -> tuple[list[Pack], list[tuple[str, str]]]:
     """What `mlatrace run` installs: every discovered pack that loads, is not disabled and
-    applies to the installed version, and (where, error) for each one left out otherwise."""
+    applies to the installed version, and (where, error) for each one left out otherwise.
+    Given `other_versions`, a shipped pack whose `versions` range excludes the installed
+    library goes there instead of into the problems: a pack for another release of the
+    engine, nothing is wrong. A pack the user named (--probes, MLATRACE_PROBES, an entry
+    point) that does not apply stays a problem: they asked for it."""
     paths, problems = discover(extra, environ)
     disabled = disabled_packs(environ)
     packs: list[Pack] = []
@@ -506,7 +520,8 @@ def load_applicable(extra: list[str | Path] | None = None, environ: Any = None
             continue
         problem = version_problem(pack)
         if problem:
-            problems.append((str(path), problem))
+            other = other_versions is not None and is_shipped(path)
+            (other_versions if other else problems).append((str(path), problem))
             continue
         packs.append(pack)
     return packs, problems
