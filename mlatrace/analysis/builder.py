@@ -208,6 +208,8 @@ class _ProcessBuilder(Unpickled):
             p.ranks_kept = [r for r in (_int(v) for v in kept) if r is not None]
         probes = rec.get("probes")
         p.packs = [str(name) for name in probes] if isinstance(probes, list) else []
+        fold_s = rec.get("fold_s")
+        p.fold_s = float(fold_s) if type(fold_s) in (int, float) and fold_s > 0 else None
 
     def handlers(self) -> dict[str, Any]:
         """Kind -> handler; dispatch, probe.error and unknown kinds need nothing here."""

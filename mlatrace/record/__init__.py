@@ -53,7 +53,8 @@ DEFAULT_FOLD_S = _fold.FOLD_S
 # set-up record or replay in full only when it differs from the step before)
 KEEP_AT_CAP = frozenset(("process", "process.end", "process.rank", "process.info", "device",
                          "graph.capture.begin", "graph.capture.end", "graph.nodes",
-                         "graph.eager_break", "probe.error", "record.error", "steady", "sync",
+                         "graph.eager_break", "probe.error", "record.error", "kernel.skip", "steady",
+                         "sync",
                          "mark"))
 
 _VERSIONED = ("torch", "triton", "vllm", "aiter", "sglang", "flashinfer")

@@ -1,0 +1,89 @@
+"""Trace bytes per steady decode step, folding on and off (CPU, the reference engine).
+
+    python -m mlatrace.bench.fold_bench --steps 100000 --off-steps 10000 --json-out fold.json
+
+Runs `python -m mlatrace.reference.serve` (FULL graphs, device policy, a tiny model so a
+step is about a millisecond on one CPU thread) under `mlatrace run --fold 10` for
+`--steps` steps and under `--fold 0` for `--off-steps`, and reports per run the file
+size, the records, bytes and records per step, and the size of a day at 50 steps a
+second. Both traces are analysed: their findings must agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SERVE = ("--device", "cpu", "--policy", "device", "--layers", "1", "--hidden", "16",
+         "--heads", "1", "--batch", "1", "--ctx", "64", "--warmup", "0")
+STEPS_PER_S = 50
+DAY_S = 86_400
+
+
+def traced(out: Path, fold: str, steps: int, graph: str) -> dict:
+    """One traced serve run: its file's size, records and kinds."""
+    cmd = [sys.executable, "-m", "mlatrace", "run", "--fold", fold, "--out", str(out), "--",
+           sys.executable, "-m", "mlatrace.reference.serve", *SERVE, "--graph", graph,
+           "--steps", str(steps)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    start = time.perf_counter()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}: {done.stderr[-2000:]}")
+    (path,) = out.glob("p*.jsonl")
+    size = path.stat().st_size
+    kinds: dict[str, int] = {}
+    with path.open() as lines:
+        for line in lines:
+            kind = json.loads(line).get("k")
+            kinds[kind] = kinds.get(kind, 0) + 1
+    records = sum(kinds.values())
+    return {"fold": float(fold), "graph": graph, "steps": steps, "bytes": size,
+            "records": records, "kinds": dict(sorted(kinds.items())),
+            "bytes_per_step": size / steps, "records_per_step": records / steps,
+            "day_mb_at_50_steps_per_s": size / steps * STEPS_PER_S * DAY_S / 1e6,
+            "seconds": round(time.perf_counter() - start, 1)}
+
+
+def findings(out: Path) -> list[tuple]:
+    from mlatrace.analysis import analyze
+    from mlatrace.trace import open_trace
+
+    result = analyze(open_trace(out))
+    return sorted((f.id, f.gid, f.message) for f in result.findings)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=100_000)
+    parser.add_argument("--off-steps", type=int, default=10_000)
+    parser.add_argument("--graph", default="full")
+    parser.add_argument("--json-out", default=None)
+    args = parser.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        on = traced(Path(tmp) / "on", "10", args.steps, args.graph)
+        off = traced(Path(tmp) / "off", "0", args.off_steps, args.graph)
+        rows = [on, off]
+        same = findings(Path(tmp) / "on") == findings(Path(tmp) / "off") if \
+            args.steps == args.off_steps else None
+    for row in rows:
+        print(f"fold {row['fold']:g} s, {row['graph']}, {row['steps']} steps: {row['bytes']} B, "
+              f"{row['records']} records; {row['bytes_per_step']:.2f} B and "
+              f"{row['records_per_step']:.4f} records per step; a day at 50 steps/s: "
+              f"{row['day_mb_at_50_steps_per_s']:.1f} MB ({row['seconds']} s)")
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({"bench": "fold", "serve": list(SERVE),
+                                                   "runs": rows, "same_findings": same},
+                                                  indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
