@@ -112,40 +112,13 @@ def test_fold_on_and_off_give_the_same_findings_counts_and_coverage(tmp_path, ar
             assert r["n_last"] - r["n_first"] + 1 == r["replays"]
 
 
-def refold(rows: list[dict], interval_s: float = 10.0) -> list[dict]:
-    """The records of an unfolded trace as the recorder would have written them folding."""
-    out: list[dict] = [rows[0]]
-    folded: dict[str, int] = {}
-
-    def write(kind: str, fields: dict, tid: int) -> None:
-        fields.update(k=kind, tid=tid)
-        out.append(fields)
-
-    folder = fold.Folder(interval_s, write, lambda kind: folded.__setitem__(
-        kind, folded.get(kind, 0) + 1))
-    end = None
-    for rec in rows[1:]:
-        if rec["k"] == "process.end":
-            end = rec
-            continue
-        fields = {k: v for k, v in rec.items() if k not in ("k", "seq", "tid")}
-        if not folder.take(rec["k"], fields, rec["t"], rec["tid"]):
-            write(rec["k"], fields, rec["tid"])
-    folder.close_all()
-    assert end is not None
-    out.append(end)
-    for seq, rec in enumerate(out):
-        rec["seq"] = seq
-    return out
-
-
 @pytest.mark.parametrize("args", [CASES[0], CASES[3], CASES[5]],
                          ids=["full legacy", "breakable legacy", "eager device"])
 def test_the_same_trace_folded_gives_the_same_report_field_by_field(tmp_path, args):
     rows = traced_serve(tmp_path / "off", ["--fold", "0"], *args)
     (tmp_path / "on").mkdir()
     name = next((tmp_path / "off").glob("p*.jsonl")).name
-    refolded = refold(rows, interval_s=0.5)
+    refolded = fold.refold(rows, interval_s=0.5)
     assert sum(r["k"] == "steady" for r in refolded) >= 1
     (tmp_path / "on" / name).write_text("".join(json.dumps(r) + "\n" for r in refolded))
     reports = [comparable(report_dict(str(tmp_path / d), analyze(open_trace(tmp_path / d))))
