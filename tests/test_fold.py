@@ -189,3 +189,25 @@ def test_a_process_killed_inside_a_fold_is_said_to_have_lost_its_last_interval(t
     report = subprocess.run([sys.executable, "-m", "mlatrace", "report", str(out)],
                             env=_env(), capture_output=True, text=True).stdout
     assert "steady steps are folded" in report and "3600 s interval" in report
+
+
+def test_a_pointer_change_inside_steady_steps_ends_the_fold_and_is_found(tmp_path):
+    """A buffer that moves for one step (MLT003) is written in full between two folds,
+    and the folded trace gives the same findings as the unfolded one."""
+    rows = traced_serve(tmp_path / "off", ["--fold", "0"], "--policy", "device")
+    path = next((tmp_path / "off").glob("p*.jsonl"))
+    metadata = [i for i, r in enumerate(rows) if r["k"] == "attn.metadata"
+                and not r.get("capturing") and not r.get("dummy")]
+    moved = metadata[len(metadata) // 2]
+    rows[moved]["ptrs"] = {**rows[moved]["ptrs"], "seq_info": 4096}
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    refolded = fold.refold([dict(r) for r in rows], interval_s=60.0)
+    (tmp_path / "on").mkdir()
+    (tmp_path / "on" / path.name).write_text("".join(json.dumps(r) + "\n" for r in refolded))
+
+    assert "MLT003" in {f[0] for f in findings(tmp_path / "off")}
+    assert findings(tmp_path / "on") == findings(tmp_path / "off")
+    kinds = [r["k"] for r in refolded]
+    written = next(i for i, r in enumerate(refolded) if r.get("ptrs", {}).get("seq_info") == 4096)
+    assert "steady" in kinds[:written] and "steady" in kinds[written:]
+    assert refolded[written]["k"] == "attn.metadata"

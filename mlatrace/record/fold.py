@@ -176,10 +176,11 @@ class Folder:
             state = self.threads[tid] = ThreadFold(tid)
         if kind not in FOLDABLE or fields.get("capturing") is True or (
                 kind == "graph.replay" and len(fields) > 3):   # gid, n, t: nothing more
-            self._break(state)
-            state.template = None
-            state.step = []
-            state.overflow = False
+            if state.fold is not None or state.held or state.step:
+                self._break(state)
+                state.template = None
+                state.step = []
+                state.overflow = False
             state.last_kind = kind
             return False
         if state.overflow and kind not in STEP_KINDS and kind != "graph.replay":
