@@ -626,6 +626,7 @@ class Recorder:
         """
         if self._closed:
             return
+        self.close_folds()      # before the hooks: a live sink they close still sees them
         for hook in _close_hooks + self._close_hooks:
             try:
                 hook()
