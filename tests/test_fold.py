@@ -211,3 +211,23 @@ def test_a_pointer_change_inside_steady_steps_ends_the_fold_and_is_found(tmp_pat
     written = next(i for i, r in enumerate(refolded) if r.get("ptrs", {}).get("seq_info") == 4096)
     assert "steady" in kinds[:written] and "steady" in kinds[written:]
     assert refolded[written]["k"] == "attn.metadata"
+
+
+def test_a_full_disk_says_so_once_and_never_stops_the_program(tmp_path, capfd):
+    from mlatrace import record
+
+    recorder = record.Recorder(str(tmp_path), fold_s=10.0)
+    recorder.started()
+    real_fd = recorder._fd
+    recorder._fd = os.open("/dev/full", os.O_WRONLY)   # every write: ENOSPC
+    try:
+        recorder.add("mark", {"name": "a", "attrs": {}})
+        recorder.flush()
+        recorder.add("mark", {"name": "b", "attrs": {}})   # tracing stopped: a no-op
+        recorder.flush()
+        recorder.close()
+    finally:
+        os.close(real_fd)
+    err = capfd.readouterr().err
+    assert err.count("cannot write") == 1 and "tracing stopped, the program goes on" in err
+    assert "No space left" in recorder.write_error and not recorder.enabled
