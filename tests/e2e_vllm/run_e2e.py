@@ -205,6 +205,14 @@ def check_trace(out: Path, requests: list[Request], exit_code: int | None,
                 calls.append(rec)
             elif k == "attn.metadata":
                 metas.append(rec)
+            elif k == "steady" and isinstance(rec.get("pattern"), list):
+                # folded steps: their metadata at both ends of its ranges
+                for entry in rec["pattern"]:
+                    if entry.get("k") == "attn.metadata":
+                        for end in (0, 1):
+                            metas.append({**entry.get("same", {}), **{
+                                name: span[end] for name, span in entry.get("range", {}).items()
+                                if "." not in name}})
             elif k == "probe.error":
                 errors.append(rec)
             if "dummy_run" in str(k) or (k == "mark" and "dummy_run" in str(rec.get("name"))):
