@@ -45,6 +45,12 @@ def main() -> None:
                    "of each graph, then 1 in M (default 8:64; off: none).")
 @click.option("--graph-nodes/--no-graph-nodes", default=True,
               help="Dump each captured graph's kernel nodes (capture-time cost only).")
+@click.option("--fold", "fold", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="Fold steady decode steps into one `steady` record per graph and SECONDS "
+                   "(default 10; 0: write every step's records).")
+@click.option("--max-mb", "max_mb", type=click.FloatRange(min=0), default=None, metavar="N",
+              help="Per process file: past N MB keep only captures, changes, errors, folds "
+                   "and process.end (default: no cap).")
 @click.option("--otlp", default=None, help="Also export spans live to this OTLP/HTTP endpoint.")
 @click.option("--no-pack", "no_packs", multiple=True, metavar="NAME",
               help="Do not install this probe pack (by name, see `probes list`); repeatable.")
@@ -63,7 +69,7 @@ def run(out: str | None, ranks: str | None, probes: tuple[str, ...], replay_samp
         launch_sample: int | None, sample: int | None, replay_timing: str | None,
         step_aside: str | None, graph_nodes: bool, otlp: str | None,
         no_packs: tuple[str, ...], watch: bool, run_id: str | None, quiet: bool,
-        cmd: tuple[str, ...]) -> None:
+        fold: float | None, max_mb: float | None, cmd: tuple[str, ...]) -> None:
     """Run CMD with probes in every Python process it starts: mlatrace run -- CMD..."""
     from mlatrace.inject import launcher
 
@@ -71,7 +77,8 @@ def run(out: str | None, ranks: str | None, probes: tuple[str, ...], replay_samp
                           replay_sample=replay_sample, launch_sample=launch_sample,
                           graph_nodes=graph_nodes, otlp=otlp, no_packs=list(no_packs),
                           sample=sample, replay_timing=replay_timing, watch=watch,
-                          run_id=run_id, step_aside=step_aside, quiet=quiet))
+                          run_id=run_id, step_aside=step_aside, quiet=quiet, fold=fold,
+                          max_mb=max_mb))
 
 
 @main.command()

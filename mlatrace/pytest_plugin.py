@@ -78,6 +78,7 @@ class MlaTrace:
         if outer is not None:
             # pytest itself runs under `mlatrace run`: keep that recording going and copy
             # this test's records into the test's own trace as they are flushed.
+            outer.close_folds()                  # steady steps folded so far, written now
             record.flush_now(timeout_s=5.0)      # what came before the test stays out
             self._tee = _Tee(self.path, outer.header())
             outer.add_sink(self._tee)
@@ -105,8 +106,10 @@ class MlaTrace:
         from mlatrace import record
 
         if self._tee is not None:
-            record.flush_now(timeout_s=5.0)      # the test's last records reach the tee
             recorder = record.current()
+            if recorder is not None:
+                recorder.close_folds()           # the test's folded steps, written now
+            record.flush_now(timeout_s=5.0)      # the test's last records reach the tee
             if recorder is not None:
                 recorder.remove_sink(self._tee)
             record.flush_now(timeout_s=5.0)      # and a flush already under way has ended

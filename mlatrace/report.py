@@ -125,7 +125,18 @@ def problems_of(model: Any) -> list[dict[str, Any]]:
                 "no process.end: a Ray worker (Ray ends workers without exit handlers); "
                 "its trace holds every task it finished" if p.kinds.get("ray.worker")
                 else "no process.end record (killed, or still running); the trace stops at "
-                "its last flush")})
+                "its last flush" + (
+                    f"; steady steps are folded: those since its last `steady` record (at "
+                    f"most one {p.fold_s:g} s interval) are not counted" if p.fold_s else ""))})
+        cap = (p.end or {}).get("cap")
+        if isinstance(cap, dict) and cap.get("reached"):
+            left = cap.get("left_out") if isinstance(cap.get("left_out"), dict) else {}
+            out.append({"file": p.file, "line": 0, "reason": (
+                f"size cap of {cap.get('max_mb')} MB reached: "
+                f"{_plural(sum(v for v in left.values() if isinstance(v, int)), 'record')} "
+                "left out after it (" + (", ".join(f"{k} {v}" for k, v in left.items())
+                                         or "none") + "); captures, changes, errors and "
+                "folds kept")})
     return out
 
 

@@ -30,7 +30,7 @@ SERVE = ["--device", "cpu", "--ctx", "2048", "--steps", "4", "--batch", "2", "--
 
 
 def traced_serve(out: Path, sample: str | None, *args: str) -> list[dict]:
-    options = [] if sample is None else ["--sample", sample]
+    options = ["--fold", "0"] + ([] if sample is None else ["--sample", sample])
     cmd = [sys.executable, "-m", "mlatrace", "run", "--out", str(out), *options, "--",
            sys.executable, "-m", "mlatrace.reference.serve", *SERVE, *args]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(

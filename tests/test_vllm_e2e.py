@@ -126,3 +126,54 @@ def test_loaded_vllm_server_writes_every_process_end(vllm_venv: Path, tiny_model
     report = subprocess.run([sys.executable, "-m", "mlatrace", "report", str(out)],
                             capture_output=True, text=True, timeout=300)
     assert report.returncode == 0 and "no process.end" not in report.stdout, report.stdout
+
+
+def test_vllm_serve_folded_gives_the_same_analysis(vllm_venv: Path, tiny_model: Path,
+                                                   tmp_path: Path) -> None:
+    """A loaded serve traced with folding off (16 requests of 32 tokens from 4 clients),
+    each process file folded again by the recorder's folder: the whole report, field by
+    field, is the same (but evidence seqs and record counts of the files). A second serve
+    traced with folding on gives the same findings and verdict, and folds its decode steps."""
+    from mlatrace.record.fold import refold
+
+    off = tmp_path / "off"
+    _run_e2e(vllm_venv, tiny_model, off, "--load", "16", "--concurrency", "4",
+             "--max-tokens", "32", "--trace-arg=--fold=0")
+    refolded = tmp_path / "refolded"
+    refolded.mkdir()
+    steady = 0
+    for path in off.iterdir():
+        if path.name.endswith(".jsonl"):
+            rows = [json.loads(line) for line in path.read_text().splitlines()]
+            rows = refold(rows, interval_s=1.0)
+            steady += sum(r["k"] == "steady" for r in rows)
+            (refolded / path.name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+        else:
+            (refolded / path.name).write_bytes(path.read_bytes())
+    assert steady, "the worker's decode steps fold"
+
+    def report(out: Path) -> dict:
+        proc = subprocess.run([sys.executable, "-m", "mlatrace", "report", "--json", str(out)],
+                              capture_output=True, text=True, timeout=300)
+        return json.loads(proc.stdout)
+
+    def comparable(value: object) -> object:
+        if isinstance(value, dict):
+            return {k: comparable(v) for k, v in value.items()
+                    if k not in ("seq", "seqs", "trace", "evidence", "steady")
+                    and not (k == "records" and isinstance(v, int))}
+        if isinstance(value, list):
+            return [comparable(v) for v in value]
+        return value
+
+    a, b = comparable(report(off)), comparable(report(refolded))
+    for key in a:
+        assert a[key] == b[key], key
+
+    on = tmp_path / "on"
+    _run_e2e(vllm_venv, tiny_model, on, "--load", "16", "--concurrency", "4",
+             "--max-tokens", "32")
+    data = report(on)
+    assert data["findings"] == report(off)["findings"]
+    assert not data["coverage"]["blind"], data["coverage"]["reasons"]
+    assert data["coverage"]["records"].get("steady"), "the decode steps fold"

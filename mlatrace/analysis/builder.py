@@ -33,7 +33,7 @@ from mlatrace.analysis.model import (
     _int,
 )
 from mlatrace.analysis.parallel import _build_parallel, _default_workers, _pid_groups
-from mlatrace.analysis.series import FLUSH_AT, add_point
+from mlatrace.analysis.series import FLUSH_AT, Series, add_point
 from mlatrace.common import hashable
 from mlatrace.trace import Problem, RecordChunk
 from mlatrace.trace.typed import TYPED_KINDS, Record, to_record
@@ -163,6 +163,9 @@ class _ProcessBuilder(Unpickled):
         self.step_syncs: dict[tuple[int | None, Any, Any], SyncSite] = {}
         # replay input ranges are only read for captured decisions, which precede replays
         self.track_inputs = False
+        # tid -> the set-up records of its latest fold (`steady` with a pattern), as the
+        # [lo, hi] record pair each replay of that fold saw (read by the fold's other graphs)
+        self.fold_setup: dict[Any, list[tuple[str, dict, dict]]] = {}
 
     # -- helpers -------------------------------------------------------------
     def _ref(self, rec: dict, kind: str) -> Ref:
@@ -209,6 +212,8 @@ class _ProcessBuilder(Unpickled):
             p.ranks_kept = [r for r in (_int(v) for v in kept) if r is not None]
         probes = rec.get("probes")
         p.packs = [str(name) for name in probes] if isinstance(probes, list) else []
+        fold_s = rec.get("fold_s")
+        p.fold_s = float(fold_s) if type(fold_s) in (int, float) and fold_s > 0 else None
 
     def handlers(self) -> dict[str, Any]:
         """Kind -> handler; dispatch, probe.error and unknown kinds need nothing here."""
@@ -232,6 +237,7 @@ class _ProcessBuilder(Unpickled):
             "process.end": self.process_end,
             "probe.error": self.probe_error,
             "mark": self.mark,
+            "steady": self.steady,
         }
 
     def probe_error(self, rec: dict) -> None:
@@ -669,6 +675,142 @@ class _ProcessBuilder(Unpickled):
             graph.replays.add_timed(n, gpu)
             graph = self.model.graph(self.pid, graph.parent)
 
+    def steady(self, rec: dict) -> None:
+        """A fold of steady steps (mlatrace.record.fold): the records it stands for, taken
+        in aggregate, so that every count, range and finding is what they would give."""
+        steps, replays = rec.get("steps"), rec.get("replays")
+        if type(steps) is not int or steps < 1 or type(replays) is not int or replays < 0:
+            return      # malformed: the reader said where
+        tid = rec.get("tid")
+        pattern = rec.get("pattern")
+        if isinstance(pattern, list):
+            self._steady_setup(rec, tid, pattern, steps)
+        gid = _int(rec.get("gid"))
+        if gid is None or not replays:
+            return
+        self.proc.kinds["graph.replay"] += replays
+        graph = self.by_gid.get(gid)
+        if graph is None:
+            graph = self.by_gid[gid] = self._graph(gid)
+        stats = graph.replays
+        stats.records += replays
+        n_last = _int(rec.get("n_last"))
+        if n_last is not None and n_last > stats.max_n:
+            stats.max_n = n_last
+        if stats.first is None:
+            stats.first = self._ref(rec, "graph.replay")
+            if self.proc.first_replay_seq is None:
+                self.proc.first_replay_seq = stats.first.seq
+        self.replaying.add(tid)
+        if self.pending_syncs and tid in self.pending_syncs:
+            self._flush_syncs(tid)
+        if self.eager_decisions:
+            self.last_replay_seq[tid] = rec.get("seq")
+            pending = self.eager_decisions.get(tid)
+            if pending:
+                self._replay_decisions(graph, stats, pending)
+                for name, drec in pending.items():   # the fold's other replays
+                    entry = stats.decisions.get(name, {}).get(hashable(drec.get("value")))
+                    seq = drec.get("seq")
+                    after = graph.end.seq if graph.end is not None else -1
+                    if entry is not None and isinstance(seq, int) and seq > after:
+                        entry.count += replays - 1
+        mds = [(lo, hi) for kind, lo, hi in self.fold_setup.get(tid, ())
+               if kind == "attn.metadata"]
+        if mds:
+            lo, hi = mds[-1]
+            ptrs: Any = {}
+            for _, md_hi in mds:
+                more = md_hi.get("ptrs")
+                if isinstance(more, dict):
+                    ptrs.update(more)
+            ptrs = ptrs or None
+            smax, smin_hi, smin_lo = (_int(hi.get("seq_len_max")), _int(hi.get("seq_len_min")),
+                                      _int(lo.get("seq_len_min")))
+        else:
+            current = self.metadata.get(tid)
+            if current is None:
+                return
+            lo = hi = current[0]
+            smax, smin_hi, ptrs = current[1], current[2], current[3]
+            smin_lo = smin_hi
+        stats.with_metadata += replays
+        low, t_first, t_last = _int(lo.get("seq_len_max")), rec.get("t_first"), rec.get("t_last")
+        if smax is not None and low is not None and graph.parent not in self.by_gid \
+                and type(t_first) is int and type(t_last) is int:   # the unit's lengths
+            if stats.lengths is None:
+                stats.lengths = Series(t0=t_first)
+            stats.lengths.add_span(t_first, t_last, low, smax, replays)
+        if self.track_inputs and hi is not stats.last_md:
+            stats.last_md = hi
+            self._replay_inputs(stats, lo)
+            self._replay_inputs(stats, hi)
+        stats.latest_md = hi
+        if smax is not None and (stats.seq_len_max is None or smax > stats.seq_len_max):
+            stats.seq_len_max, stats.seq_len_max_md = smax, hi
+        if smin_hi is not None and (stats.seq_len_min_max is None
+                                    or smin_hi > stats.seq_len_min_max):
+            stats.seq_len_min_max, stats.seq_len_min_max_md = smin_hi, hi
+        if smin_lo is not None and (stats.seq_len_min_min is None
+                                    or smin_lo < stats.seq_len_min_min):
+            stats.seq_len_min_min = smin_lo
+        self.md_since_replay.discard(tid)
+        if ptrs is not None:
+            if ptrs != stats.ptr_run:
+                self._count_ptrs(stats, ptrs, hi)
+                replays -= 1
+            stats.ptr_run_count += replays
+
+    def _steady_setup(self, rec: dict, tid: Any, pattern: list, steps: int) -> None:
+        """The set-up and eager records of a fold's steps (its pattern), `steps` of each."""
+        setup: list[tuple[str, dict, dict]] = []
+        kinds = self.proc.kinds
+        for entry in pattern:
+            if not isinstance(entry, dict) or entry.get("k") == "graph.replay":
+                continue
+            kind = str(entry.get("k"))
+            same, ranges = _dict(entry.get("same")), _dict(entry.get("range"))
+            lo, hi = _fold_record(rec, kind, same, ranges, 0), _fold_record(rec, kind, same,
+                                                                              ranges, 1)
+            setup.append((kind, lo, hi))
+            kinds[kind] = kinds.get(kind, 0) + steps
+            if kind == "attn.metadata":
+                stats = self._count_attention(lo, kind, str(lo.get("backend")), False)
+                stats.add_fields(lo.get("layer"), lo.get("seq_len_min"), hi.get("seq_len_max"),
+                                 False)
+                stats.count += steps - 2
+            elif kind == "attn.call":
+                stats = self._count_attention(lo, kind, str(lo.get("op")), False)
+                stats.count += steps - 1
+                self._eager_steps(lo, str(lo.get("op")), kind, steps)
+            elif kind == "kernel.split":
+                self._runtime_split(lo, _int(lo.get("num_kv_splits")))
+            elif kind == "kernel.launch":
+                self._eager_steps(lo, str(lo.get("name")), kind, steps)
+                self._runtime_split(lo, _int(_dict(lo.get("const")).get("NUM_KV_SPLITS")))
+            elif kind == "host.decision":
+                name = _text(lo.get("name"))
+                if name is not None:
+                    self.eager_decisions.setdefault(tid, {})[name] = hi
+        self.fold_setup[tid] = setup
+        mds = [entry for entry in setup if entry[0] == "attn.metadata"]
+        if mds:
+            hi = mds[-1][2]
+            ptrs = hi.get("ptrs")
+            self.metadata[tid] = (hi, _int(hi.get("seq_len_max")), _int(hi.get("seq_len_min")),
+                                  ptrs if ptrs and type(ptrs) is dict else None)
+            self.step_ptrs.pop(tid, None)
+            self.md_since_replay.discard(tid)
+
+    def _eager_steps(self, rec: dict, name: str, kind: str, steps: int) -> None:
+        """`_eager` of `steps` records alike."""
+        if rec.get("tid") in self.replaying:
+            entry = self.model.runtime_eager.get((self.pid, name))
+            if entry is None:
+                self.model.runtime_eager[(self.pid, name)] = [steps, self._ref(rec, kind)]
+            else:
+                entry[0] += steps
+
     def replay_time(self, rec: Record) -> None:
         """graph.replay.time: the GPU time of replay n of gid, and of each graph around it."""
         gid, n, gpu = rec.gid, rec.n, rec.gpu_ns
@@ -908,6 +1050,23 @@ def _feed_each(builder: _ProcessBuilder, handlers: dict[str, Any], records: Iter
         except (AttributeError, TypeError, ValueError, KeyError) as exc:
             problems.append(_bad_record(builder, rec, exc))
     return count
+
+
+def _fold_record(rec: dict, kind: str, same: dict, ranges: dict, end: int) -> dict:
+    """One record of a fold's pattern at the low (end 0) or high (1) end of its ranges,
+    located at the `steady` record (its seq: evidence in a fold points there)."""
+    out = dict(same)
+    for name, span in ranges.items():
+        if not (isinstance(span, list) and len(span) == 2):
+            continue
+        outer, dot, inner = name.partition(".")
+        if dot:
+            nested = out[outer] = dict(_dict(out.get(outer)))
+            nested[inner] = span[end]
+        else:
+            out[name] = span[end]
+    out.update(k=kind, seq=rec.get("seq"), tid=rec.get("tid"), t=rec.get("t"), capturing=False)
+    return out
 
 
 def _bad_record(builder: _ProcessBuilder, rec: Any, exc: Exception) -> Problem:

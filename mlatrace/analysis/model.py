@@ -104,6 +104,7 @@ class ProcessModel(Unpickled):
     attention: dict[str, AttentionStats] = field(default_factory=dict)
     ranks_kept: list[int] | None = None        # header: --ranks (ranks left out on purpose)
     packs: list[str] = field(default_factory=list)   # header `probes`: packs installed
+    fold_s: float | None = None    # header: the fold interval of steady steps (None: off)
     kinds: Counter = field(default_factory=Counter)   # records per kind
     probe_errors: list[dict] = field(default_factory=list)  # probe.error records (+file, seq)
     marks: list[dict] = field(default_factory=list)   # {seq, t, name, attrs}, the first MAX_MARKS

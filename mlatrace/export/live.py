@@ -163,6 +163,7 @@ def _at_exit() -> None:
 
         recorder = record.current()
         if recorder is not None:
+            recorder.close_folds()  # the steady steps folded so far, as `steady` records
             recorder.flush()  # hands the last batch to our sink
         live.finish()
     except Exception:  # noqa: BLE001

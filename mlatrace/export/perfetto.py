@@ -147,6 +147,23 @@ class _Timeline:
                 yield {"ph": "X", "cat": "graph.replay", **base, "tid": track, "ts": start,
                        "dur": rec["gpu_ns"] / 1000.0, "name": _name(rec),
                        "args": {**_args(rec), "host_tid": tid, "host_ts_us": host_ts}}
+            elif kind == "steady":
+                # a fold of steady steps: one slice over the steps it stands for, with
+                # counters, never replays that were not recorded one by one
+                first = rec.get("t_first") if isinstance(rec.get("t_first"), int) else rec.get("t")
+                start = (wall_ns + int(first or 0) - self.origin_ns) / 1000.0
+                gpu = rec.get("gpu_ns") if isinstance(rec.get("gpu_ns"), dict) else {}
+                out.append({"ph": "X", "cat": "steady", **base, "ts": start,
+                            "dur": max(0.0, ts - start),
+                            "name": f"steady gid={rec.get('gid')} x{rec.get('replays')}",
+                            "args": {k: rec.get(k) for k in ("gid", "n_first", "n_last",
+                                                             "replays", "steps", "fold",
+                                                             "gpu_ns", "fields", "same")}})
+                counters = {"replays": rec.get("replays"), "steps": rec.get("steps")}
+                counters.update({f"gpu_{k}_us": v / 1000.0 for k, v in gpu.items()
+                                 if k in ("p50", "max") and isinstance(v, (int, float))})
+                yield {"ph": "C", "pid": pid, "tid": 0, "ts": start,
+                       "name": f"steady gid={rec.get('gid')}", "args": counters}
             elif kind == "process.end":
                 out.append({"ph": "i", "s": "p", "cat": kind, **base, "name": kind,
                             "args": _args(rec)})

@@ -159,6 +159,26 @@ class _ReplayBatch:
         self.len_max: Any = None
         self.tokens_max: Any = None
         self.mode: Any = None
+        self.steps: Any = None     # a fold of steady steps (a `steady` record): its steps
+
+    def add_fold(self, rec: dict, end: int) -> None:
+        """A `steady` record: the replays it stands for, their lengths and tokens as ranges."""
+        self.count = rec.get("replays") if type(rec.get("replays")) is int else 0
+        self.n_first, self.n_last = rec.get("n_first"), rec.get("n_last")
+        self.steps = rec.get("steps")
+        self.end = max(self.end, end)
+        fields = rec.get("fields") if isinstance(rec.get("fields"), dict) else {}
+        same = rec.get("same") if isinstance(rec.get("same"), dict) else {}
+        span = (fields.get("attn.metadata") or {}).get("seq_len_max")
+        if isinstance(span, list) and len(span) == 2:
+            self.len_min, self.len_max = span
+        tokens = (fields.get("dispatch") or {}).get("num_tokens")
+        if isinstance(tokens, list) and len(tokens) == 2:
+            self.tokens_max = tokens[1]
+        self.mode = (same.get("dispatch") or {}).get("mode", self.mode)
+        gpu = rec.get("gpu_ns") if isinstance(rec.get("gpu_ns"), dict) else {}
+        if type(gpu.get("max")) is int:
+            self.gpu_max = gpu["max"]
 
     def add(self, rec: dict, ts: int, meta: dict | None, dispatch: dict | None) -> None:
         self.count += 1
@@ -205,6 +225,10 @@ class _ReplayBatch:
             attrs["mlatrace.replay.num_tokens.max"] = self.tokens_max
         if self.mode is not None:
             attrs["mlatrace.dispatch.mode"] = attr_value(self.mode)
+        if self.steps is not None:
+            attrs["mlatrace.steady.steps"] = attr_value(self.steps)
+            if self.gpu_max:
+                attrs["mlatrace.steady.gpu_ns.max"] = self.gpu_max
         return attrs
 
 
@@ -319,6 +343,9 @@ class ProcessSpans:
             return
         if kind == "graph.replay.time" and self._replay_time(rec):
             return
+        if kind == "steady":
+            self._steady(rec)
+            return
         if kind == "attn.metadata" or kind == "dispatch":
             ts = self.wall_ns + (rec.get("t") or 0)
             if ts > self.last_ts:
@@ -422,6 +449,25 @@ class ProcessSpans:
         if batch is None:
             batch = self.batches[key] = _ReplayBatch(gid, ts)
         batch.add(rec, ts, self.meta.get(tid), self.dispatch.get(tid))
+
+    def _steady(self, rec: dict) -> None:
+        """A fold of steady steps: one replay span of the replays it stands for (a fold
+        without replays, of eager steps, an event of the process span)."""
+        ts = self.wall_ns + (rec.get("t") or 0)
+        if ts > self.last_ts:
+            self.last_ts = ts
+        gid, tid = rec.get("gid"), rec.get("tid")
+        if gid is None or not rec.get("replays"):
+            self.process.add_event("steady", attrs_of(rec, skip=("pattern",)), timestamp=ts)
+            return
+        key = (tid, gid)
+        if key in self.batches:
+            self._end_batch(key)
+        first = rec.get("t_first")
+        batch = self.batches[key] = _ReplayBatch(
+            gid, self.wall_ns + (first if type(first) is int else (rec.get("t") or 0)))
+        batch.add_fold(rec, ts)
+        self._end_batch(key)
 
     def _replay_time(self, rec: dict) -> bool:
         """A replay's GPU time, read after the replay: into the open span of its graph's replays

@@ -50,7 +50,8 @@ def child_env(out_dir: Path, run_id: str, *, ranks: str | None, probes: list[str
               replay_sample: int | None, graph_nodes: bool, otlp: str | None,
               launch_sample: int | None = None, sample: int | None = None,
               no_packs: list[str] | None = None, replay_timing: str | None = None,
-              step_aside: str | None = None,
+              step_aside: str | None = None, fold: float | None = None,
+              max_mb: float | None = None,
               base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment CMD runs in: bootstrap first on PYTHONPATH plus MLATRACE_* settings."""
     env = dict(os.environ if base is None else base)
@@ -75,6 +76,8 @@ def child_env(out_dir: Path, run_id: str, *, ranks: str | None, probes: list[str
                         ("MLATRACE_SAMPLE", "" if sample is None else str(sample)),
                         ("MLATRACE_REPLAY_TIMING", replay_timing or ""),
                         ("MLATRACE_STEP_ASIDE", step_aside or ""),
+                        ("MLATRACE_FOLD", "" if fold is None else repr(float(fold))),
+                        ("MLATRACE_MAX_MB", "" if max_mb is None else repr(float(max_mb))),
                         ("MLATRACE_OTLP", otlp or "")):
         if value:
             env[name] = value
@@ -159,7 +162,8 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
         otlp: str | None = None, sample: int | None = None,
         no_packs: list[str] | None = None, replay_timing: str | None = None,
         watch: bool = False, run_id: str | None = None,
-        step_aside: str | None = None, quiet: bool = False) -> int:
+        step_aside: str | None = None, quiet: bool = False, fold: float | None = None,
+        max_mb: float | None = None) -> int:
     """Run `cmd` traced; return its exit code (2 for a usage error, 127 if not found).
 
     With `watch`, CMD's output goes to `cmd.log` in the trace dir and the watch view
@@ -227,8 +231,11 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
         "options": {"ranks": ranks, "probes": list(probes or []), "replay_sample": replay_sample,
                     "launch_sample": launch_sample, "sample": sample,
                     "graph_nodes": graph_nodes, "otlp": otlp, "replay_timing": replay_timing,
-                    "step_aside": step_aside},
+                    "step_aside": step_aside, "fold": fold, "max_mb": max_mb},
     }
+    if max_mb == 0:
+        print("mlatrace run: --max-mb 0: every process file keeps only captures, changes, "
+              "errors, folds and process.end from the start", file=sys.stderr)
     run_json = out_dir / "run.json"
     while not fixed_dir and not _claim(run_json, info):
         out_dir = default_out_dir().resolve()  # the same second as another run: the next name
@@ -242,7 +249,8 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
     env = child_env(out_dir, run_id, ranks=ranks, probes=list(probes or []),
                     replay_sample=replay_sample, graph_nodes=graph_nodes, otlp=otlp,
                     launch_sample=launch_sample, sample=sample, no_packs=no_packs,
-                    replay_timing=replay_timing, step_aside=step_aside)
+                    replay_timing=replay_timing, step_aside=step_aside, fold=fold,
+                    max_mb=max_mb)
     output = None
     if watch:
         from mlatrace.watch import LOG_NAME

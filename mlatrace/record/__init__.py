@@ -32,6 +32,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from mlatrace.record import fold as _fold
 from mlatrace.record.redact import allowed_env, redact_argv
 
 SCHEMA = "mlatrace/1"
@@ -46,6 +47,15 @@ DEFAULT_SAMPLE = 1
 DEFAULT_STEP_ASIDE = (8, 64)
 DEFAULT_REPLAY_TIMING = (8, 64)   # time the first 8 replays of each graph, then 1 in 64
 CLOSE_TIMEOUT_S = 2.0
+DEFAULT_FOLD_S = _fold.FOLD_S
+# what a process file keeps once it reached --max-mb: captures, errors, folds and the
+# records that rules read when they are written in full (changes: folding writes a
+# set-up record or replay in full only when it differs from the step before)
+KEEP_AT_CAP = frozenset(("process", "process.end", "process.rank", "process.info", "device",
+                         "graph.capture.begin", "graph.capture.end", "graph.nodes",
+                         "graph.eager_break", "probe.error", "record.error", "kernel.skip", "steady",
+                         "sync",
+                         "mark"))
 
 _VERSIONED = ("torch", "triton", "vllm", "aiter", "sglang", "flashinfer")
 """Libraries whose installed version each process header records."""
@@ -82,7 +92,23 @@ def settings(environ: dict[str, str] | os._Environ | None = None) -> dict[str, A
         # probes that look at only the first call of each steady step (sampling.StepAside):
         # (settle, verify) steps; None = off ("0")
         "step_aside": parse_step_aside(env.get("MLATRACE_STEP_ASIDE")),
+        # steady steps folded into `steady` records, one per graph and this many seconds
+        # (record.fold); 0 = off
+        "fold": parse_seconds(env.get("MLATRACE_FOLD"), DEFAULT_FOLD_S),
+        # per process file: at this many MB keep only KEEP_AT_CAP and changes; None = no cap
+        "max_mb": parse_seconds(env.get("MLATRACE_MAX_MB"), None),
     }
+
+
+def parse_seconds(text: str | None, default: float | None) -> float | None:
+    """A non-negative number setting (MLATRACE_FOLD, MLATRACE_MAX_MB); unset or bad -> default."""
+    if text is None or not text.strip():
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        return default
+    return value if value >= 0 and value == value and value != float("inf") else default
 
 
 def parse_step_aside(text: str | None) -> tuple[int, int] | None:
@@ -247,6 +273,8 @@ class Recorder:
         max_pending: int = MAX_PENDING,
         flush_interval: float = FLUSH_INTERVAL_S,
         lazy_file: bool = False,
+        fold_s: float | None = None,
+        max_mb: float | None = None,
     ) -> None:
         self.out_dir = out_dir
         self.run_id = run_id
@@ -276,6 +304,17 @@ class Recorder:
         self._drained = threading.Event()
         self._writer_ident: int | None = None
         self.replays: dict[int, int] = {}
+        self.folded_kinds: collections.defaultdict = collections.defaultdict(int)
+        self.fold_s = fold_s or 0.0
+        self._folder = _fold.Folder(fold_s, self._put, self._count_folded) if fold_s else None
+        # the size cap: bytes written so far, the cap (None: none), what it left out
+        self.max_mb = max_mb
+        self.max_bytes = None if max_mb is None else int(max_mb * 1_000_000)
+        self.bytes_written = 0
+        self.capped = self.max_bytes == 0
+        self.capped_at_ns: int | None = 0 if self.capped else None
+        self.capped_kinds: collections.defaultdict = collections.defaultdict(int)
+        self.write_error: str | None = None
         self._seq = itertools.count(1)
         self._pending: deque = deque()
         self._sinks: list[Sink] = []
@@ -311,8 +350,18 @@ class Recorder:
         """
         if not self.enabled:
             return
+        folder = self._folder
+        if folder is not None:
+            tid = _thread_id()
+            t = fields["t"] = _clock() - self.t0
+            if not folder.take(kind, fields, t, tid):
+                self._put(kind, fields, tid)
+            return
         pending = self._pending
         if len(pending) >= self.max_pending and not self._make_room(kind):
+            return
+        if self.capped and kind not in KEEP_AT_CAP:
+            self.capped_kinds[kind] += 1
             return
         fields["k"] = kind
         fields["t"] = _clock() - self.t0
@@ -328,6 +377,40 @@ class Recorder:
         pending.append(fields)
         if len(pending) == FLUSH_EVERY_RECORDS:
             self._wake.set()
+
+    def _put(self, kind: str, fields: dict, tid: int) -> None:
+        """Queue a record whose `t` is set (folding on: what the folder writes in full)."""
+        if self.capped and kind not in KEEP_AT_CAP and kind not in _fold.FOLDABLE:
+            self.capped_kinds[kind] += 1
+            return
+        pending = self._pending
+        if len(pending) >= self.max_pending and not self._make_room(kind):
+            return
+        fields["k"] = kind
+        fields["seq"] = next(self._seq)
+        fields["tid"] = tid
+        self.kinds[kind] += 1
+        encode = self._encode_now
+        if encode is not None:
+            try:
+                fields = encode(fields)
+            except Exception:
+                pass
+        pending.append(fields)
+        if len(pending) == FLUSH_EVERY_RECORDS:
+            self._wake.set()
+
+    def _count_folded(self, kind: str) -> None:
+        self.folded_kinds[kind] += 1
+
+    def close_folds(self) -> None:
+        """Write every open fold and held step now (exit, a signal, uninstall)."""
+        folder = self._folder
+        if folder is not None:
+            try:
+                folder.close_all()
+            except Exception:
+                self.task_errors += 1
 
     def _make_room(self, kind: str) -> bool:
         """The queue is full: wait for the writer (bounded), else drop and count.
@@ -472,6 +555,10 @@ class Recorder:
         counts = dict(self.kinds)
         for kind, n in self.sampled_kinds.items():
             counts[kind] = counts.get(kind, 0) + n
+        for kind, n in self.folded_kinds.items():
+            counts[kind] = counts.get(kind, 0) + n
+        for kind, n in self.capped_kinds.items():
+            counts[kind] = counts.get(kind, 0) + n
         end_seq = next(self._seq)
         end = {
             "k": "process.end",
@@ -490,6 +577,18 @@ class Recorder:
             "replays": {str(gid): n for gid, n in self.replays.items()},
             "reason": reason,
         }
+        if self._folder is not None:
+            end["fold_s"] = self.fold_s
+            end["folded"] = dict(sorted(self.folded_kinds.items()))
+            end["folds"] = self._folder.folds
+        if self.max_bytes is not None:
+            end["cap"] = {"max_mb": self.max_mb, "reached": self.capped,
+                          "reached_t": self.capped_at_ns,
+                          "left_out": dict(sorted(self.capped_kinds.items())),
+                          "kept": sorted(KEEP_AT_CAP | (_fold.FOLDABLE if self._folder else
+                                                        frozenset()))}
+        if self.write_error is not None:
+            end["write_error"] = self.write_error
         for name, info in list(_end_info.items()):
             try:
                 end[name] = info()
@@ -511,6 +610,7 @@ class Recorder:
         """
         if self._closed or not self._write_lock.acquire(timeout=timeout_s):
             return
+        self.close_folds()
         try:
             self._flush_locked()
             if self._fd is not None:
@@ -526,11 +626,13 @@ class Recorder:
         """
         if self._closed:
             return
+        self.close_folds()      # before the hooks: a live sink they close still sees them
         for hook in _close_hooks + self._close_hooks:
             try:
                 hook()
             except Exception:
                 self.task_errors += 1
+        self.close_folds()
         self._closed = True
         self._wake.set()
         if not self._write_lock.acquire(timeout=timeout_s):
@@ -601,6 +703,8 @@ class Recorder:
             "ranks_kept": sorted(self.ranks) if self.ranks else None,
             "replay_sample": self.replay_sample,
             "sample": settings().get("sample"),
+            "fold_s": self.fold_s,
+            "max_mb": self.max_mb,
             "mlatrace": __version__,
         }
 
@@ -632,9 +736,28 @@ class Recorder:
 
     def _write_bytes(self, data: bytes) -> None:
         fd = self._fd
-        while data and fd is not None:
-            written = os.write(fd, data)
-            data = data[written:]
+        if fd is None or self.write_error is not None:
+            return
+        size = len(data)
+        try:
+            while data:
+                written = os.write(fd, data)
+                data = data[written:]
+        except OSError as exc:
+            # a full disk (or a file gone): say so once, stop tracing, never stop the program
+            self.write_error = f"{type(exc).__name__}: {exc.strerror or exc}"
+            self.enabled = False
+            try:
+                sys.stderr.write(f"mlatrace: pid {self.pid} cannot write {self.path}: "
+                                 f"{self.write_error}; tracing stopped, the program goes on\n")
+            except Exception:
+                pass
+            return
+        self.bytes_written += size
+        limit = self.max_bytes
+        if limit is not None and not self.capped and self.bytes_written >= limit:
+            self.capped = True
+            self.capped_at_ns = time.perf_counter_ns() - self.t0
 
     def started(self) -> None:
         """The process set-up is done: the header may be written."""
@@ -787,17 +910,21 @@ def start(
     replay_sample: int | None = None,
     ppid: int | None = None,
     hold_header: bool = False,
+    fold_s: float | None = None,
+    max_mb: float | None = None,
 ) -> Recorder:
     """Start recording this process into `out_dir` (replacing any running recorder).
 
     With `hold_header`, the first write waits for `set_probes()` (or 5 s) so the
-    header can list the installed probe packs.
+    header can list the installed probe packs. `fold_s`: fold steady steps into
+    `steady` records of this many seconds (record.fold; None or 0: off). `max_mb`: the
+    size cap of the file (None: none).
     """
     global _recorder
     if _recorder is not None:
         _recorder.close("restart")
     _recorder = Recorder(out_dir, run_id=run_id, ranks=ranks, replay_sample=replay_sample,
-                         ppid=ppid)
+                         ppid=ppid, fold_s=fold_s, max_mb=max_mb)
     if not hold_header:
         _recorder.started()
     return _recorder
@@ -841,7 +968,8 @@ def start_from_env() -> Recorder | None:
         return None
     out = host_out_dir(config["out"], config["run_id"])
     recorder = start(out, run_id=config["run_id"], ranks=config["ranks"],
-                     replay_sample=config["replay_sample"], hold_header=True)
+                     replay_sample=config["replay_sample"], hold_header=True,
+                     fold_s=config["fold"], max_mb=config["max_mb"])
     global _hooks_registered
     if not _hooks_registered:
         _hooks_registered = True
@@ -859,6 +987,6 @@ def _restart_in_forked_child() -> None:
     parent.abandon()
     _recorder = Recorder(parent.out_dir, run_id=parent.run_id, ppid=parent.pid,
                          ranks=parent.ranks, replay_sample=parent.replay_sample,
-                         lazy_file=True)
+                         lazy_file=True, fold_s=parent.fold_s, max_mb=parent.max_mb)
     _recorder.probes = list(parent.probes)
     _recorder.started()

@@ -71,6 +71,43 @@ class Problem:
         return f"{self.file}:{self.line}: {self.reason}"
 
 
+def _number(value: object) -> bool:
+    return type(value) in (int, float)
+
+
+def steady_problem(rec: dict[str, Any]) -> str | None:
+    """What is wrong with a `steady` record (mlatrace.record.fold), or None."""
+    steps, replays, gid = rec.get("steps"), rec.get("replays"), rec.get("gid")
+    if type(steps) is not int or steps < 1:
+        return f"steps {steps!r} is not a count >= 1"
+    if type(replays) is not int or replays < 0:
+        return f"replays {replays!r} is not a count"
+    if gid is not None and type(gid) is not int:
+        return f"gid {gid!r} is neither an int nor null"
+    if replays:
+        first, last = rec.get("n_first"), rec.get("n_last")
+        if type(first) is not int or type(last) is not int or first > last:
+            return f"n_first {first!r} .. n_last {last!r} is not a range of replay numbers"
+    for name in ("fields", "same"):
+        if not isinstance(rec.get(name, {}), dict):
+            return f"{name} is not an object"
+    pattern = rec.get("pattern")
+    if pattern is not None:
+        if not isinstance(pattern, list):
+            return "pattern is not a list"
+        for entry in pattern:
+            if not isinstance(entry, dict) or type(entry.get("k")) is not str:
+                return f"pattern entry {entry!r:.60} has no kind"
+            ranges = entry.get("range", {})
+            if not isinstance(ranges, dict) or not isinstance(entry.get("same", {}), dict):
+                return f"pattern entry of {entry['k']} has a range or same that is not an object"
+            for field_name, span in ranges.items():
+                if not (isinstance(span, list) and len(span) == 2 and _number(span[0])
+                        and _number(span[1]) and span[0] <= span[1]):
+                    return f"range of {entry['k']}.{field_name} is not [lo, hi]: {span!r:.60}"
+    return None
+
+
 def check_schema(schema: object) -> str | None:
     """None when this reader understands `schema`, else why not (newer minors are fine)."""
     if not isinstance(schema, str) or "/" not in schema:
@@ -273,6 +310,8 @@ class ProcessFile:
                 counts = Counter(kinds)
             except TypeError:  # a kind that is not hashable: the precise path keeps it
                 ok = False
+        if ok and "steady" in counts:
+            ok = False  # folds are few: the precise path checks each (steady_problem)
         if ok and not counts.keys().isdisjoint(CHECKED_KINDS):
             # rare kinds whose fields a rule trusts: a malformed one goes the precise way
             ok = not any(check_fields(_decode_line(line)) for line, kind in
@@ -337,6 +376,12 @@ class ProcessFile:
                 reason = check_fields(record)
                 if reason:
                     self._problem(lineno, f"{reason}; record skipped")
+                    return None
+            if record["k"] == "steady":
+                problem = steady_problem(record)
+                if problem is not None:
+                    self._problem(lineno, f"malformed steady record (seq {record['seq']}): "
+                                          f"{problem}; skipped")
                     return None
             if record["k"] == "process.end":
                 self.end = record

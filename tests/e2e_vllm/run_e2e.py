@@ -130,6 +130,31 @@ def load(port: int, model: Path, requests: int, concurrency: int,
         return list(pool.map(lambda p: complete(port, model, p, max_tokens), prompts))
 
 
+def paced_load(port: int, model: Path, duration_s: float, rate: float, concurrency: int,
+               max_tokens: int) -> list[Request]:
+    """Completions from `concurrency` clients for `duration_s`, at `rate` requests a second
+    in all (each client waits for its slot, so the load is bounded and ends on time)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    start = time.monotonic()
+    interval = concurrency / rate
+
+    def client(index: int) -> list[Request]:
+        done: list[Request] = []
+        n = 0
+        while True:
+            slot = start + (n + index / concurrency) * interval
+            if slot - start >= duration_s:
+                return done
+            time.sleep(max(0.0, slot - time.monotonic()))
+            done.append(complete(port, model, f"{PROMPTS[(index + n) % len(PROMPTS)]} ({n})",
+                                 max_tokens))
+            n += 1
+
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        return [r for batch in pool.map(client, range(concurrency)) for r in batch]
+
+
 def stop(proc: subprocess.Popen, timeout_s: float = 60.0, signum: int = signal.SIGTERM) -> int:
     """SIGTERM the launcher (it forwards to the server's group); SIGKILL the group as a last resort."""
     proc.send_signal(signum)
@@ -180,6 +205,14 @@ def check_trace(out: Path, requests: list[Request], exit_code: int | None,
                 calls.append(rec)
             elif k == "attn.metadata":
                 metas.append(rec)
+            elif k == "steady" and isinstance(rec.get("pattern"), list):
+                # folded steps: their metadata at both ends of its ranges
+                for entry in rec["pattern"]:
+                    if entry.get("k") == "attn.metadata":
+                        for end in (0, 1):
+                            metas.append({**entry.get("same", {}), **{
+                                name: span[end] for name, span in entry.get("range", {}).items()
+                                if "." not in name}})
             elif k == "probe.error":
                 errors.append(rec)
             if "dummy_run" in str(k) or (k == "mark" and "dummy_run" in str(rec.get("name"))):
@@ -325,6 +358,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="instead of the three prompts, send N requests from --concurrency "
                          "clients, then SIGTERM at once (checks every process's process.end)")
     ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--duration", type=float, default=0.0, metavar="S",
+                    help="paced load for S seconds at --rate requests/s from --concurrency clients")
+    ap.add_argument("--rate", type=float, default=1.0)
+    ap.add_argument("--trace-arg", action="append", default=[],
+                    help="extra `mlatrace run` option (repeatable), e.g. --trace-arg=--fold=0")
     ap.add_argument("--stop-signal", choices=["TERM", "INT"], default="TERM",
                     help="signal sent to stop the server (INT: as Ctrl-C does)")
     ap.add_argument("--serve-arg", action="append", default=[],
@@ -339,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd = serve_cmd(args.venv, args.model, port, args.serve_arg)
         if not args.no_trace:
             cmd = [str(args.venv / "bin" / "python"), "-m", "mlatrace", "run", "--out",
-                   str(args.out), "--", *cmd]
+                   str(args.out), *args.trace_arg, "--", *cmd]
         log_path = tmp / "server.log"
         with log_path.open("wb") as log:
             proc = subprocess.Popen(cmd, env=server_env(tmp), stdout=log, stderr=subprocess.STDOUT,
@@ -349,7 +387,10 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"server not ready (rc {proc.poll()})", file=sys.stderr)
                 else:
                     res.ready_s = round(time.monotonic() - t_start, 1)
-                    if args.load:
+                    if args.duration:
+                        res.requests = paced_load(port, args.model, args.duration, args.rate,
+                                                  args.concurrency, args.max_tokens)
+                    elif args.load:
                         res.requests = load(port, args.model, args.load, args.concurrency,
                                             args.max_tokens)
                     else:
@@ -376,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         res.checks.append({"name": "server became ready", "ok": False, "detail": ""})
     elif not args.no_trace:
         res.checks, res.facts = check_trace(args.out, res.requests, res.exit_code,
-                                            loaded=bool(args.load))
+                                            loaded=bool(args.load or args.duration))
         rc, text = run_report(args.out)
         res.facts["report"] = text
         res.checks.append({"name": "mlatrace report exits 0", "ok": rc == 0, "detail": f"rc {rc}"})

@@ -1,0 +1,367 @@
+"""Folding of steady decode steps into `steady` records (the recorder's side).
+
+A serving engine's decode step writes the same few records every step: its attention
+metadata, its dispatch, the replays of its graphs, maybe the first eager call of each
+probe. Once a thread's step repeats the previous one, field for field except numbers
+that only move (a sequence length growing by one a step), the step is folded: its
+records are not written, only accumulated, and one `steady` record per graph and
+interval stands for them (`FOLD_S`, default 10 s; a fold also closes at any change, a
+capture and the exit).
+
+A step begins with the first step-marking record (`attn.metadata`, `dispatch`) after a
+record of another kind; on a thread that makes no such record, with a replay of the
+step's first graph. The records of a step are held (not written) while they match the
+step before, position by position: same kind, same constant fields (keys, pointers,
+decision values, grids, layers), numeric fields anywhere in their range. The first
+record that does not match ends the fold: the open fold is written (its `steady`
+records), then the held records of this step and the record itself, in full; the next
+step is written in full too, and becomes the step that later ones must repeat.
+
+Only the kinds in `FOLDABLE` fold; records made while capturing never do. Any other
+kind (a sync, a capture, a probe error, a mark, a sampling run's end ...) ends the fold
+and is written in full. `graph.replay.time` (the replay-time sample) passes through:
+it is written as it comes and also summarised in the fold's `gpu_ns`.
+
+The builder (`mlatrace.analysis.builder`) reads a `steady` record as the records it
+stands for: every finding, count and cost is the same with folding on and off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+FOLD_S = 10.0
+STEP_KINDS = frozenset(("attn.metadata", "dispatch"))
+FOLDABLE = frozenset(("attn.metadata", "dispatch", "host.decision", "attn.call", "kernel.split",
+                      "kernel.launch", "graph.replay"))
+# written as they come, never ending a fold: the replay-time sample and sampling's run
+# ends (no rule reads a sample.run; it accounts for the records sampling left out)
+PASS = frozenset(("graph.replay.time", "sample.run"))
+SKIPPED = frozenset(("k", "t", "seq", "tid"))
+# numeric fields whose exact value rules read (a set of values, not a range)
+EXACT = frozenset(("layer", "gid", "n", "num_kv_splits", "block_n", "value", "parent",
+                   "capturing", "dummy"))
+RANGED_NESTED = frozenset(("inputs", "hints"))   # dicts whose numbers are ranges too
+# eager records' pointers no rule reads (a fresh output buffer per step is usual); the
+# metadata's are compared with the captured ones (MLT003)
+POINTERS_KEPT = frozenset(("attn.metadata",))
+MAX_STEP = 256          # a longer step is never folded (no steps marked?)
+MAX_TIMES = 512         # replay times kept per graph and fold for its gpu_ns percentiles
+
+Write = Callable[[str, dict, int], None]
+
+
+def freeze(value: Any) -> Any:
+    """A hashable, comparable form of a record's field value."""
+    kind = type(value)
+    if kind is dict:
+        return tuple((k, freeze(v)) for k, v in value.items())
+    if kind is list or kind is tuple:
+        return tuple(freeze(v) for v in value)
+    return value
+
+
+def split(kind: str, fields: dict) -> tuple[tuple, dict]:
+    """A record's constant key and its numeric fields that may move ({name: number};
+    fields of `inputs` and `hints` named "inputs.x")."""
+    const: list = [kind]
+    ranged: dict = {}
+    keep_ptrs = kind in POINTERS_KEPT
+    for name, value in fields.items():
+        if name in SKIPPED:
+            continue
+        vtype = type(value)
+        if (vtype is int or vtype is float) and name not in EXACT:
+            ranged[name] = value
+        elif vtype is dict and name in RANGED_NESTED:
+            for sub, item in value.items():
+                itype = type(item)
+                if itype is int or itype is float:
+                    ranged[f"{name}.{sub}"] = item
+                else:
+                    const.append((f"{name}.{sub}", freeze(item)))
+        elif name == "ptrs" and not keep_ptrs:
+            continue
+        else:
+            const.append((name, freeze(value)))
+    const.append(tuple(ranged))
+    return tuple(const), ranged
+
+
+class Fold:
+    """The steps folded so far on one thread since the fold opened."""
+
+    __slots__ = ("steps", "t_first", "t_last", "ranges", "first", "replays", "tid")
+
+    def __init__(self, step: list, t: int, tid: int) -> None:
+        self.steps = 0
+        self.t_first = t
+        self.t_last = t
+        self.tid = tid
+        self.first = [(kind, fields) for kind, _, fields, _ in step]  # the first folded step
+        self.ranges: list[dict] = [{} for _ in step]
+        self.replays: dict[int, list[int]] = {}   # gid -> [n_first, n_last, count]
+
+    def add(self, step: list, t: int) -> None:
+        self.steps += 1
+        self.t_last = t
+        for position, (kind, _, fields, ranged) in enumerate(step):
+            if kind == "graph.replay":
+                gid, n = fields.get("gid"), fields.get("n")
+                entry = self.replays.get(gid)
+                if entry is None:
+                    self.replays[gid] = [n, n, 1]
+                else:
+                    entry[1] = n
+                    entry[2] += 1
+                continue
+            ranges = self.ranges[position]
+            for name, value in ranged.items():
+                span = ranges.get(name)
+                if span is None:
+                    ranges[name] = [value, value]
+                elif value < span[0]:
+                    span[0] = value
+                elif value > span[1]:
+                    span[1] = value
+
+
+class ThreadFold:
+    """One thread's step: held while it repeats the last, and the fold it goes into."""
+
+    __slots__ = ("template", "step", "held", "fold", "last_kind", "marked", "first_gid",
+                 "tid", "overflow")
+
+    def __init__(self, tid: int) -> None:
+        self.tid = tid
+        self.template: list | None = None   # the keys of the last whole step
+        self.step: list = []                # this step: (kind, key, fields|None, ranged)
+        self.held = False                   # this step matches the template so far
+        self.fold: Fold | None = None
+        self.last_kind: str | None = None
+        self.marked = False                 # this step has a step-marking record
+        self.first_gid: Any = None
+        self.overflow = False               # this step outgrew MAX_STEP: not looked at
+
+
+class Folder:
+    """Decides, record by record, which records a thread's steady steps fold away.
+
+    `take(kind, fields, t, tid)` is True when the record was held (the caller writes
+    nothing now); False when the caller writes it now, after whatever `write` was
+    handed (a closed fold, held records) in the same call. Not thread-safe across one
+    thread's records, which only that thread adds; `close_all` may run on another
+    thread at exit.
+    """
+
+    def __init__(self, interval_s: float, write: Write, count_folded: Callable[[str], None]
+                 ) -> None:
+        self.interval_ns = int(interval_s * 1e9)
+        self.write = write
+        self.count_folded = count_folded
+        self.threads: dict[int, ThreadFold] = {}
+        self.times: dict[Any, list] = {}    # gid -> [count, max, kept values]
+        self.folds = 0
+        self.broken = 0                     # folds ended by a change
+
+    def take(self, kind: str, fields: dict, t: int, tid: int) -> bool:
+        if kind in PASS:
+            gpu = fields.get("gpu_ns")
+            if type(gpu) is int and self.threads:
+                self._time(fields.get("gid"), gpu)
+            return False
+        state = self.threads.get(tid)
+        if state is None:
+            state = self.threads[tid] = ThreadFold(tid)
+        if kind not in FOLDABLE or fields.get("capturing") is True or (
+                kind == "graph.replay" and len(fields) > 3):   # gid, n, t: nothing more
+            if state.fold is not None or state.held or state.step:
+                self._break(state)
+                state.template = None
+                state.step = []
+                state.overflow = False
+            state.last_kind = kind
+            return False
+        if state.overflow and kind not in STEP_KINDS and kind != "graph.replay":
+            return False    # no step boundary for MAX_STEP records: nothing to fold here
+        if kind == "graph.replay":
+            gid = fields.get("gid")
+            key: Any = (kind, gid)
+            ranged: dict = {}
+            boundary = not state.marked and gid == state.first_gid and state.step
+        else:
+            key, ranged = split(kind, fields)
+            boundary = kind in STEP_KINDS and state.last_kind not in STEP_KINDS and state.step
+            gid = None
+        if boundary:
+            self._end_step(state, t)
+        state.last_kind = kind
+        step = state.step
+        if not step:
+            state.marked = False
+            state.first_gid = gid
+        if kind in STEP_KINDS:
+            state.marked = True
+        if state.held:
+            template = state.template
+            position = len(step)
+            if template is not None and position < len(template) and template[position] == key:
+                step.append((kind, key, fields, ranged))
+                return True
+            self._break(state)      # writes the fold and this step's held records
+        if len(step) < MAX_STEP:
+            step.append((kind, key, None, None))
+        else:
+            state.template = None
+            state.overflow = True
+        return False
+
+    def _end_step(self, state: ThreadFold, t: int) -> None:
+        """The thread's step is whole: fold it (it repeated the last one) or learn it."""
+        step = state.step
+        if state.held and state.template is not None and len(step) == len(state.template):
+            fold = state.fold
+            if fold is None:
+                fold = state.fold = Fold(step, t, state.tid)
+                for kind, key, *_ in step:
+                    if kind == "graph.replay":
+                        self.times.pop(key[1], None)    # this fold's times only
+            fold.add(step, t)
+            for kind, *_ in step:
+                self.count_folded(kind)
+            if t - fold.t_first >= self.interval_ns:
+                self._close(state)
+        else:
+            if state.held:
+                self._break(state)
+            state.template = [entry[1] for entry in step] if len(step) < MAX_STEP else None
+        state.step = []
+        state.overflow = False
+        state.held = state.template is not None
+
+    def _break(self, state: ThreadFold) -> None:
+        """A change: write the open fold, then the held records of this step, in full."""
+        if state.fold is not None:
+            self.broken += 1
+            self._close(state)
+        if state.held:
+            step = state.step
+            for index, (kind, key, fields, _) in enumerate(step):
+                if fields is not None:
+                    self.write(kind, fields, state.tid)
+                    step[index] = (kind, key, None, None)
+            state.held = False
+
+    def _time(self, gid: Any, gpu: int) -> None:
+        entry = self.times.get(gid)
+        if entry is None:
+            entry = self.times[gid] = [0, gpu, []]
+        entry[0] += 1
+        if gpu > entry[1]:
+            entry[1] = gpu
+        if len(entry[2]) < MAX_TIMES:
+            entry[2].append(gpu)
+
+    def _close(self, state: ThreadFold) -> None:
+        """Write the open fold of this thread: one `steady` record per graph (the first
+        carries the step's pattern), or one with gid null for a step without replays."""
+        fold, state.fold = state.fold, None
+        if fold is None or not fold.steps:
+            return
+        self.folds += 1
+        pattern, merged_fields, merged_same = [], {}, {}
+        constant: dict[str, dict] = {}
+        for position, (kind, fields) in enumerate(fold.first):
+            if kind == "graph.replay":
+                pattern.append({"k": kind, "gid": fields.get("gid")})
+                continue
+            ranges = fold.ranges[position]
+            same = {}
+            for name, value in fields.items():
+                if name in SKIPPED or name in ranges:
+                    continue
+                if type(value) is dict and name in RANGED_NESTED:
+                    value = {k: v for k, v in value.items() if f"{name}.{k}" not in ranges}
+                    if not value:
+                        continue
+                if name == "ptrs" and kind not in POINTERS_KEPT:
+                    continue
+                same[name] = value
+            pattern.append({"k": kind, "same": same, "range": ranges})
+            into = merged_fields.setdefault(kind, {})
+            for name, span in ranges.items():
+                known = into.get(name)
+                into[name] = list(span) if known is None else [min(known[0], span[0]),
+                                                                 max(known[1], span[1])]
+            kept = constant.get(kind)
+            if kept is None:
+                constant[kind] = dict(same)
+            else:
+                for name in [n for n, v in kept.items() if same.get(n, kept) != v]:
+                    del kept[name]
+        for kind, kept in constant.items():
+            if kept:
+                merged_same[kind] = kept
+        common = {"t": fold.t_last, "steps": fold.steps, "t_first": fold.t_first,
+                  "t_last": fold.t_last,
+                  "fields": merged_fields, "same": merged_same, "fold": self.folds}
+        gids = list(fold.replays.items()) or [(None, None)]
+        for index, (gid, entry) in enumerate(gids):
+            fields = {"gid": gid}
+            if entry is None:
+                fields.update(n_first=None, n_last=None, replays=0)
+            else:
+                fields.update(n_first=entry[0], n_last=entry[1], replays=entry[2])
+                times = self.times.pop(gid, None)
+                if times is not None:
+                    fields["gpu_ns"] = _summary(times)
+            fields.update(common)
+            if index == 0:
+                fields["pattern"] = pattern
+            self.write("steady", fields, fold.tid)
+
+    def close_all(self) -> None:
+        """The process ends (or a capture begins elsewhere): write every fold and held step."""
+        for state in list(self.threads.values()):
+            self._break(state)
+            state.template = None
+            state.step = []
+
+
+def _summary(times: list) -> dict:
+    count, high, values = times
+    values = sorted(values)
+    return {"count": count, "p50": values[len(values) // 2],
+            "p90": values[min(len(values) - 1, len(values) * 9 // 10)], "max": high}
+
+
+def refold(rows: list[dict], interval_s: float = FOLD_S) -> list[dict]:
+    """The records of a trace file written with folding off, as the recorder would have
+    written them folding (new seqs; the header and `process.end` as they were). For
+    checking that folding changes no analysis: the two files hold the same measurements."""
+    out: list[dict] = rows[:1]
+    ends: list[dict] = []
+
+    def write(kind: str, fields: dict, tid: int) -> None:
+        fields.update(k=kind, tid=tid)
+        out.append(fields)
+
+    folder = Folder(interval_s, write, lambda kind: None)
+    for rec in rows[1:]:
+        if rec.get("k") == "process.end":
+            folder.close_all()
+            ends.append(rec)
+            out.append(rec)
+            continue
+        fields = {k: v for k, v in rec.items() if k not in ("k", "seq", "tid")}
+        if not folder.take(rec["k"], fields, rec["t"], rec["tid"]):
+            write(rec["k"], fields, rec["tid"])
+    folder.close_all()
+    if ends and out[-1] is not ends[-1]:    # folds closed at the end go before the end
+        out.remove(ends[-1])
+        out.append(ends[-1])
+    for seq, rec in enumerate(out):
+        rec["seq"] = seq
+    return out
+

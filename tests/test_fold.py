@@ -1,0 +1,236 @@
+"""Folding steady steps loses nothing a rule, a count or a cost reads.
+
+Each reference program runs under `mlatrace run` (real subprocesses, CPU) with folding
+off (`--fold 0`) and on (the default, 10 s). The traces must give the same findings,
+the same exact counts in process.end and the same coverage, and the folded trace must be
+smaller. Then one unfolded trace is folded again offline by the recorder's own folder,
+so that both traces hold the same measurements (timings, pointers): the whole report,
+field by field, must then be the same, except the evidence's seqs and the file's record
+count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+from mlatrace.analysis import analyze  # noqa: E402
+from mlatrace.record import fold  # noqa: E402
+from mlatrace.report import report_dict  # noqa: E402
+from mlatrace.trace import open_trace  # noqa: E402
+
+SERVE = ["--device", "cpu", "--ctx", "2048", "--steps", "14", "--batch", "2", "--layers", "2",
+         "--hidden", "32", "--heads", "2"]
+ROOT = Path(__file__).resolve().parents[1]
+CASES = [
+    ("--policy", "legacy"),
+    ("--policy", "bucketed"),
+    ("--policy", "device"),
+    ("--policy", "legacy", "--graph", "breakable"),
+    ("--policy", "bucketed", "--graph", "breakable"),
+    ("--policy", "device", "--graph", "none"),
+]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    for name in ("MLATRACE_FOLD", "MLATRACE_MAX_MB"):
+        env.pop(name, None)
+    return env
+
+
+def traced_serve(out: Path, options: list[str], *args: str) -> list[dict]:
+    cmd = [sys.executable, "-m", "mlatrace", "run", "--out", str(out), *options, "--",
+           sys.executable, "-m", "mlatrace.reference.serve", *SERVE, *args]
+    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (path,) = out.glob("p*.jsonl")
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def findings(out: Path) -> list[tuple]:
+    result = analyze(open_trace(out))
+    return sorted((f.id, f.severity, f.gid, f.message) for f in result.findings)
+
+
+def without_steady(counts: dict) -> dict:
+    return {k: n for k, n in counts.items() if k != "steady"}
+
+
+def comparable(report: dict) -> Any:
+    """The report without what differs by construction: seqs of evidence (a folded record's
+    evidence is its `steady` record), the file's own record count and its steady records."""
+    def strip(value: Any, key: str = "") -> Any:
+        if isinstance(value, dict) and key in ("lengths", "gpu_times") and "buckets" in value:
+            # a fold keeps its points' count and extremes, not each point's time
+            return {k: value[k] for k in ("points", "min", "max")}
+        if isinstance(value, dict):
+            return {k: strip(v, k) for k, v in value.items()
+                    if k not in ("seq", "seqs", "trace", "records_read", "evidence")
+                    and not (k == "records" and isinstance(v, int)) and k != "steady"}
+        if isinstance(value, list):
+            return [strip(v, key) for v in value]
+        return value
+    return strip(report)
+
+
+@pytest.mark.parametrize("args", CASES, ids=[" ".join(c) for c in CASES])
+def test_fold_on_and_off_give_the_same_findings_counts_and_coverage(tmp_path, args):
+    full = traced_serve(tmp_path / "off", ["--fold", "0"], *args)
+    folded = traced_serve(tmp_path / "on", [], *args)
+
+    assert findings(tmp_path / "off") == findings(tmp_path / "on")
+    end_off, end_on = full[-1], folded[-1]
+    assert end_on["k"] == "process.end" and end_on["fold_s"] == 10.0
+    assert "folded" not in end_off
+    assert without_steady(end_on["counts"]) == end_off["counts"]
+    assert end_on["replays"] == end_off["replays"]
+    # every record the program made is written, sampled or folded
+    written: dict[str, int] = {}
+    for rec in folded[1:-1]:
+        written[rec["k"]] = written.get(rec["k"], 0) + 1
+    for kind, n in end_on["counts"].items():
+        assert (written.get(kind, 0) + end_on["sampled"].get(kind, 0)
+                + end_on["folded"].get(kind, 0)) == n, kind
+    steady = [r for r in folded if r["k"] == "steady"]
+    assert steady, "a steady decode loop folds"
+    assert end_on["folded"] and len(folded) < len(full)
+    cov_off = analyze(open_trace(tmp_path / "off")).coverage
+    cov_on = analyze(open_trace(tmp_path / "on")).coverage
+    assert without_steady(cov_on.records) == cov_off.records
+    assert cov_on.blind == cov_off.blind and cov_on.reasons == cov_off.reasons
+    for r in steady:    # the replays a fold stands for are the exact n range
+        if r["gid"] is not None:
+            assert r["n_last"] - r["n_first"] + 1 == r["replays"]
+
+
+@pytest.mark.parametrize("args", [CASES[0], CASES[3], CASES[5]],
+                         ids=["full legacy", "breakable legacy", "eager device"])
+def test_the_same_trace_folded_gives_the_same_report_field_by_field(tmp_path, args):
+    rows = traced_serve(tmp_path / "off", ["--fold", "0"], *args)
+    (tmp_path / "on").mkdir()
+    name = next((tmp_path / "off").glob("p*.jsonl")).name
+    refolded = fold.refold(rows, interval_s=0.5)
+    assert sum(r["k"] == "steady" for r in refolded) >= 1
+    (tmp_path / "on" / name).write_text("".join(json.dumps(r) + "\n" for r in refolded))
+    reports = [comparable(report_dict(str(tmp_path / d), analyze(open_trace(tmp_path / d))))
+               for d in ("off", "on")]
+    for key in reports[0]:
+        assert reports[0][key] == reports[1][key], key
+
+
+def test_a_malformed_steady_record_is_reported_with_file_and_line(tmp_path):
+    rows = traced_serve(tmp_path / "t", [], "--policy", "legacy")
+    path = next((tmp_path / "t").glob("p*.jsonl"))
+    lines = path.read_text().splitlines()
+    index = next(i for i, r in enumerate(rows) if r["k"] == "steady")
+    bad = dict(rows[index], steps=-1)
+    lines[index] = json.dumps(bad)
+    path.write_text("\n".join(lines) + "\n")
+    trace = open_trace(tmp_path / "t")
+    result = analyze(trace)
+    problems = [str(p) for p in result.model.problems]
+    assert any(f"{path.name}:{index + 1}: malformed steady record" in p for p in problems), \
+        problems
+    assert [f.id for f in result.findings] == ["MLT001"]   # the rest of the trace is read
+
+
+def test_max_mb_0_keeps_captures_changes_folds_and_says_what_it_left_out(tmp_path):
+    cmd = [sys.executable, "-m", "mlatrace", "run", "--max-mb", "0", "--out",
+           str(tmp_path / "cap"), "--", sys.executable, "-m", "mlatrace.reference.serve",
+           *SERVE, "--policy", "legacy"]
+    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "--max-mb 0" in done.stderr
+    path = next((tmp_path / "cap").glob("p*.jsonl"))
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    end = rows[-1]
+    assert end["k"] == "process.end" and end["cap"]["reached"]
+    left = end["cap"]["left_out"]
+    assert left and all(kind not in left for kind in ("graph.capture.begin", "steady"))
+    assert {r["k"] for r in rows} & set(left) == set()
+    assert [f.id for f in analyze(open_trace(tmp_path / "cap")).findings] == ["MLT001"]
+    text = subprocess.run([sys.executable, "-m", "mlatrace", "report", str(tmp_path / "cap")],
+                          env=_env(), capture_output=True, text=True).stdout
+    assert "size cap of 0.0 MB reached" in text
+
+
+def test_a_process_killed_inside_a_fold_is_said_to_have_lost_its_last_interval(tmp_path):
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "mlatrace", "run", "--fold", "3600", "--out", str(out), "--",
+           sys.executable, "-m", "mlatrace.reference.serve", *SERVE[:4], "--steps", "100000",
+           *SERVE[6:], "--policy", "device", "--step-delay", "0.01"]
+    child = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        files: list[Path] = []
+        while time.monotonic() < deadline:   # until replays were written and folding began
+            files = list(out.glob("p*.jsonl"))
+            if files and files[0].read_text().count('"graph.replay"') >= 2:
+                time.sleep(1.0)
+                break
+            time.sleep(0.2)
+        assert files, "the traced program never wrote its file"
+        os.kill(int(files[0].name[1:].split(".")[0]), signal.SIGKILL)   # the program itself
+    finally:
+        child.wait(60)
+    (path,) = out.glob("p*.jsonl")
+    text = path.read_text()
+    assert '"steady"' not in text and '"process.end"' not in text
+    report = subprocess.run([sys.executable, "-m", "mlatrace", "report", str(out)],
+                            env=_env(), capture_output=True, text=True).stdout
+    assert "steady steps are folded" in report and "3600 s interval" in report
+
+
+def test_a_pointer_change_inside_steady_steps_ends_the_fold_and_is_found(tmp_path):
+    """A buffer that moves for one step (MLT003) is written in full between two folds,
+    and the folded trace gives the same findings as the unfolded one."""
+    rows = traced_serve(tmp_path / "off", ["--fold", "0"], "--policy", "device")
+    path = next((tmp_path / "off").glob("p*.jsonl"))
+    metadata = [i for i, r in enumerate(rows) if r["k"] == "attn.metadata"
+                and not r.get("capturing") and not r.get("dummy")]
+    moved = metadata[len(metadata) // 2]
+    rows[moved]["ptrs"] = {**rows[moved]["ptrs"], "seq_info": 4096}
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    refolded = fold.refold([dict(r) for r in rows], interval_s=60.0)
+    (tmp_path / "on").mkdir()
+    (tmp_path / "on" / path.name).write_text("".join(json.dumps(r) + "\n" for r in refolded))
+
+    assert "MLT003" in {f[0] for f in findings(tmp_path / "off")}
+    assert findings(tmp_path / "on") == findings(tmp_path / "off")
+    kinds = [r["k"] for r in refolded]
+    written = next(i for i, r in enumerate(refolded) if r.get("ptrs", {}).get("seq_info") == 4096)
+    assert "steady" in kinds[:written] and "steady" in kinds[written:]
+    assert refolded[written]["k"] == "attn.metadata"
+
+
+def test_a_full_disk_says_so_once_and_never_stops_the_program(tmp_path, capfd):
+    from mlatrace import record
+
+    recorder = record.Recorder(str(tmp_path), fold_s=10.0)
+    recorder.started()
+    real_fd = recorder._fd
+    recorder._fd = os.open("/dev/full", os.O_WRONLY)   # every write: ENOSPC
+    try:
+        recorder.add("mark", {"name": "a", "attrs": {}})
+        recorder.flush()
+        recorder.add("mark", {"name": "b", "attrs": {}})   # tracing stopped: a no-op
+        recorder.flush()
+        recorder.close()
+    finally:
+        os.close(real_fd)
+    err = capfd.readouterr().err
+    assert err.count("cannot write") == 1 and "tracing stopped, the program goes on" in err
+    assert "No space left" in recorder.write_error and not recorder.enabled
