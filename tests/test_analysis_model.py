@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
+import synth
 from conftest import FIXTURES
 
-from mlatrace.analysis import analyze, build_model, synth
+from mlatrace.analysis import analyze, build_model
 from mlatrace.analysis.model import ReplayStats
 from mlatrace.analysis.summary import units
 from mlatrace.trace import open_trace
