@@ -1,19 +1,36 @@
 """The `mlatrace` command line: parses arguments and delegates to one stage module each.
 
-Exit codes (documented in the README): 0 ok / clean, 1 findings at or above the
-threshold (check) or probe drift (probes doctor), 2 usage error or unreadable trace,
-3 blind (check: the trace cannot support a clean verdict; check.ExitCode);
+Exit codes (documented in the README; mlatrace.exitcodes.ExitCode): 0 ok / clean,
+1 findings at or above the threshold (check) or probe drift (probes doctor), 2 usage
+error or unreadable trace, 3 blind (check: the trace cannot support a clean verdict);
 `run` passes the traced command's exit code through (128+N when killed by signal N).
+A stage ends a command early by raising MlatraceError: `MlatraceGroup` is the one place
+that turns it into its line on stderr and its exit code.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
+from mlatrace.exitcodes import MlatraceError
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+class MlatraceGroup(click.Group):
+    """The `mlatrace` group: a MlatraceError from any command (subgroups included) is one
+    line on stderr, no traceback, and the error's exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except MlatraceError as error:
+            print(error.message, file=sys.stderr)
+            sys.exit(error.code)
+
+
+@click.group(cls=MlatraceGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="mlatrace", prog_name="mlatrace")
 def main() -> None:
     """Record what CUDA-graph capture froze, then report, diff and check it."""
@@ -339,9 +356,8 @@ def bench_splits(out: str, quick: bool) -> None:
     from mlatrace.bench import gpu_device_present
 
     if not gpu_device_present():  # before torch's import, which alone takes seconds
-        print("mlatrace bench splits needs a CUDA GPU (no GPU device on this machine)",
-              file=sys.stderr)
-        sys.exit(2)
+        raise MlatraceError("mlatrace bench splits needs a CUDA GPU (no GPU device on this "
+                            "machine)")
     from mlatrace.bench import splits_bench
 
     sys.exit(splits_bench.main(out=out, quick=quick))
