@@ -102,6 +102,7 @@ from mlatrace.analysis.kernels import kernel_view
 from mlatrace.analysis.load import Unusable, load, resolve_config
 from mlatrace.analysis.model import MAX_MARKS
 from mlatrace.analysis.summary import root_graphs, units
+from mlatrace.exitcodes import ExitCode
 from mlatrace.tables import Column, make_console, plural, print_line, print_table, shorten
 
 __all__ = ["Unusable", "load", "main", "render", "report_dict", "resolve_config"]
@@ -738,14 +739,14 @@ def main(trace: str | list[str], as_json: bool = False, verbose: bool = False,
         opened, result = load(trace, cfg, run_id=run_id)
     except (Unusable, ConfigError) as exc:
         err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
-        return 2
+        return ExitCode.UNUSABLE
     shown = trace if isinstance(trace, str) else " ".join(trace)
     data = report_dict(shown, result, run=opened.run)
     if html:
         from mlatrace.html_report import save
 
         if not save(html, data, result, err):
-            return 2
+            return ExitCode.UNUSABLE
     if as_json:
         print_warnings(err, data["problems"])
         sys.stdout.write(json.dumps(data, indent=1, default=str) + "\n")
@@ -775,7 +776,7 @@ def print_runs(paths: str | list[str], as_json: bool = False) -> int:
     except TraceError as exc:
         make_console(stderr=True).print(f"[red]error:[/] {exc}", highlight=False,
                                             soft_wrap=True)
-        return 2
+        return ExitCode.UNUSABLE
     if as_json:
         sys.stdout.write(json.dumps({"schema": "mlatrace.runs/1",
                                      "runs": [r.to_dict() for r in runs]}, indent=1) + "\n")
