@@ -30,6 +30,52 @@ class MlatraceGroup(click.Group):
             sys.exit(error.code)
 
 
+class OptionError(click.BadParameter):
+    """A bad option value, found by the option's click type: click reports it as the one
+    line it says (`mlatrace whatif: --lengths ...`), exit 2, without its usage block."""
+
+    def show(self, file: Any = None) -> None:
+        print(self.message, file=file or sys.stderr)
+
+
+class Lengths(click.ParamType):
+    """`whatif --lengths 8192,32768`: positive integers ("" is the default: None)."""
+
+    name = "text"  # the metavar --help shows, as before
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> list[int] | None:
+        if isinstance(value, list) or value == "":
+            return value or None
+        try:
+            lengths = [int(x) for x in value.split(",") if x.strip()]
+        except ValueError:
+            raise OptionError("mlatrace whatif: --lengths wants comma-separated integers, "
+                              f"got {value!r}", ctx=ctx, param=param) from None
+        if not lengths or min(lengths) < 1:
+            raise OptionError("mlatrace whatif: --lengths must be positive", ctx=ctx,
+                              param=param)
+        return lengths
+
+
+class GraphModes(click.ParamType):
+    """`bench overhead --graph full,breakable`: the reference engine's graph modes."""
+
+    name = "text"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> list[str]:
+        if isinstance(value, list):
+            return value
+        from mlatrace.bench.overhead_bench import GOALS
+
+        modes = [m.strip() for m in value.split(",") if m.strip()]
+        if not modes or any(m not in GOALS for m in modes):
+            raise OptionError(f"bench overhead: --graph takes {', '.join(GOALS)} "
+                              f"(comma-separated), not {value!r}", ctx=ctx, param=param)
+        return modes
+
+
 @click.group(cls=MlatraceGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="mlatrace", prog_name="mlatrace")
 def main() -> None:
@@ -169,12 +215,13 @@ def diff(a: str, b: str, as_json: bool) -> None:
               help="Where to run the reference kernel (a CUDA GPU).")
 @click.option("--save", is_flag=True,
               help="Write whatif.json into the trace dir (report's cost estimates use it).")
-@click.option("--lengths", default=None, help="KV lengths to measure, e.g. 8192,32768 "
+@click.option("--lengths", type=Lengths(), default=None,
+              help="KV lengths to measure, e.g. 8192,32768 "
               "(default: the replays' shortest and longest).")
 @click.option("--replays", type=click.IntRange(min=1), default=50,
               help="Graph replays per timing round (3 rounds, the fastest kept).")
 @click.option("--json", "as_json", is_flag=True, help="Print the whatif.json object instead.")
-def whatif(trace: str, device: str, save: bool, lengths: str | None, replays: int,
+def whatif(trace: str, device: str, save: bool, lengths: list[int] | None, replays: int,
            as_json: bool) -> None:
     """Frozen split vs device policy at the trace's shapes, with the reference kernel (GPU)."""
     from mlatrace import whatif as whatif_mod
@@ -366,7 +413,7 @@ def bench_splits(out: str, quick: bool) -> None:
 @bench.command("overhead")
 @click.option("--steps", type=int, default=300, show_default=True,
               help="Decode steps per run (at most 40 without CUDA).")
-@click.option("--graph", "graph_modes", default="full",
+@click.option("--graph", "graph_modes", type=GraphModes(), default="full",
               help="Graph modes of the reference engine, comma-separated: full, breakable, none.")
 @click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True,
               help="Alternating traced/untraced rounds per graph mode (medians are kept).")
@@ -386,7 +433,7 @@ def bench_splits(out: str, quick: bool) -> None:
               help="With --in-process: drop the device work, leaving the step's Python.")
 @click.option("--json-out", type=click.Path(dir_okay=False), default="bench-overhead.json",
               help="Where the JSON summary goes.")
-def bench_overhead(steps: int, graph_modes: str, rounds: int, sample: int | None,
+def bench_overhead(steps: int, graph_modes: list[str], rounds: int, sample: int | None,
                    step_aside: str | None, in_process: bool, baseline: str, host_only: bool,
                    json_out: str) -> None:
     """Decode step time, traced vs untraced, per graph mode (GPU time and wall)."""

@@ -235,17 +235,14 @@ def cuda_device_name() -> str | None:
     return torch.cuda.get_device_name()
 
 
-def main(trace: str, device: str = "cuda", save: bool = False, lengths: str | None = None,
-         replays: int = DEFAULT_REPLAYS, as_json: bool = False) -> int:
+def main(trace: str, device: str = "cuda", save: bool = False,
+         lengths: list[int] | None = None, replays: int = DEFAULT_REPLAYS,
+         as_json: bool = False) -> int:
+    """`mlatrace whatif`; `lengths`: the KV lengths to measure (positive; cli.Lengths
+    checks them), None for the replays' shortest and longest."""
     from mlatrace.report import Unusable, load, resolve_config
 
-    try:
-        explicit = [int(x) for x in lengths.split(",") if x.strip()] if lengths else None
-    except ValueError:
-        raise MlatraceError("mlatrace whatif: --lengths wants comma-separated integers, "
-                            f"got {lengths!r}") from None
-    if explicit is not None and (not explicit or min(explicit) < 1):
-        raise MlatraceError("mlatrace whatif: --lengths must be positive")
+    explicit = lengths
     try:
         _trace, result = load(trace, resolve_config(None))
     except Unusable as exc:

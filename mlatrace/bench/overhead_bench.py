@@ -182,15 +182,12 @@ def main_in_process(modes: list[str], on_cuda: bool, host_only: bool,
     return 0
 
 
-def main(steps: int = 300, graphs: str = "full", rounds: int = ROUNDS,
-         sample: int | None = None, json_out: str | None = None, in_process: bool = False,
-         host_only: bool = False, step_aside: str | None = None,
+def main(steps: int = 300, graphs: tuple[str, ...] | list[str] = ("full",),
+         rounds: int = ROUNDS, sample: int | None = None, json_out: str | None = None,
+         in_process: bool = False, host_only: bool = False, step_aside: str | None = None,
          baseline: str = "unpatched") -> int:
-    modes = [m.strip() for m in graphs.split(",") if m.strip()]
-    unknown = [m for m in modes if m not in GOALS]
-    if unknown or not modes:
-        raise MlatraceError(f"bench overhead: --graph takes {', '.join(GOALS)} "
-                            f"(comma-separated), not {graphs!r}")
+    """`mlatrace bench overhead`; `graphs`: modes of GOALS (cli.GraphModes checks them)."""
+    modes = list(graphs)
     on_cuda = cuda_available()
     options = trace_options(sample, step_aside)
     if in_process:
