@@ -38,6 +38,25 @@ class OptionError(click.BadParameter):
         print(self.message, file=file or sys.stderr)
 
 
+class RunOption(click.ParamType):
+    """A `run` option checked by `mlatrace.inject.launcher.check_<name>`, which returns
+    the value (normalised) or raises MlatraceError with the line to show."""
+
+    name = "text"  # the metavar --help shows, as before
+
+    def __init__(self, check: str) -> None:
+        self.check = check
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        from mlatrace.inject import launcher
+
+        try:
+            return getattr(launcher, f"check_{self.check}")(value)
+        except MlatraceError as error:
+            raise OptionError(error.message, ctx=ctx, param=param) from None
+
+
 class Lengths(click.ParamType):
     """`whatif --lengths 8192,32768`: positive integers ("" is the default: None)."""
 
@@ -85,7 +104,7 @@ def main() -> None:
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--out", "out", default=None,
               help="Trace directory, created if needed (default ./mlatrace-trace/<timestamp>).")
-@click.option("--ranks", default=None, show_default="all ranks",
+@click.option("--ranks", type=RunOption("ranks"), default=None, show_default="all ranks",
               help="Keep only these ranks' events, e.g. 0 or 0,1.")
 @click.option("--probes", "probes", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="Extra probe pack (TOML); repeatable.")
@@ -99,11 +118,13 @@ def main() -> None:
 @click.option("--sample", type=click.IntRange(min=0), default=None,
               help="Eager probed calls and launches repeating their last record: keep the "
                    "first N of each run, then count (default 1; 0 keeps every record).")
-@click.option("--step-aside", "step_aside", default=None, metavar="SETTLE,VERIFY|0",
+@click.option("--step-aside", "step_aside", type=RunOption("step_aside"), default=None,
+              metavar="SETTLE,VERIFY|0",
               help="Probes whose decode steps are steady look at each step's first call "
                    "only, and at a whole step every VERIFY-th (default 8,64; 0: look at "
                    "every call). process.end counts what was not looked at (unseen).")
-@click.option("--replay-timing", default=None, metavar="N:M|off",
+@click.option("--replay-timing", type=RunOption("replay_timing"), default=None,
+              metavar="N:M|off",
               help="Time replays on the GPU with CUDA events (no sync): the first N replays "
                    "of each graph, then 1 in M (default 8:64; off: none).")
 @click.option("--graph-nodes/--no-graph-nodes", default=True,
@@ -114,7 +135,7 @@ def main() -> None:
 @click.option("--watch", "watch", is_flag=True,
               help="Show the live watch view while CMD runs; CMD's output goes to cmd.log "
                    "in the trace dir.")
-@click.option("--run-id", "run_id", default=None,
+@click.option("--run-id", "run_id", type=RunOption("run_id"), default=None,
               help="Join a run traced on several hosts: give every host's `mlatrace run` the "
                    "same id (default: a new one; the default --out is then "
                    "./mlatrace-trace/<run-id>/<host>).")

@@ -84,13 +84,39 @@ def child_env(out_dir: Path, run_id: str, *, ranks: str | None, probes: list[str
     return env
 
 
-def _parse_ranks(ranks: str | None) -> str | None:
+def check_ranks(ranks: str | None) -> str | None:
+    """`run --ranks` normalised ("0, 1" -> "0,1"; "" -> None); MlatraceError when bad.
+    This and the other `check_*` are the types of `run`'s options (cli.py)."""
     if not ranks:
         return None
     values = [r.strip() for r in ranks.split(",") if r.strip()]
     if not all(v.isdigit() for v in values):
-        raise ValueError(f"--ranks wants comma-separated integers, got {ranks!r}")
+        raise MlatraceError(f"mlatrace run: --ranks wants comma-separated integers, got "
+                            f"{ranks!r}")
     return ",".join(values)
+
+
+def check_replay_timing(replay_timing: str) -> str:
+    if replay_timing != "off" and parse_replay_timing(replay_timing) is None:
+        raise MlatraceError("mlatrace run: --replay-timing wants N:M (first N replays per "
+                            "graph, then 1 in M; M >= 1) or off, got "
+                            f"{replay_timing!r}")
+    return replay_timing
+
+
+def check_step_aside(step_aside: str) -> str:
+    if step_aside not in ("0", "off") and parse_step_aside(step_aside) is None:
+        raise MlatraceError("mlatrace run: --step-aside wants SETTLE,VERIFY (steady steps "
+                            "before a probe steps aside, SETTLE >= 1; a whole step looked at "
+                            f"every VERIFY-th, VERIFY >= 2) or 0, got {step_aside!r}")
+    return step_aside
+
+
+def check_run_id(run_id: str) -> str:
+    if not RUN_ID.fullmatch(run_id):
+        raise MlatraceError("mlatrace run: --run-id wants 1-64 letters, digits, '.', '_' or "
+                            f"'-', got {run_id!r}")
+    return run_id
 
 
 def _unknown_packs(names: list[str], probes: list[str]) -> str | None:
@@ -162,7 +188,8 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
         watch: bool = False, run_id: str | None = None,
         step_aside: str | None = None, quiet: bool = False) -> int:
     """Run `cmd` traced; return its exit code (127 if not found, 126 if not executable);
-    a usage error raises MlatraceError (exit 2).
+    a usage error raises MlatraceError (exit 2). `ranks`, `replay_timing`, `step_aside` and
+    `run_id` come checked (`check_*`: the types of the CLI's options).
 
     With `watch`, CMD's output goes to `cmd.log` in the trace dir and the watch view
     (`mlatrace.watch`) follows the trace until CMD exits, then prints the final report.
@@ -174,28 +201,11 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
     if not cmd:
         raise MlatraceError("mlatrace run: no command given (usage: mlatrace run [opts] -- "
                             "CMD...)")
-    try:
-        ranks = _parse_ranks(ranks)
-    except ValueError as exc:
-        raise MlatraceError(f"mlatrace run: {exc}") from exc
     if out is not None and not out.strip():
         raise MlatraceError("mlatrace run: --out is empty; give a directory")
-    if replay_timing is not None and replay_timing != "off" \
-            and parse_replay_timing(replay_timing) is None:
-        raise MlatraceError("mlatrace run: --replay-timing wants N:M (first N replays per "
-                            "graph, then 1 in M; M >= 1) or off, got "
-                            f"{replay_timing!r}")
-    if step_aside is not None and step_aside not in ("0", "off") \
-            and parse_step_aside(step_aside) is None:
-        raise MlatraceError("mlatrace run: --step-aside wants SETTLE,VERIFY (steady steps "
-                            "before a probe steps aside, SETTLE >= 1; a whole step looked at "
-                            f"every VERIFY-th, VERIFY >= 2) or 0, got {step_aside!r}")
     unknown = _unknown_packs(no_packs or [], probes or [])
     if unknown:
         raise MlatraceError(f"mlatrace run: {unknown}")
-    if run_id is not None and not RUN_ID.fullmatch(run_id):
-        raise MlatraceError("mlatrace run: --run-id wants 1-64 letters, digits, '.', '_' or "
-                            f"'-', got {run_id!r}")
     out_dir = (Path(out) if out else default_out_dir(run_id)).resolve()
     if out_dir.exists() and any(out_dir.glob("p*.jsonl")):
         raise MlatraceError(f"mlatrace run: {out_dir} already holds a trace; choose another "
