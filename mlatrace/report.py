@@ -19,6 +19,7 @@ from rich.markup import escape
 from mlatrace.analysis import ConfigError
 from mlatrace.analysis.load import Unusable, load, resolve_config
 from mlatrace.analysis.model import MAX_MARKS
+from mlatrace.exitcodes import ExitCode
 from mlatrace.report_data import REPORT_SCHEMA, problems_of, report_dict, summary_line
 from mlatrace.report_text import (
     GID_NOTE,
@@ -479,14 +480,14 @@ def main(trace: str | list[str], as_json: bool = False, verbose: bool = False,
         opened, result = load(trace, cfg, run_id=run_id)
     except (Unusable, ConfigError) as exc:
         err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
-        return 2
+        return ExitCode.UNUSABLE
     shown = trace if isinstance(trace, str) else " ".join(trace)
     data = report_dict(shown, result, run=opened.run)
     if html:
         from mlatrace.html_report import save
 
         if not save(html, data, result, err):
-            return 2
+            return ExitCode.UNUSABLE
     if as_json:
         print_warnings(err, data["problems"])
         sys.stdout.write(json.dumps(data, indent=1, default=str) + "\n")
@@ -516,7 +517,7 @@ def print_runs(paths: str | list[str], as_json: bool = False) -> int:
     except TraceError as exc:
         make_console(stderr=True).print(f"[red]error:[/] {exc}", highlight=False,
                                             soft_wrap=True)
-        return 2
+        return ExitCode.UNUSABLE
     if as_json:
         sys.stdout.write(json.dumps({"schema": "mlatrace.runs/1",
                                      "runs": [r.to_dict() for r in runs]}, indent=1) + "\n")

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mlatrace.exitcodes import ExitCode
 from mlatrace.watch.loop import (
     BACKLOG_REFRESH_S,
     IDLE_REFRESH_S,
@@ -52,13 +53,13 @@ def main(path: str | None, once: bool = False, config: str | None = None,
         cfg = resolve_config(config)
     except ConfigError as exc:
         err.print(f"[red]error:[/] {exc}", highlight=False)
-        return 2
+        return ExitCode.UNUSABLE
     where = Path(path or DEFAULT_DIR)
     roots = newest_run(where)
     if not roots:
         err.print(f"[red]error:[/] {where}: no trace here (no run.json or p<pid>.jsonl, "
                   "nor a run directory below it)", highlight=False)
-        return 2
+        return ExitCode.UNUSABLE
     if path is None or roots[0] != where:
         err.print(f"mlatrace watch: following {roots[0]}", highlight=False)
     live = LiveRun(roots, cfg)
@@ -93,5 +94,5 @@ def _page_done(page: Any, err: Any) -> int:
     """0, or 2 with the reason when the --html page could not be written."""
     if page is not None and page.error:
         err.print(f"error: {page.error}", highlight=False, markup=False, soft_wrap=True)
-        return 2
+        return ExitCode.UNUSABLE
     return 0
