@@ -255,17 +255,23 @@ def render_processes(console: Any, data: dict[str, Any], verbose: bool) -> None:
     print_table(console, PROCESS_COLUMNS, rows, title="processes")
 
 
+def print_rank_rows(console: Any, columns: list[Column], rows: list[tuple[list, list[str]]],
+                    verbose: bool, title: str) -> None:
+    """A table whose rows ranks share (graph_rows, kernel_rows): the first MAX_GRAPH_ROWS
+    unless -v, and how many more there are."""
+    shown = rows if verbose else rows[:MAX_GRAPH_ROWS]
+    print_table(console, columns, [[ranks_text(r), *cells] for r, cells in shown], title=title)
+    if len(rows) > len(shown):
+        console.print(f"... {len(rows) - len(shown)} more rows (use -v)")
+
+
 def render_graphs(console: Any, data: dict[str, Any], verbose: bool) -> None:
     """What each capture froze and what its replays saw; -v adds the frozen details."""
     graphs = data["graphs"]
     if not graphs:
         return
-    rows = graph_rows(graphs)
-    shown_rows = rows if verbose else rows[:MAX_GRAPH_ROWS]
-    print_table(console, GRAPH_COLUMNS, [[ranks_text(ranks), *cells] for ranks, cells in shown_rows],
-                title="graphs (what capture froze / what replays saw)")
-    if len(rows) > len(shown_rows):
-        console.print(f"... {len(rows) - len(shown_rows)} more rows (use -v)")
+    print_rank_rows(console, GRAPH_COLUMNS, graph_rows(graphs), verbose,
+                    "graphs (what capture froze / what replays saw)")
     if any(g["nested_gids"] for g in graphs):
         console.print(f"({GID_NOTE})", highlight=False)
     from mlatrace.charts.spark import sparkline_lines
@@ -340,12 +346,8 @@ def render_kernels(console: Any, data: dict[str, Any], verbose: bool) -> None:
     view = data.get("kernels")
     if not view or not view["graphs"]:
         return
-    rows = kernel_rows(view)
-    shown = rows if verbose else rows[:MAX_GRAPH_ROWS]
-    print_table(console, KERNEL_COLUMNS, [[ranks_text(r), *cells] for r, cells in shown],
-                title="kernels (attention-like nodes of each graph)")
-    if len(rows) > len(shown):
-        console.print(f"... {len(rows) - len(shown)} more rows (use -v)")
+    print_rank_rows(console, KERNEL_COLUMNS, kernel_rows(view), verbose,
+                    "kernels (attention-like nodes of each graph)")
     differ = view["grids_differ"]
     if not verbose:
         if differ:

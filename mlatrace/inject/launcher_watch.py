@@ -10,6 +10,8 @@ import socket
 import threading
 import time
 
+from mlatrace.common import pid_alive
+
 __all__ = ["LAUNCHER_GRACE_S", "LAUNCHER_POLL_S", "die_with_launcher"]
 
 
@@ -34,7 +36,7 @@ def die_with_launcher(environ: dict[str, str] | os._Environ) -> None:
     launcher, run_json = int(pid), os.path.join(out, "run.json")
 
     def watch() -> None:
-        while _alive(launcher):
+        while pid_alive(launcher):
             time.sleep(LAUNCHER_POLL_S)
         if not _mark_abnormal_end(run_json, launcher):
             return  # the run ended normally: this process outlives it on purpose
@@ -50,14 +52,6 @@ def die_with_launcher(environ: dict[str, str] | os._Environ) -> None:
         os.register_at_fork(after_in_child=start)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _mark_abnormal_end(run_json: str, launcher: int) -> bool:

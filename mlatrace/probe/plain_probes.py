@@ -10,6 +10,7 @@ from typing import Any
 from mlatrace.probe import graphs, sampling
 from mlatrace.probe.around import around_handler, recorder_around
 from mlatrace.probe.paths import CallView
+from mlatrace.probe.probe_calls import probe_body
 from mlatrace.probe.recording import emitter, extractors, keyed_recording, recording
 from mlatrace.probe.runtime import STATE, ProbeRuntime
 from mlatrace.probe.targets import TargetInfo, is_method
@@ -68,83 +69,23 @@ def make_function(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
 
         return _like(handler_probe, original)
 
-    if when == "call" and keyed is not None:
-        aside = keyed.aside
-        step = graphs.STEP
-
-        def keyed_call_probe(*args: Any, **kwargs: Any) -> Any:
-            if aside.asleep == step.value:      # stepped aside for the rest of this step
-                aside.unseen += 1
-                return original(*args, **kwargs)
-            if runtime.disabled or not state.active or local.inside:
-                return original(*args, **kwargs)
-            runtime.hits += 1
-            try:
-                keyed((args[0] if args else None) if method else None, args, kwargs, None,
-                      extract)
-            except Exception as exc:
-                runtime.fail(target, exc)
-            local.inside = True
-            try:
-                return original(*args, **kwargs) if kwargs else original(*args)
-            finally:
-                local.inside = False
-
-        return _taking_off(_like(keyed_call_probe, original), aside, info)
-
-    if when == "call" and method:
-        def call_probe_method(*args: Any, **kwargs: Any) -> Any:
-            if runtime.disabled or not state.active or local.inside:
-                return original(*args, **kwargs)
-            runtime.hits += 1
-            try:
-                note(extract(args[0] if args else None, args, kwargs, None))
-            except Exception as exc:
-                runtime.fail(target, exc)
-            local.inside = True
-            try:
-                return original(*args, **kwargs) if kwargs else original(*args)
-            finally:
-                local.inside = False
-
-        return _like(call_probe_method, original)
-
+    step = graphs.STEP
     if when == "call":
-        def call_probe(*args: Any, **kwargs: Any) -> Any:
-            if runtime.disabled or not state.active or local.inside:
-                return original(*args, **kwargs)
-            runtime.hits += 1
-            try:
-                note(extract(None, args, kwargs, None))
-            except Exception as exc:
-                runtime.fail(target, exc)
-            local.inside = True
-            try:
-                return original(*args, **kwargs) if kwargs else original(*args)
-            finally:
-                local.inside = False
-
-        return _like(call_probe, original)
+        # keyed: compares before it extracts, steps aside; else every call is extracted
+        aside = keyed.aside if keyed is not None else None
+        make = probe_body("keyed_call_probe" if keyed is not None else "call_probe",
+                          wrapt_style=False, method=method, step_aside=aside is not None,
+                          record="keyed" if keyed is not None else "note")
+        probe = _like(make(runtime, state, local, target, original, aside, step, keyed, note,
+                           extract, None), original)
+        return _taking_off(probe, aside, info) if aside is not None else probe
 
     around = recorder_around(runtime, info, extract, note, 1 if method else 0, add, keyed)
     aside = getattr(around, "aside", None) or sampling.Awake()
-    step = graphs.STEP
-
-    def return_probe(*args: Any, **kwargs: Any) -> Any:
-        if aside.asleep == step.value:          # stepped aside for the rest of this step
-            aside.unseen += 1
-            return original(*args, **kwargs)
-        if runtime.disabled or not state.active or local.inside:
-            return original(*args, **kwargs)
-        runtime.hits += 1
-        local.inside = True
-        try:
-            return around(original, (args[0] if args else None) if method else None,
-                          args, kwargs)
-        finally:
-            local.inside = False
-
-    return _taking_off(_like(return_probe, original), aside, info)
+    make = probe_body("return_probe", wrapt_style=False, method=method, step_aside=True,
+                      record=None)
+    return _taking_off(_like(make(runtime, state, local, target, original, aside, step, None,
+                                  None, extract, around), original), aside, info)
 
 
 def _taking_off(replacement: Callable, aside: Any, info: TargetInfo) -> Callable:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from mlatrace.probe import graphs, sampling
 from mlatrace.probe.around import around_handler, recorder_around
 from mlatrace.probe.paths import CallView
+from mlatrace.probe.probe_calls import probe_body
 from mlatrace.probe.recording import emitter, extractors, keyed_recording, recording
 from mlatrace.probe.runtime import STATE, ProbeRuntime
 from mlatrace.probe.targets import TargetInfo
@@ -45,47 +46,16 @@ def make_wrapper(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
         return handler_wrapper
 
     local = runtime.local
-
     step = graphs.STEP
     if when == "call":
         aside = keyed.aside if keyed is not None else sampling.Awake()
-
-        def call_wrapper(wrapped, instance, args, kwargs):
-            if aside.asleep == step.value:      # stepped aside for the rest of this step
-                aside.unseen += 1
-                return wrapped(*args, **kwargs)
-            if runtime.disabled or not state.active or local.inside:
-                return wrapped(*args, **kwargs)
-            runtime.hits += 1
-            try:
-                if keyed is not None:
-                    keyed(instance, args, kwargs, None, extract)
-                else:
-                    note(extract(instance, args, kwargs, None))
-            except Exception as exc:
-                runtime.fail(target, exc)
-            local.inside = True
-            try:
-                return wrapped(*args, **kwargs)
-            finally:
-                local.inside = False
-
-        return call_wrapper
+        make = probe_body("call_wrapper", wrapt_style=True, method=False, step_aside=True,
+                          record="keyed" if keyed is not None else "note")
+        return make(runtime, state, local, target, None, aside, step, keyed, note, extract, None)
 
     around = recorder_around(runtime, info, extract, note, 0, add, keyed)
     aside_after = getattr(around, "aside", None) or sampling.Awake()
-
-    def return_wrapper(wrapped, instance, args, kwargs):
-        if aside_after.asleep == step.value:    # stepped aside for the rest of this step
-            aside_after.unseen += 1
-            return wrapped(*args, **kwargs)
-        if runtime.disabled or not state.active or local.inside:
-            return wrapped(*args, **kwargs)
-        runtime.hits += 1
-        local.inside = True
-        try:
-            return around(wrapped, instance, args, kwargs)
-        finally:
-            local.inside = False
-
-    return return_wrapper
+    make = probe_body("return_wrapper", wrapt_style=True, method=False, step_aside=True,
+                      record=None)
+    return make(runtime, state, local, target, None, aside_after, step, None, None, extract,
+                around)
