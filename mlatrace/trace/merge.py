@@ -19,7 +19,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from mlatrace.trace import Trace, TraceError
+from mlatrace.trace.reader import Trace, TraceError
 from mlatrace.trace.runs import RunInfo, find_runs, select_run
 
 MERGE_SCHEMA = "mlatrace.merge/1"
