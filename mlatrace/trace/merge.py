@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from mlatrace.exitcodes import MlatraceError
-from mlatrace.trace import Trace, TraceError
+from mlatrace.trace.reader import Trace, TraceError
 from mlatrace.trace.runs import RunInfo, find_runs, select_run
 
 MERGE_SCHEMA = "mlatrace.merge/1"
