@@ -8,7 +8,7 @@ import pytest
 from conftest import FIXTURES
 
 from mlatrace.analysis import Config, analyze, synth
-from mlatrace.analysis.decisions import bucketed_splits, legacy_splits
+from mlatrace.decisions import bucketed_splits, legacy_splits
 from mlatrace.trace import open_trace
 
 

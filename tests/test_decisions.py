@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, REPO
 
-from mlatrace.analysis import Config, analyze, decisions
+from mlatrace import decisions
+from mlatrace.analysis import Config, analyze
 from mlatrace.analysis.synth import SynthProcess, write_run
 from mlatrace.probe import default_pack_paths
 from mlatrace.probe.commands import check_static

@@ -10,11 +10,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlatrace.analysis import decisions as known
+from mlatrace import decisions as known
 from mlatrace.analysis.config import Config
-from mlatrace.analysis.decisions import bucketed_splits, legacy_splits
 from mlatrace.analysis.findings import Evidence, Finding, make_finding
 from mlatrace.analysis.model import DecisionShape, GraphModel, Ref, TraceModel, classify_op
+from mlatrace.decisions import bucketed_splits, legacy_splits
 from mlatrace.tables import plural
 
 
