@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mlatrace.analysis.decisions import bucketed_splits, legacy_splits
+from mlatrace.decisions import bucketed_splits, legacy_splits
 
 SEQ_INFO_PTR = 137855956567552
 BLOCK_N = 64

@@ -9,7 +9,7 @@ import synth
 from conftest import FIXTURES
 
 from mlatrace.analysis import Config, analyze
-from mlatrace.analysis.decisions import bucketed_splits, legacy_splits
+from mlatrace.decisions import bucketed_splits, legacy_splits
 from mlatrace.trace import open_trace
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlatrace.analysis import decisions as known
+from mlatrace import decisions as known
 from mlatrace.analysis.config import Config
 from mlatrace.analysis.findings import Finding, make_finding
 from mlatrace.analysis.model import GraphModel, TraceModel, classify_op

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlatrace.analysis import decisions as known
+from mlatrace import decisions as known
 from mlatrace.analysis.config import Config
 from mlatrace.analysis.findings import Evidence
 from mlatrace.analysis.model import DecisionShape, GraphModel, Ref, TraceModel

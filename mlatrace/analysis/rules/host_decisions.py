@@ -3,9 +3,8 @@ froze, judged against the replays."""
 
 from __future__ import annotations
 
-from mlatrace.analysis import decisions as known
+from mlatrace import decisions as known
 from mlatrace.analysis.config import Config
-from mlatrace.analysis.decisions import bucketed_splits, legacy_splits
 from mlatrace.analysis.findings import Finding, make_finding
 from mlatrace.analysis.model import DecisionShape, GraphModel, TraceModel
 from mlatrace.analysis.rules.common import (
@@ -17,6 +16,7 @@ from mlatrace.analysis.rules.common import (
     replayed_graphs,
 )
 from mlatrace.analysis.rules.splits import frozen_one_split
+from mlatrace.decisions import bucketed_splits, legacy_splits
 
 
 # -- MLT006 frozen-host-decision -----------------------------------------------------

@@ -3,9 +3,8 @@ capture froze against the lengths its replays saw."""
 
 from __future__ import annotations
 
-from mlatrace.analysis import decisions as known
+from mlatrace import decisions as known
 from mlatrace.analysis.config import Config
-from mlatrace.analysis.decisions import bucketed_splits, legacy_splits
 from mlatrace.analysis.findings import Evidence, Finding, make_finding
 from mlatrace.analysis.model import GraphModel, TraceModel
 from mlatrace.analysis.rules.common import (
@@ -20,6 +19,7 @@ from mlatrace.analysis.rules.common import (
     split_decisions,
     stage1_without_stage2,
 )
+from mlatrace.decisions import bucketed_splits, legacy_splits
 from mlatrace.tables import plural
 
 
