@@ -17,28 +17,29 @@ import threading
 import time
 
 from mlatrace import record
+from mlatrace.settings import Settings, current
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
 _installed = False
 
 
-def bootstrap_process() -> None:
+def bootstrap_process(config: Settings | None = None) -> None:
     """Start tracing this process as configured by MLATRACE_* (idempotent)."""
     global _installed
     if _installed:
         return
-    recorder = record.start_from_env()
+    config = current() if config is None else config
+    recorder = record.start_from_env(config)
     if recorder is None:
         return
     _installed = True
     _flush_before_os_exit()
     _flush_before_exec()
     _flush_on_sigterm()
-    _die_with_launcher(os.environ)
+    _die_with_launcher(config)
     _install_probes()
-    config = record.settings()
-    if config["otlp"]:
-        _start_live_export(config["otlp"])
+    if config.otlp:
+        _start_live_export(config.otlp)
 
 
 def _report_failure(what: str, target: str, exc: BaseException) -> None:
@@ -169,7 +170,7 @@ LAUNCHER_POLL_S = 0.5   # how often a traced process looks for its launcher
 LAUNCHER_GRACE_S = 5.0  # from the SIGTERM to the SIGKILL of a process that lives on
 
 
-def _die_with_launcher(environ: dict[str, str] | os._Environ) -> None:
+def _die_with_launcher(config: Settings) -> None:
     """End this process when the launcher dies before the run ended (SIGKILL of
     `mlatrace run`): no traced server keeps running untraced with PPID 1.
 
@@ -178,9 +179,7 @@ def _die_with_launcher(environ: dict[str, str] | os._Environ) -> None:
     ended normally wrote it), the thread writes the abnormal end into run.json and sends
     this process SIGTERM (the program's handler runs after mlatrace wrote process.end),
     then SIGKILL after LAUNCHER_GRACE_S. Forked children start their own thread."""
-    pid = str(environ.get("MLATRACE_LAUNCHER_PID") or "")
-    host = environ.get("MLATRACE_HOST")
-    out = environ.get("MLATRACE_OUT")
+    pid, host, out = config.launcher_pid or "", config.host, config.out
     if not pid.isdigit() or not out or (host and host != socket.gethostname()):
         return
     launcher, run_json = int(pid), os.path.join(out, "run.json")
