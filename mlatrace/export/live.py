@@ -29,6 +29,8 @@ import threading
 import time
 from typing import Any
 
+from mlatrace import settings
+
 PARENT_ENV = "MLATRACE_OTLP_PARENT"
 EXPORT_TIMEOUT_S = 3.0       # per request; a live exporter must give up quickly
 SCHEDULE_DELAY_MS = 500      # spans reach the collector within about this much
@@ -87,7 +89,7 @@ def _parent_from_env() -> tuple[int, int] | None:
     processes it starts.
     """
     try:
-        pid, span_id, trace_id = os.environ.get(PARENT_ENV, "").split(":")
+        pid, span_id, trace_id = (settings.current().otlp_parent or "").split(":")
         if int(pid) in (os.getppid(), os.getpid()):
             return int(trace_id, 16), int(span_id, 16)
     except ValueError:
@@ -289,8 +291,8 @@ class _Live:
         _install_filter()
         # One trace per run: the parent's, else one derived from the run id (so that
         # processes of one run that are not each other's children still meet).
-        run_id = header.get("run_id") or os.environ.get("MLATRACE_RUN_ID") \
-            or os.environ.get("MLATRACE_OUT")
+        config = settings.current()
+        run_id = header.get("run_id") or config.run_id or config.out
         if _parent is not None:
             where = spans.ProcessIds(trace_id=_parent[0], parent_span_id=_parent[1])
         else:

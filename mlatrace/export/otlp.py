@@ -10,7 +10,6 @@ OpenTelemetry is imported here, so this module is only imported lazily.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +17,7 @@ from urllib.parse import urlparse
 
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from mlatrace import settings
 from mlatrace.export.spans import build_spans
 
 DEFAULT_TIMEOUT_S = 5.0
@@ -151,7 +151,7 @@ def export_trace(trace: Any, url: str, *, protocol: str = "http/protobuf",
                  timeout_s: float | None = None) -> ExportResult:
     """Convert a whole trace to spans and send them; the result says what failed and why."""
     if timeout_s is None:
-        timeout_s = float(os.environ.get("MLATRACE_OTLP_TIMEOUT") or DEFAULT_TIMEOUT_S)
+        timeout_s = settings.current().otlp_timeout or DEFAULT_TIMEOUT_S
     spans, processes = build_spans(trace, service_name, findings)
     sent, error = send(spans, url, protocol, timeout_s)
     return ExportResult(spans=len(spans), sent=sent, processes=processes, error=error)

@@ -14,26 +14,27 @@ import sys
 from mlatrace import record
 from mlatrace.inject.flush_hooks import install_flush_hooks
 from mlatrace.inject.launcher_watch import die_with_launcher
+from mlatrace.settings import Settings, current
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
 _installed = False
 
 
-def bootstrap_process() -> None:
+def bootstrap_process(config: Settings | None = None) -> None:
     """Start tracing this process as configured by MLATRACE_* (idempotent)."""
     global _installed
     if _installed:
         return
-    recorder = record.start_from_env()
+    config = current() if config is None else config
+    recorder = record.start_from_env(config)
     if recorder is None:
         return
     _installed = True
     install_flush_hooks()
-    die_with_launcher(os.environ)
+    die_with_launcher(config)
     _install_probes()
-    config = record.settings()
-    if config["otlp"]:
-        _start_live_export(config["otlp"])
+    if config.otlp:
+        _start_live_export(config.otlp)
 
 
 def _report_failure(what: str, target: str, exc: BaseException) -> None:

@@ -24,6 +24,7 @@ from mlatrace.exitcodes import SIGNALLED, ExitCode, MlatraceError
 from mlatrace.inject import BOOTSTRAP_DIR
 from mlatrace.record import parse_replay_timing, parse_step_aside
 from mlatrace.record.redact import allowed_env, redact_argv
+from mlatrace.settings import Settings
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 STRAGGLER_WAIT_S = 5.0
@@ -57,7 +58,7 @@ def child_env(out_dir: Path, run_id: str, *, ranks: str | None, probes: list[str
     """The environment CMD runs in: bootstrap first on PYTHONPATH plus MLATRACE_* settings."""
     env = dict(os.environ if base is None else base)
     if no_packs:  # --no-pack adds to what MLATRACE_DISABLE_PACKS already turns off
-        names = (env.get("MLATRACE_DISABLE_PACKS") or "").replace(",", " ").split()
+        names = list(Settings.from_env(env).disable_packs)
         env["MLATRACE_DISABLE_PACKS"] = ",".join(dict.fromkeys(names + list(no_packs)))
     old = env.get("PYTHONPATH", "")
     parts = [BOOTSTRAP_DIR] + [p for p in old.split(os.pathsep) if p and p != BOOTSTRAP_DIR]

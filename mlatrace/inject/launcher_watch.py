@@ -11,6 +11,7 @@ import threading
 import time
 
 from mlatrace.common import pid_alive
+from mlatrace.settings import Settings
 
 __all__ = ["LAUNCHER_GRACE_S", "LAUNCHER_POLL_S", "die_with_launcher"]
 
@@ -19,7 +20,7 @@ LAUNCHER_POLL_S = 0.5   # how often a traced process looks for its launcher
 LAUNCHER_GRACE_S = 5.0  # from the SIGTERM to the SIGKILL of a process that lives on
 
 
-def die_with_launcher(environ: dict[str, str] | os._Environ) -> None:
+def die_with_launcher(config: Settings) -> None:
     """End this process when the launcher dies before the run ended (SIGKILL of
     `mlatrace run`): no traced server keeps running untraced with PPID 1.
 
@@ -28,9 +29,7 @@ def die_with_launcher(environ: dict[str, str] | os._Environ) -> None:
     ended normally wrote it), the thread writes the abnormal end into run.json and sends
     this process SIGTERM (the program's handler runs after mlatrace wrote process.end),
     then SIGKILL after LAUNCHER_GRACE_S. Forked children start their own thread."""
-    pid = str(environ.get("MLATRACE_LAUNCHER_PID") or "")
-    host = environ.get("MLATRACE_HOST")
-    out = environ.get("MLATRACE_OUT")
+    pid, host, out = config.launcher_pid or "", config.host, config.out
     if not pid.isdigit() or not out or (host and host != socket.gethostname()):
         return
     launcher, run_json = int(pid), os.path.join(out, "run.json")

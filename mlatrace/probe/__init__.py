@@ -18,6 +18,7 @@ import os
 import threading
 from pathlib import Path
 
+from mlatrace import settings
 from mlatrace.probe import graphs, sampling
 from mlatrace.probe.engine import Engine
 from mlatrace.probe.packs import Pack, PackError, discover, load_applicable, load_pack
@@ -92,7 +93,8 @@ def install_default() -> list[str]:
     library is skipped as "other version" (in the coverage, not an error: a pack for
     another release of the engine); the other packs still install.
     """
-    if os.environ.get("MLATRACE_DISABLE", "0") not in ("", "0"):
+    config = settings.current()
+    if config.disabled:
         return []
     other: list[tuple[str, str]] = []
     packs, problems = load_applicable(other_versions=other)
@@ -100,8 +102,7 @@ def install_default() -> list[str]:
     for where, error in problems:
         failed[where] = error
         _report_pack_error(where, error)
-    given = {str(Path(p).resolve())
-             for p in (os.environ.get("MLATRACE_PROBES") or "").split(os.pathsep) if p}
+    given = {str(Path(p).resolve()) for p in config.probes}
     user = [p.name for p in packs if str(Path(p.path).resolve()) in given]
     return install(packs, failed, user)
 

@@ -51,6 +51,7 @@ from mlatrace.probe.packs import (
     load_pack,
     version_problem,
 )
+from mlatrace.settings import Settings
 
 
 @dataclass
@@ -336,8 +337,9 @@ def _follow_progress(child: subprocess.Popen, log: Any) -> list[str]:
 def _check_child() -> None:
     """The child side of check_isolated: packs as the parent loads them, results as JSON."""
     packs, _problems, _broken = _load(sys.argv[1:])
-    skip = json.loads(os.environ.get("MLATRACE_DOCTOR_SKIP") or "{}")
-    fd = os.open(os.environ["MLATRACE_DOCTOR_LOG"], os.O_WRONLY | os.O_APPEND)
+    config = Settings.from_env()
+    skip = json.loads(config.doctor_skip or "{}")
+    fd = os.open(str(config.doctor_log), os.O_WRONLY | os.O_APPEND)
     results = check(packs, skip, progress=fd, user=_user_packs(packs, sys.argv[1:]))
     os.write(fd, ("results " + json.dumps([asdict(r) for r in results]) + "\n").encode())
     os.close(fd)

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import os
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -53,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from mlatrace.probe.paths import CallView, PathError, compile_fields
+from mlatrace.settings import Settings
 
 WHEN = ("call", "return", "both")
 ENTRY_POINT_GROUP = "mlatrace.packs"
@@ -433,8 +433,7 @@ def version_problem(pack: Pack, installed: str | None = None) -> str | None:
 
 def disabled_packs(environ: Any = None) -> set[str]:
     """Pack names in MLATRACE_DISABLE_PACKS (comma- or space-separated)."""
-    env = os.environ if environ is None else environ
-    return {n for n in (env.get(DISABLE_ENV) or "").replace(",", " ").split() if n}
+    return set(Settings.from_env(environ).disable_packs)
 
 
 def entry_point_pack_paths() -> tuple[list[Path], list[tuple[str, str]]]:
@@ -475,10 +474,9 @@ def discover(extra: list[str | Path] | None = None,
              environ: Any = None) -> tuple[list[Path], list[tuple[str, str]]]:
     """Pack files in load order (shipped, entry points, MLATRACE_PROBES, `extra`), and
     (where, error) for the entry points that gave none."""
-    env = os.environ if environ is None else environ
     from_entry_points, problems = entry_point_pack_paths()
     paths = list(shipped_pack_paths()) + from_entry_points
-    paths += [Path(p) for p in (env.get("MLATRACE_PROBES") or "").split(os.pathsep) if p]
+    paths += [Path(p) for p in Settings.from_env(environ).probes]
     paths += [Path(p) for p in (extra or [])]
     return paths, problems
 

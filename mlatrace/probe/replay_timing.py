@@ -27,7 +27,7 @@ import time
 from collections import deque
 from typing import Any
 
-from mlatrace import record
+from mlatrace import record, settings
 
 MAX_PAIRS = 64          # event pairs in flight; a replay due while all are busy goes untimed
 POLL_PER_REPLAY = 4     # completed pairs resolved per later replay
@@ -157,7 +157,7 @@ def timer_for(clock: str) -> CudaReplayTimer | HostReplayTimer | None:
     One CUDA timer per process, shared by every replay probe (one event pool, one queue).
     """
     global _cuda_timer
-    timing = record.settings().get("replay_timing")
+    timing = settings.current().replay_timing
     if timing is None or clock not in ("cuda", "host"):
         return None
     if clock == "host":

@@ -41,7 +41,7 @@ import sys
 import threading
 from typing import Any
 
-from mlatrace import record
+from mlatrace import record, settings
 from mlatrace.probe import graphs
 from mlatrace.probe.paths import NO_LAYER
 
@@ -272,7 +272,7 @@ def stop_stepping_aside() -> None:
 def step_aside_for(probe: str, kind: str | None = None) -> StepAside | Awake:
     """The StepAside of one probe target, per MLATRACE_STEP_ASIDE; Awake when off or
     when the probe marks steps itself (it must see every call to advance them)."""
-    config = record.settings().get("step_aside")
+    config = settings.current().step_aside
     if not config or kind in graphs.STEP_KINDS:
         return Awake()
     return StepAside(probe, *config)
@@ -346,4 +346,4 @@ os.register_at_fork(after_in_child=_forget_in_forked_child)
 
 def limit() -> int:
     """N of MLATRACE_SAMPLE (0: sampling off)."""
-    return int(record.settings().get("sample") or 0)
+    return settings.current().sample

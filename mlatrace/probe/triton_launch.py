@@ -26,13 +26,12 @@ device scalar) are recorded as None.
 from __future__ import annotations
 
 import inspect
-import os
 import re
 import sys
 import threading
 from typing import Any
 
-from mlatrace import record
+from mlatrace import record, settings
 from mlatrace.probe import graphs, sampling
 from mlatrace.probe.handlers import Handler
 
@@ -66,7 +65,7 @@ def _run_of(meta: KernelMeta) -> sampling.RunState:
 
 def kernel_filter(options: dict[str, Any]) -> re.Pattern[str]:
     """The kernel-name regex: MLATRACE_KERNELS, else the pack's option, else the default."""
-    pattern = os.environ.get("MLATRACE_KERNELS") or options.get("name_regex") \
+    pattern = settings.current().kernels or options.get("name_regex") \
         or DEFAULT_KERNEL_FILTER
     return re.compile(pattern)
 
@@ -211,7 +210,8 @@ class TritonRun(Handler):
         emit = record.emit
         local = _local
         capturing, current_gid = graphs.capturing, graphs.current_gid
-        use_hook = os.environ.get("MLATRACE_TRITON_LAUNCH_HOOK", "") not in ("", "0") \
+        config = settings.current()
+        use_hook = config.triton_launch_hook \
             or bool(self.options.get("launch_hook", False))
         if use_hook and info.attr == "run" \
                 and "interpreter" not in info.target and self.hook is None:
@@ -219,7 +219,7 @@ class TritonRun(Handler):
             self.hook.install()
         # The thread-local "inside run" flag only matters to the launch hook.
         flag = self.hook is not None and self.hook.installed
-        sample = record.settings().get("launch_sample") or 0
+        sample = config.launch_every
         sampler = sampling.Sampler(runtime.spec.qualname, "kernel.launch", sample) \
             if sample else None
         if sampler is not None:

@@ -35,7 +35,6 @@ from mlatrace.settings import (
     parse_replay_timing,
     parse_seconds,
     parse_step_aside,
-    settings,
 )
 
 _restart_in_forked_child = restart_in_forked_child
@@ -138,5 +137,5 @@ __all__ = [
     "count_sampled_launch", "current", "emit", "emit_fields", "emit_replay", "end_now",
     "flush_now", "host_out_dir", "note_probe_error", "parse_replay_timing", "parse_seconds",
     "parse_step_aside", "remove_close_hook", "set_end_info", "set_probes", "set_rank",
-    "settings", "start", "start_from_env", "stop",
+    "start", "start_from_env", "stop",
 ]

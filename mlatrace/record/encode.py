@@ -4,9 +4,10 @@ json (one C encoder built once) on the flush thread otherwise. Stdlib only (and 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from typing import Any
+
+from mlatrace.settings import current
 
 
 def json_default(obj: object) -> object:
@@ -76,7 +77,12 @@ def msgspec_encoder() -> Callable[[Any], bytes] | None:
 # and the flush thread encodes them with stdlib json, while the program is in GIL-free
 # calls (a CUDA launch, say): the C encoder costs a few us per record, too much for the
 # hot path of a traced GPU program.
-ENCODE_NOW = msgspec_encoder() if os.environ.get("MLATRACE_JSON") != "stdlib" else None
+ENCODE_NOW = msgspec_encoder()
+
+
+def encode_now() -> Callable[[Any], bytes] | None:
+    """The add-time encoder of a new recorder: msgspec's, unless MLATRACE_JSON=stdlib."""
+    return ENCODE_NOW if current().json != "stdlib" else None
 
 
 def encode_line(record: dict) -> str:

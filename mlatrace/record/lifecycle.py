@@ -11,7 +11,7 @@ from typing import Any
 from mlatrace.record.process_info import host_out_dir
 from mlatrace.record.recorder import Recorder
 from mlatrace.record.state import STATE
-from mlatrace.settings import settings
+from mlatrace.settings import Settings, current
 
 
 def add_close_hook(hook: Callable[[], None]) -> None:
@@ -76,15 +76,15 @@ def stop(reason: str = "exit") -> None:
             STATE.recorder = None
 
 
-def start_from_env() -> Recorder | None:
+def start_from_env(config: Settings | None = None) -> Recorder | None:
     """Start recording as configured by MLATRACE_* (the bootstrap of every traced process)."""
-    config = settings()
-    if config["disabled"] or not config["out"]:
+    config = current() if config is None else config
+    if config.disabled or not config.out:
         return None
-    out = host_out_dir(config["out"], config["run_id"])
-    recorder = start(out, run_id=config["run_id"], ranks=config["ranks"],
-                     replay_sample=config["replay_sample"], hold_header=True,
-                     fold_s=config["fold"], max_mb=config["max_mb"])
+    out = host_out_dir(config.out, config.run_id, config.host)
+    recorder = start(out, run_id=config.run_id, ranks=set(config.ranks) if config.ranks else None,
+                     replay_sample=config.replay_sample, hold_header=True,
+                     fold_s=config.fold, max_mb=config.max_mb)
     if not STATE.hooks_registered:
         STATE.hooks_registered = True
         atexit.register(stop, "exit")

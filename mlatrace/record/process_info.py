@@ -46,12 +46,11 @@ def versions() -> dict[str, str | None]:
 
 
 
-def host_out_dir(out: str, run_id: str | None = None) -> str:
+def host_out_dir(out: str, run_id: str | None = None, launcher_host: str | None = None) -> str:
     """This host's trace directory: `out` on the launcher's host (MLATRACE_HOST), `out/<host>`
     on any other (a Ray worker on another node writes there, on its own disk). Where that
     cannot be made, `$TMPDIR/mlatrace-trace/<run_id>/<host>`, said once on stderr."""
     host = socket.gethostname()
-    launcher_host = os.environ.get("MLATRACE_HOST")
     if launcher_host and launcher_host != host:
         out = os.path.join(out, host)
     try:

@@ -32,11 +32,11 @@ from collections.abc import Callable
 
 import mlatrace.record.fold as _fold
 from mlatrace import SCHEMA
-from mlatrace.record.encode import ENCODE_NOW, line_of
+from mlatrace.record.encode import encode_now, line_of
 from mlatrace.record.process_info import env_rank, process_argv, versions
 from mlatrace.record.redact import allowed_env, redact_argv
 from mlatrace.record.state import STATE, ProcessState
-from mlatrace.settings import settings
+from mlatrace.settings import current
 
 FLUSH_INTERVAL_S = 0.2
 FLUSH_EVERY_RECORDS = 512
@@ -102,7 +102,7 @@ class Recorder:
         self._flush_tasks: list[Callable[[], None]] = []
         self._close_hooks: list[Callable[[], None]] = []
         self._stalled = False
-        self._encode_now = ENCODE_NOW     # None while sinks need the records as dicts
+        self._encode_now = encode_now()    # None while sinks need the records as dicts
         self._drained = threading.Event()
         self._writer_ident: int | None = None
         self.replays: dict[int, int] = {}
@@ -505,7 +505,7 @@ class Recorder:
             "probes": list(self.probes),
             "ranks_kept": sorted(self.ranks) if self.ranks else None,
             "replay_sample": self.replay_sample,
-            "sample": settings().get("sample"),
+            "sample": current().sample,
             "fold_s": self.fold_s,
             "max_mb": self.max_mb,
             "mlatrace": __version__,

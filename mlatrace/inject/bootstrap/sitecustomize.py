@@ -24,7 +24,9 @@ def _mlatrace_bootstrap() -> None:
                 raise
             sys.path.append(home)
             import mlatrace.inject as inject
-        inject.bootstrap_process()
+        from mlatrace.settings import Settings
+
+        inject.bootstrap_process(Settings.from_env())
     except Exception as exc:  # never break the traced program
         sys.stderr.write(f"mlatrace: tracing disabled in pid {os.getpid()}: {exc!r}\n")
 

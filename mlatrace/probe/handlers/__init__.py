@@ -15,11 +15,10 @@ device memory). This module holds what they share.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
-from mlatrace import record
+from mlatrace import record, settings
 from mlatrace.probe import graphs
 from mlatrace.probe.device import note_device
 
@@ -47,10 +46,7 @@ class Handler:
 
 
 def _graph_nodes_enabled() -> bool:
-    try:
-        return bool(record.settings().get("graph_nodes", True))
-    except Exception:
-        return os.environ.get("MLATRACE_GRAPH_NODES", "1") != "0"
+    return settings.current().graph_nodes
 
 
 def open_capture(src: str, key: Any, mode: Any) -> tuple[int, int]:

@@ -31,6 +31,7 @@ from typing import Any
 
 from mlatrace import record
 from mlatrace.probe.handlers import Handler
+from mlatrace.settings import Settings, tracing_env
 
 PYTHONPATH_OF_NODE = "${PYTHONPATH}"
 # Set by Ray's job manager for a driver started with `ray job submit`: the job's runtime env.
@@ -39,12 +40,11 @@ JOB_CONFIG_VAR = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 
 def tracing_env_vars(environ: dict[str, str] | os._Environ | None = None) -> dict[str, str]:
     """The env vars a Ray worker needs to trace itself into this run: {} when not traced."""
-    env = os.environ if environ is None else environ
-    if not env.get("MLATRACE_OUT") or env.get("MLATRACE_DISABLE", "0") not in ("", "0"):
+    if not Settings.from_env(environ).traced:
         return {}
     from mlatrace.inject import BOOTSTRAP_DIR
 
-    out = {k: v for k, v in env.items() if k.startswith("MLATRACE_")}
+    out = tracing_env(environ)
     out["PYTHONPATH"] = BOOTSTRAP_DIR + os.pathsep + PYTHONPATH_OF_NODE
     return out
 

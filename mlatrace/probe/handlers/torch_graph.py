@@ -8,7 +8,7 @@ import time
 import warnings
 from typing import Any
 
-from mlatrace import record
+from mlatrace import record, settings
 from mlatrace.probe import graphs, replay_timing, sampling
 from mlatrace.probe.handlers import (
     GID_ATTR,
@@ -87,7 +87,7 @@ def dump_graph_nodes(graph: Any, gid: int, user_keep: bool) -> None:
         kernels = parse_dot(text) if text else []
         if not text:
             error = "empty debug dump"
-        keep_dir = os.environ.get("MLATRACE_KEEP_DOT")
+        keep_dir = settings.current().keep_dot
         if keep_dir and text:
             os.makedirs(keep_dir, exist_ok=True)
             with open(os.path.join(keep_dir, f"p{os.getpid()}-g{gid}.dot"), "w") as out:
