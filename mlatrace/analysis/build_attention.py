@@ -14,6 +14,7 @@ from mlatrace.analysis.model import (
     GraphModel,
 )
 from mlatrace.common import hashable
+from mlatrace.kinds import ATTN_CALL, ATTN_METADATA, HOST_DECISION
 from mlatrace.trace.typed import Record
 
 
@@ -36,7 +37,7 @@ class AttentionHandlers:
         smin, smax, ptrs = rec.seq_len_min, rec.seq_len_max, rec.ptrs
         stats = self.md_stats.get(backend) if type(backend) is str else None
         if stats is None:
-            stats = self._count_attention(rec, "attn.metadata", str(backend), capturing)
+            stats = self._count_attention(rec, ATTN_METADATA, str(backend), capturing)
             if type(backend) is str:
                 self.md_stats[backend] = stats
         else:
@@ -57,7 +58,7 @@ class AttentionHandlers:
                               ptrs if ptrs and type(ptrs) is dict else None)
         gid = self._capture_gid(rec) if capturing else None
         if gid is not None:
-            ref = self._ref(rec, "attn.metadata")
+            ref = self._ref(rec, ATTN_METADATA)
             graph = self._graph(gid)
             for name, ptr in as_dict(ptrs).items():
                 if isinstance(ptr, int) and name not in graph.capture_ptrs:
@@ -66,13 +67,13 @@ class AttentionHandlers:
                 graph.capture_metadata, graph.capture_metadata_ref = rec, ref
 
     def attn_call(self, rec: dict) -> None:
-        self._count_attention(rec, "attn.call", str(rec.get("op")))
+        self._count_attention(rec, ATTN_CALL, str(rec.get("op")))
         gid = self._capture_gid(rec)
         if gid is None:
-            self._eager(rec, str(rec.get("op")), "attn.call")
+            self._eager(rec, str(rec.get("op")), ATTN_CALL)
             return
         graph = self._graph(gid)
-        ref = self._ref(rec, "attn.call")
+        ref = self._ref(rec, ATTN_CALL)
         op = str(rec.get("op"))
         layer = hashable(rec.get("layer"))
         hints, ptrs = as_dict(rec.get("hints")), as_dict(rec.get("ptrs"))
@@ -124,5 +125,5 @@ class AttentionHandlers:
                 return
         if len(graph.decisions) < 4 * MAX_DISTINCT:
             valid = rec.get("valid") if isinstance(rec.get("valid"), dict) else None
-            graph.decisions.append(DecisionShape(self._ref(rec, "host.decision"), name, value,
+            graph.decisions.append(DecisionShape(self._ref(rec, HOST_DECISION), name, value,
                                                  inputs, valid, layer))

@@ -12,6 +12,16 @@ from mlatrace.analysis.model import (
     _int,
 )
 from mlatrace.common import hashable
+from mlatrace.kinds import (
+    ATTN_METADATA,
+    CAPTURE_BEGIN,
+    CAPTURE_END,
+    DEVICE,
+    GRAPH_NODES,
+    KERNEL_LAUNCH,
+    KERNEL_SKIP,
+    KERNEL_SPLIT,
+)
 
 
 class CaptureHandlers:
@@ -27,7 +37,7 @@ class CaptureHandlers:
         graph.src = as_text(rec.get("src"))
         graph.key = key_text(rec.get("key"))
         graph.mode = as_text(rec.get("mode"))
-        graph.begin = self._ref(rec, "graph.capture.begin")
+        graph.begin = self._ref(rec, CAPTURE_BEGIN)
         graph.device = _int(rec.get("device"))
         tid = rec.get("tid")
         graph.capture_tid = tid
@@ -41,7 +51,7 @@ class CaptureHandlers:
         current = self.metadata[tid][0] if tid in self.metadata else None
         if current is not None:
             graph.capture_metadata = current
-            graph.capture_metadata_ref = self._ref(current, "attn.metadata")
+            graph.capture_metadata_ref = self._ref(current, ATTN_METADATA)
         # decisions made eagerly for this capture (plan() / a metadata build run just before
         # it, as FlashInfer and vLLM's builders do): the latest of each name since this
         # thread's last replay or capture begin is what the capture froze
@@ -62,7 +72,7 @@ class CaptureHandlers:
         if gid is None:
             return
         graph = self._graph(gid)
-        graph.end = self._ref(rec, "graph.capture.end")
+        graph.end = self._ref(rec, CAPTURE_END)
         graph.segments = _int(rec.get("segments"))
         graph.eager_breaks = _int(rec.get("eager_breaks"))
         graph.dur_ns = _int(rec.get("dur_ns"))
@@ -82,7 +92,7 @@ class CaptureHandlers:
                     distinct.setdefault((str(node.get("name")), hashable(node.get("grid"))), node)
             graph.nodes = list(distinct.values())
             graph.nodes_total = len(kernels)
-            graph.nodes_ref = self._ref(rec, "graph.nodes")
+            graph.nodes_ref = self._ref(rec, GRAPH_NODES)
 
     def device(self, rec: dict) -> None:
         """A `device` record (the reader checked its fields): the SM count of one GPU."""
@@ -90,12 +100,12 @@ class CaptureHandlers:
         if index is not None and index not in self.proc.devices:
             self.proc.devices[index] = {
                 "index": index, "name": as_text(rec.get("name")), "arch": as_text(rec.get("arch")),
-                "sms": _int(rec.get("sms")), "ref": self._ref(rec, "device")}
+                "sms": _int(rec.get("sms")), "ref": self._ref(rec, DEVICE)}
 
     def kernel_skip(self, rec: dict) -> None:
         gid = self._capture_gid(rec)
         if gid is not None and len(self._graph(gid).skips) < MAX_DISTINCT:
-            self._graph(gid).skips.append((self._ref(rec, "kernel.skip"), as_text(rec.get("name")),
+            self._graph(gid).skips.append((self._ref(rec, KERNEL_SKIP), as_text(rec.get("name")),
                                            as_text(rec.get("reason"))))
 
     def kernel_split(self, rec: dict) -> None:
@@ -115,13 +125,13 @@ class CaptureHandlers:
                 return
         if len(graph.splits) < MAX_DISTINCT:
             graph.splits.append(SplitDecision(
-                self._ref(rec, "kernel.split"), *fields, batch=_int(rec.get("batch")),
+                self._ref(rec, KERNEL_SPLIT), *fields, batch=_int(rec.get("batch")),
                 qlen=_int(rec.get("qlen")), nhead=_int(rec.get("nhead")), regime=as_text(rec.get("regime"))))
 
     def kernel_launch(self, rec: dict) -> None:
         gid = self._capture_gid(rec)
         if gid is None:
-            self._eager(rec, str(rec.get("name")), "kernel.launch")
+            self._eager(rec, str(rec.get("name")), KERNEL_LAUNCH)
             self._runtime_split(rec, _int(as_dict(rec.get("const")).get("NUM_KV_SPLITS")))
             return
         graph = self._graph(gid)
@@ -133,4 +143,4 @@ class CaptureHandlers:
                 launch.count += 1
                 return
         if len(graph.launches) < 4 * MAX_DISTINCT:
-            graph.launches.append(LaunchShape(self._ref(rec, "kernel.launch"), name, grid, const))
+            graph.launches.append(LaunchShape(self._ref(rec, KERNEL_LAUNCH), name, grid, const))

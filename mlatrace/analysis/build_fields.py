@@ -8,6 +8,7 @@ from typing import Any
 
 from mlatrace.analysis.model import MAX_SYNC_SITES, Ref, ReplayStats, SyncSite
 from mlatrace.common import hashable
+from mlatrace.kinds import SYNC
 
 
 def as_text(value: Any) -> str | None:
@@ -66,7 +67,7 @@ def add_step_syncs(sites: dict, pid: int | None, file: str,
             site.count += 1
         elif len(sites) < MAX_SYNC_SITES * 4:
             seq = rec.get("seq")
-            sites[key] = SyncSite(Ref(file, seq if isinstance(seq, int) else -1, "sync"),
+            sites[key] = SyncSite(Ref(file, seq if isinstance(seq, int) else -1, SYNC),
                                   op, where, False, None, side=side)
 
 

@@ -14,6 +14,7 @@ from mlatrace.analysis.model import (
     _int,
 )
 from mlatrace.common import hashable
+from mlatrace.kinds import SYNC
 
 MAX_PROBE_ERRORS = 200     # probe.error records kept per process (all are counted in kinds)
 
@@ -90,7 +91,7 @@ class ProcessHandlers:
                     site.count += 1
                     return
             if len(graph.syncs) < MAX_SYNC_SITES:
-                graph.syncs.append(SyncSite(self._ref(rec, "sync"), op, where, True, gid))
+                graph.syncs.append(SyncSite(self._ref(rec, SYNC), op, where, True, gid))
         elif tid in self.replaying:
             pending = self.pending_syncs.setdefault(tid, [])
             if len(pending) < MAX_SYNC_SITES:

@@ -17,6 +17,15 @@ from mlatrace.analysis.model import (
 )
 from mlatrace.analysis.series import FLUSH_AT, Series, add_point
 from mlatrace.common import hashable
+from mlatrace.kinds import (
+    ATTN_CALL,
+    ATTN_METADATA,
+    HOST_DECISION,
+    KERNEL_LAUNCH,
+    KERNEL_SPLIT,
+    REPLAY,
+    REPLAY_TIME,
+)
 from mlatrace.trace.typed import Record
 
 _GPU_ROUNDED_FROM = 1 << GPU_HIST_BITS   # GPU times from here on lose their low bits
@@ -43,7 +52,7 @@ class ReplayHandlers:
         if type(n) is int and n > stats.max_n:
             stats.max_n = n
         if stats.first is None:
-            stats.first = self._ref(rec, "graph.replay")
+            stats.first = self._ref(rec, REPLAY)
             if self.proc.first_replay_seq is None:
                 self.proc.first_replay_seq = stats.first.seq
         if tid not in self.replaying:
@@ -143,7 +152,7 @@ class ReplayHandlers:
             if entry is None:
                 if len(values) >= MAX_DISTINCT:
                     continue
-                entry = values[key] = EagerDecision(self._ref(rec, "host.decision"), value,
+                entry = values[key] = EagerDecision(self._ref(rec, HOST_DECISION), value,
                                                     as_dict(rec.get("inputs")))
             entry.count += 1
 
@@ -155,12 +164,12 @@ class ReplayHandlers:
                 continue
             entry = ranges.get(name)
             if entry is None:
-                ref = self._ref(md, "attn.metadata")
+                ref = self._ref(md, ATTN_METADATA)
                 ranges[name] = [value, ref, value, ref]
             elif value < entry[0]:
-                entry[0], entry[1] = value, self._ref(md, "attn.metadata")
+                entry[0], entry[1] = value, self._ref(md, ATTN_METADATA)
             elif value > entry[2]:
-                entry[2], entry[3] = value, self._ref(md, "attn.metadata")
+                entry[2], entry[3] = value, self._ref(md, ATTN_METADATA)
 
     def _count_ptrs(self, stats: ReplayStats, ptrs: dict, md: dict,
                     sources: dict[str, dict] | None = None) -> None:
@@ -171,11 +180,11 @@ class ReplayHandlers:
             src = sources.get(name, md) if sources else md
             if seen is None:
                 if type(ptr) is int:
-                    seen_all[name] = {ptr: [1, self._ref(src, "attn.metadata")]}
+                    seen_all[name] = {ptr: [1, self._ref(src, ATTN_METADATA)]}
             elif ptr in seen:
                 seen[ptr][0] += 1
             elif type(ptr) is int and len(seen) < MAX_DISTINCT:
-                seen[ptr] = [1, self._ref(src, "attn.metadata")]
+                seen[ptr] = [1, self._ref(src, ATTN_METADATA)]
         stats.ptr_run, stats.ptr_run_count = ptrs, 0
 
     def replay_time(self, rec: Record) -> None:
@@ -195,10 +204,10 @@ class ReplayHandlers:
                 stats.host_timed = True
             if n != 1 and gpu > 0:   # the first replay also uploads the graph
                 if stats.gpu_fastest is None or gpu < stats.gpu_fastest:
-                    ref = ref or self._ref(rec, "graph.replay.time")
+                    ref = ref or self._ref(rec, REPLAY_TIME)
                     stats.gpu_fastest, stats.gpu_fastest_ref = gpu, ref
                 if stats.gpu_slowest is None or gpu > stats.gpu_slowest:
-                    ref = ref or self._ref(rec, "graph.replay.time")
+                    ref = ref or self._ref(rec, REPLAY_TIME)
                     stats.gpu_slowest, stats.gpu_slowest_ref = gpu, ref
             graph = self.model.graph(self.pid, graph.parent)
 
@@ -215,7 +224,7 @@ class ReplayHandlers:
         gid = _int(rec.get("gid"))
         if gid is None or not replays:
             return
-        self.proc.kinds["graph.replay"] += replays
+        self.proc.kinds[REPLAY] += replays
         graph = self.by_gid.get(gid)
         if graph is None:
             graph = self.by_gid[gid] = self._graph(gid)
@@ -225,7 +234,7 @@ class ReplayHandlers:
         if n_last is not None and n_last > stats.max_n:
             stats.max_n = n_last
         if stats.first is None:
-            stats.first = self._ref(rec, "graph.replay")
+            stats.first = self._ref(rec, REPLAY)
             if self.proc.first_replay_seq is None:
                 self.proc.first_replay_seq = stats.first.seq
         self.replaying.add(tid)
@@ -243,7 +252,7 @@ class ReplayHandlers:
                     if entry is not None and isinstance(seq, int) and seq > after:
                         entry.count += replays - 1
         mds = [(lo, hi) for kind, lo, hi in self.fold_setup.get(tid, ())
-               if kind == "attn.metadata"]
+               if kind == ATTN_METADATA]
         if mds:
             lo, hi = mds[-1]
             ptrs: Any = {}
@@ -293,7 +302,7 @@ class ReplayHandlers:
         setup: list[tuple[str, dict, dict]] = []
         kinds = self.proc.kinds
         for entry in pattern:
-            if not isinstance(entry, dict) or entry.get("k") == "graph.replay":
+            if not isinstance(entry, dict) or entry.get("k") == REPLAY:
                 continue
             kind = str(entry.get("k"))
             same, ranges = as_dict(entry.get("same")), as_dict(entry.get("range"))
@@ -301,26 +310,26 @@ class ReplayHandlers:
                                                                               ranges, 1)
             setup.append((kind, lo, hi))
             kinds[kind] = kinds.get(kind, 0) + steps
-            if kind == "attn.metadata":
+            if kind == ATTN_METADATA:
                 stats = self._count_attention(lo, kind, str(lo.get("backend")), False)
                 stats.add_fields(lo.get("layer"), lo.get("seq_len_min"), hi.get("seq_len_max"),
                                  False)
                 stats.count += steps - 2
-            elif kind == "attn.call":
+            elif kind == ATTN_CALL:
                 stats = self._count_attention(lo, kind, str(lo.get("op")), False)
                 stats.count += steps - 1
                 self._eager_steps(lo, str(lo.get("op")), kind, steps)
-            elif kind == "kernel.split":
+            elif kind == KERNEL_SPLIT:
                 self._runtime_split(lo, _int(lo.get("num_kv_splits")))
-            elif kind == "kernel.launch":
+            elif kind == KERNEL_LAUNCH:
                 self._eager_steps(lo, str(lo.get("name")), kind, steps)
                 self._runtime_split(lo, _int(as_dict(lo.get("const")).get("NUM_KV_SPLITS")))
-            elif kind == "host.decision":
+            elif kind == HOST_DECISION:
                 name = as_text(lo.get("name"))
                 if name is not None:
                     self.eager_decisions.setdefault(tid, {})[name] = hi
         self.fold_setup[tid] = setup
-        mds = [entry for entry in setup if entry[0] == "attn.metadata"]
+        mds = [entry for entry in setup if entry[0] == ATTN_METADATA]
         if mds:
             hi = mds[-1][2]
             ptrs = hi.get("ptrs")

@@ -27,28 +27,56 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlatrace.analysis.model import ProcessModel, TraceModel
+from mlatrace.kinds import (
+    ATTN_CALL,
+    ATTN_METADATA,
+    CAPTURE_BEGIN,
+    CAPTURE_END,
+    DEVICE,
+    DISPATCH,
+    EAGER_BREAK,
+    GRAPH_NODES,
+    HOST_DECISION,
+    KERNEL_LAUNCH,
+    KERNEL_SKIP,
+    KERNEL_SPLIT,
+    MARK,
+    PROBE_ERROR,
+    PROCESS,
+    PROCESS_END,
+    PROCESS_RANK,
+    RAY_INIT,
+    RAY_WORKER,
+    RECORD_ERROR,
+    REPLAY,
+    REPLAY_TIME,
+    RUNNER_CAPTURE_MODEL,
+    RUNNER_DUMMY_RUN,
+    SAMPLE_RUN,
+    SYNC,
+)
 from mlatrace.tables import plural
 
 ENGINES = ("vllm", "sglang", "aiter")
 """Engines with probe packs: their version in a header means graphs or attention are due."""
 
-GRAPH_KINDS = ("graph.capture.begin", "graph.capture.end", "graph.replay", "graph.nodes")
-ATTENTION_KINDS = ("attn.call", "attn.metadata")
+GRAPH_KINDS = (CAPTURE_BEGIN, CAPTURE_END, REPLAY, GRAPH_NODES)
+ATTENTION_KINDS = (ATTN_CALL, ATTN_METADATA)
 
 EXPECT_ALIASES: dict[str, tuple[str, ...]] = {
-    "graphs": ("graph.capture.begin",),
-    "replays": ("graph.replay",),
+    "graphs": (CAPTURE_BEGIN,),
+    "replays": (REPLAY,),
     "attention": ATTENTION_KINDS,
-    "launches": ("kernel.launch",),
+    "launches": (KERNEL_LAUNCH,),
 }
 """Words `--expect` accepts besides record kinds (a kind has a dot: attn.call)."""
 
 KNOWN_KINDS = (
-    "process", "process.rank", "process.end", "probe.error", "graph.capture.begin",
-    "graph.capture.end", "graph.nodes", "graph.replay", "graph.eager_break", "dispatch",
-    "attn.metadata", "attn.call", "kernel.split", "kernel.launch", "kernel.skip", "sync",
-    "host.decision", "mark", "runner.dummy_run", "runner.capture_model", "graph.replay.time",
-    "ray.init", "ray.worker", "record.error", "sample.run", "device",
+    PROCESS, PROCESS_RANK, PROCESS_END, PROBE_ERROR, CAPTURE_BEGIN,
+    CAPTURE_END, GRAPH_NODES, REPLAY, EAGER_BREAK, DISPATCH,
+    ATTN_METADATA, ATTN_CALL, KERNEL_SPLIT, KERNEL_LAUNCH, KERNEL_SKIP, SYNC,
+    HOST_DECISION, MARK, RUNNER_DUMMY_RUN, RUNNER_CAPTURE_MODEL, REPLAY_TIME,
+    RAY_INIT, RAY_WORKER, RECORD_ERROR, SAMPLE_RUN, DEVICE,
 )
 """The record kinds of schema mlatrace/1 (docs/trace-format.md)."""
 
@@ -302,7 +330,7 @@ def judge(model: TraceModel, expect: list[str] | tuple[str, ...] = ()) -> Covera
                          if isinstance(e, dict) and e.get("patched")}
         cov.probes_attached = len(attached)
     errored = {(e.get("probe"), e.get("target")) for e in cov.probe_errors}
-    errors_total = cov.records.get("probe.error", 0)
+    errors_total = cov.records.get(PROBE_ERROR, 0)
     cov.probes_errored = len({probe for probe, _ in errored}) or (1 if errors_total else 0)
 
     reasons: list[str] = []

@@ -19,6 +19,7 @@ from typing import Any
 
 from mlatrace.analysis.findings import Evidence, Finding, make_finding
 from mlatrace.analysis.model import GraphModel, Ref, TraceModel
+from mlatrace.kinds import ATTN_CALL, ATTN_METADATA, DEVICE, GRAPH_NODES
 
 ATTENTION_NAMES = ("attn", "attention", "mla", "fmha", "flash", "splitkv", "paged", "decode")
 
@@ -187,7 +188,7 @@ def attention_like(name: str, launched: set[str], rule: GridRule) -> str | None:
     if any(word.lower() in lowered for word in rule.attention_names):
         return "name"
     if name in launched or short_name(name, keep=1) in launched:
-        return "attn.call"
+        return ATTN_CALL
     return None
 
 
@@ -369,11 +370,11 @@ def _finding(model: TraceModel, graph: GraphModel, timed: GraphModel, k: KernelN
             "dummy one at least fills the GPU")
     evidence = []
     if graph.nodes_ref is not None:
-        evidence.append(Evidence(graph.nodes_ref.file, graph.nodes_ref.seq, "graph.nodes",
+        evidence.append(Evidence(graph.nodes_ref.file, graph.nodes_ref.seq, GRAPH_NODES,
                                  f"{k.short} grid {_grid_text(k.grid)} = {k.ctas} CTA(s)"))
     ref = device.get("ref")
     if isinstance(ref, Ref):
-        evidence.append(Evidence(ref.file, ref.seq, "device",
+        evidence.append(Evidence(ref.file, ref.seq, DEVICE,
                                  f"{device.get('name') or 'device'} {device['index']}: "
                                  f"{sms} SMs"))
     for r, what in ((span.fastest_ref, f"fastest timed replay {_ns(span.fastest)}"),
@@ -386,7 +387,7 @@ def _finding(model: TraceModel, graph: GraphModel, timed: GraphModel, k: KernelN
     stats = timed.replays
     if stats.seq_len_max_ref is not None:
         evidence.append(Evidence(stats.seq_len_max_ref.file, stats.seq_len_max_ref.seq,
-                                 "attn.metadata", f"metadata before a replay: seq_len_max="
+                                 ATTN_METADATA, f"metadata before a replay: seq_len_max="
                                  f"{stats.seq_len_max}"))
     return make_finding(
         "MLT008", message, hint, evidence, pid=graph.pid, rank=model.rank_of(graph.pid),

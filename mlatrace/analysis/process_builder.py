@@ -23,6 +23,28 @@ from mlatrace.analysis.model import (
     Unpickled,
     _int,
 )
+from mlatrace.kinds import (
+    ATTN_CALL,
+    ATTN_METADATA,
+    CAPTURE_BEGIN,
+    CAPTURE_END,
+    DEVICE,
+    GRAPH_NODES,
+    HOST_DECISION,
+    KERNEL_LAUNCH,
+    KERNEL_SKIP,
+    KERNEL_SPLIT,
+    MARK,
+    PROBE_ERROR,
+    PROCESS,
+    PROCESS_END,
+    PROCESS_INFO,
+    PROCESS_RANK,
+    REPLAY,
+    REPLAY_TIME,
+    STEADY,
+    SYNC,
+)
 
 
 class ProcessBuilder(CaptureHandlers, ReplayHandlers, AttentionHandlers, ProcessHandlers, Unpickled):
@@ -92,26 +114,26 @@ class ProcessBuilder(CaptureHandlers, ReplayHandlers, AttentionHandlers, Process
     def handlers(self) -> dict[str, Any]:
         """Kind -> handler; dispatch, probe.error and unknown kinds need nothing here."""
         return {
-            "graph.replay": self.replay,
-            "graph.replay.time": self.replay_time,
-            "attn.metadata": self.attn_metadata,
-            "attn.call": self.attn_call,
-            "kernel.launch": self.kernel_launch,
-            "kernel.split": self.kernel_split,
-            "kernel.skip": self.kernel_skip,
-            "sync": self.sync,
-            "host.decision": self.host_decision,
-            "graph.capture.begin": self.capture_begin,
-            "graph.capture.end": self.capture_end,
-            "graph.nodes": self.graph_nodes,
-            "device": self.device,
-            "process": self.header,
-            "process.rank": self.process_info,
-            "process.info": self.process_info,
-            "process.end": self.process_end,
-            "probe.error": self.probe_error,
-            "mark": self.mark,
-            "steady": self.steady,
+            REPLAY: self.replay,
+            REPLAY_TIME: self.replay_time,
+            ATTN_METADATA: self.attn_metadata,
+            ATTN_CALL: self.attn_call,
+            KERNEL_LAUNCH: self.kernel_launch,
+            KERNEL_SPLIT: self.kernel_split,
+            KERNEL_SKIP: self.kernel_skip,
+            SYNC: self.sync,
+            HOST_DECISION: self.host_decision,
+            CAPTURE_BEGIN: self.capture_begin,
+            CAPTURE_END: self.capture_end,
+            GRAPH_NODES: self.graph_nodes,
+            DEVICE: self.device,
+            PROCESS: self.header,
+            PROCESS_RANK: self.process_info,
+            PROCESS_INFO: self.process_info,
+            PROCESS_END: self.process_end,
+            PROBE_ERROR: self.probe_error,
+            MARK: self.mark,
+            STEADY: self.steady,
         }
 
     def finish(self, proc_file: Any) -> ProcessModel:
@@ -129,10 +151,10 @@ class ProcessBuilder(CaptureHandlers, ReplayHandlers, AttentionHandlers, Process
             stats.fold_timed()
             # resolve whichever record changed since the last snapshot
             if stats.seq_len_max_md is not None:
-                stats.seq_len_max_ref = self._ref(stats.seq_len_max_md, "attn.metadata")
+                stats.seq_len_max_ref = self._ref(stats.seq_len_max_md, ATTN_METADATA)
                 stats.seq_len_max_md = None
             if stats.seq_len_min_max_md is not None:
-                stats.seq_len_min_max_ref = self._ref(stats.seq_len_min_max_md, "attn.metadata")
+                stats.seq_len_min_max_ref = self._ref(stats.seq_len_min_max_md, ATTN_METADATA)
                 stats.seq_len_min_max_md = None
         p = self.proc
         p.gaps = _int(getattr(proc_file, "gaps", 0)) or 0

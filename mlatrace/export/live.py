@@ -30,6 +30,7 @@ import time
 from typing import Any
 
 from mlatrace import settings
+from mlatrace.kinds import PROCESS_END
 
 PARENT_ENV = "MLATRACE_OTLP_PARENT"
 EXPORT_TIMEOUT_S = 3.0       # per request; a live exporter must give up quickly
@@ -327,7 +328,7 @@ class _Live:
             if records:
                 last = records[-1].get("seq")
                 self.last_seq = last if isinstance(last, int) else self.last_seq
-                ended = records[-1].get("k") == "process.end"
+                ended = records[-1].get("k") == PROCESS_END
             stats["batches"] += 1
             stats["records"] += len(records)
             self.builder.flush()

@@ -28,10 +28,32 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from mlatrace.kinds import (
+    ATTN_CALL,
+    ATTN_METADATA,
+    CAPTURE_BEGIN,
+    CAPTURE_END,
+    DISPATCH,
+    EAGER_BREAK,
+    GRAPH_NODES,
+    KERNEL_LAUNCH,
+    KERNEL_SKIP,
+    KERNEL_SPLIT,
+    MARK,
+    PROBE_ERROR,
+    PROCESS,
+    PROCESS_END,
+    PROCESS_RANK,
+    REPLAY,
+    REPLAY_TIME,
+    STEADY,
+    SYNC,
+)
+
 # Records shown as instants on their thread; the other known kinds have their own shape.
 INSTANT_KINDS = {
-    "kernel.launch", "kernel.split", "kernel.skip", "attn.call", "attn.metadata", "dispatch",
-    "sync", "graph.eager_break", "graph.nodes", "mark", "probe.error", "process.rank",
+    KERNEL_LAUNCH, KERNEL_SPLIT, KERNEL_SKIP, ATTN_CALL, ATTN_METADATA, DISPATCH,
+    SYNC, EAGER_BREAK, GRAPH_NODES, MARK, PROBE_ERROR, PROCESS_RANK,
 }
 # Thread idents are addresses (> 2**32), which trace viewers may not take as tids: each
 # thread's track is numbered 1, 2, ... in order of appearance, its ident in the track name.
@@ -42,13 +64,13 @@ MAX_REPLAYS_AWAITING_TIME = 4096  # replay timestamps kept for graph.replay.time
 
 
 _NAMES = {  # kind: (the slice's word, the record fields after it)
-    "kernel.launch": ("launch", ("name",)),
-    "kernel.skip": ("skip", ("name",)),
-    "kernel.split": ("split", ("op", "=", "num_kv_splits")),
-    "attn.call": ("attn", ("op",)),
-    "mark": ("mark", ("name",)),
-    "graph.replay": ("replay", ("gid=",)),
-    "sync": ("sync", ("op",)),
+    KERNEL_LAUNCH: ("launch", ("name",)),
+    KERNEL_SKIP: ("skip", ("name",)),
+    KERNEL_SPLIT: ("split", ("op", "=", "num_kv_splits")),
+    ATTN_CALL: ("attn", ("op",)),
+    MARK: ("mark", ("name",)),
+    REPLAY: ("replay", ("gid=",)),
+    SYNC: ("sync", ("op",)),
 }
 
 
@@ -121,42 +143,42 @@ class _Timeline:
             kind = rec.get("k")
             ts = (wall_ns + int(rec.get("t") or 0) - self.origin_ns) / 1000.0
             last_ts = max(last_ts, ts)
-            if kind == "process":
+            if kind == PROCESS:
                 continue
             tid = threads.setdefault(rec.get("tid"), len(threads) + 1)
             if (proc.name, rec.get("seq")) in self.wanted:
                 self.where[(proc.name, rec["seq"])] = (ts, pid, tid)
             out: list[dict] = []
             base = {"pid": pid, "tid": tid, "ts": ts}
-            if kind == "graph.replay":
+            if kind == REPLAY:
                 replay_ts[(rec.get("gid"), rec.get("n"))] = ts
                 if len(replay_ts) > MAX_REPLAYS_AWAITING_TIME:
                     del replay_ts[next(iter(replay_ts))]
-            if kind == "graph.capture.begin":
+            if kind == CAPTURE_BEGIN:
                 name = " ".join(str(p) for p in ("capture", f"gid={rec.get('gid')}",
                                                  rec.get("src"), rec.get("mode")) if p)
                 open_captures[rec.get("gid")] = {"ph": "X", "cat": "graph.capture", **base,
                                                  "name": name, "args": _args(rec)}
                 held.setdefault(tid, [])
-            elif kind == "graph.capture.end":
+            elif kind == CAPTURE_END:
                 event = open_captures.pop(rec.get("gid"), None)
                 if event is not None:
                     event["dur"] = max(0.0, ts - event["ts"])
                     event["args"].update(_args(rec, "seq"))
                     out.append(event)
-            elif kind in ("graph.replay", "graph.replay.time") \
+            elif kind in (REPLAY, REPLAY_TIME) \
                     and isinstance(rec.get("gpu_ns"), (int, float)) and rec["gpu_ns"] >= 0:
                 gid = rec.get("gid")
                 # a timing record is read after its replay ran: start at the replay's own ts
-                host_ts = replay_ts.pop((gid, rec.get("n")), ts) if kind != "graph.replay" else ts
+                host_ts = replay_ts.pop((gid, rec.get("n")), ts) if kind != REPLAY else ts
                 track = GPU_TID_BASE + (gid if isinstance(gid, int) and gid >= 0 else 0)
                 start = max(host_ts, gpu_free.get(track, 0.0))  # a graph's replays run in order
                 gpu_free[track] = start + rec["gpu_ns"] / 1000.0
                 self.end_ts = max(self.end_ts, gpu_free[track])
-                yield {"ph": "X", "cat": "graph.replay", **base, "tid": track, "ts": start,
+                yield {"ph": "X", "cat": REPLAY, **base, "tid": track, "ts": start,
                        "dur": rec["gpu_ns"] / 1000.0, "name": _name(rec),
                        "args": {**_args(rec), "host_tid": tid, "host_ts_us": host_ts}}
-            elif kind == "steady":
+            elif kind == STEADY:
                 # a fold of steady steps: one slice over the steps it stands for, with
                 # counters, never replays that were not recorded one by one
                 first = rec.get("t_first") if isinstance(rec.get("t_first"), int) else rec.get("t")
@@ -173,13 +195,13 @@ class _Timeline:
                                  if k in ("p50", "max") and isinstance(v, (int, float))})
                 yield {"ph": "C", "pid": pid, "tid": 0, "ts": start,
                        "name": f"steady gid={rec.get('gid')}", "args": counters}
-            elif kind == "process.end":
+            elif kind == PROCESS_END:
                 out.append({"ph": "i", "s": "p", "cat": kind, **base, "name": kind,
                             "args": _args(rec)})
             else:  # instants: the known kinds above, and kinds this version does not know
                 out.append({"ph": "i", "s": "t", "cat": str(kind), **base, "name": _name(rec),
                             "args": _args(rec)})
-                if kind == "attn.metadata" and isinstance(rec.get("seq_len_max"), int):
+                if kind == ATTN_METADATA and isinstance(rec.get("seq_len_max"), int):
                     yield {"ph": "C", "pid": pid, "tid": 0, "ts": ts, "name": "seq_len_max",
                            "args": {"seq_len_max": rec["seq_len_max"]}}
             if tid in held:

@@ -36,6 +36,27 @@ from mlatrace.export.otel_setup import (  # noqa: F401  (re-exported: live, otlp
     resource_attributes,
     span_limits,
 )
+from mlatrace.kinds import (
+    ATTN_CALL,
+    ATTN_METADATA,
+    CAPTURE_BEGIN,
+    CAPTURE_END,
+    DISPATCH,
+    EAGER_BREAK,
+    GRAPH_NODES,
+    KERNEL_LAUNCH,
+    KERNEL_SKIP,
+    KERNEL_SPLIT,
+    MARK,
+    PROBE_ERROR,
+    PROCESS,
+    PROCESS_END,
+    PROCESS_RANK,
+    REPLAY,
+    REPLAY_TIME,
+    STEADY,
+    SYNC,
+)
 
 
 class _ReplayBatch:
@@ -66,7 +87,7 @@ class _ReplayBatch:
         self.end = max(self.end, end)
         fields = rec.get("fields") if isinstance(rec.get("fields"), dict) else {}
         same = rec.get("same") if isinstance(rec.get("same"), dict) else {}
-        span = (fields.get("attn.metadata") or {}).get("seq_len_max")
+        span = (fields.get(ATTN_METADATA) or {}).get("seq_len_max")
         if isinstance(span, list) and len(span) == 2:
             self.len_min, self.len_max = span
         tokens = (fields.get("dispatch") or {}).get("num_tokens")
@@ -235,24 +256,24 @@ class ProcessSpans:
         kind = rec.get("k")
         counts = self.counts
         counts[kind] = counts.get(kind, 0) + 1
-        if kind == "graph.replay":  # the per-step kinds first: they are most of a trace
+        if kind == REPLAY:  # the per-step kinds first: they are most of a trace
             self._replay(rec)
             return
-        if kind == "graph.replay.time" and self._replay_time(rec):
+        if kind == REPLAY_TIME and self._replay_time(rec):
             return
-        if kind == "steady":
+        if kind == STEADY:
             self._steady(rec)
             return
-        if kind == "attn.metadata" or kind == "dispatch":
+        if kind == ATTN_METADATA or kind == DISPATCH:
             ts = self.wall_ns + (rec.get("t") or 0)
             if ts > self.last_ts:
                 self.last_ts = ts
-            (self.meta if kind == "attn.metadata" else self.dispatch)[rec.get("tid")] = rec
+            (self.meta if kind == ATTN_METADATA else self.dispatch)[rec.get("tid")] = rec
             return
         handler = _HANDLERS.get(kind)
         if handler is not None:
             handler(self, rec)
-        elif kind != "process" and isinstance(kind, str):  # a kind this version does not know
+        elif kind != PROCESS and isinstance(kind, str):  # a kind this version does not know
             ts = self._ts(rec)
             span = self._capture_of(rec) or self.process
             span.add_event(kind, attrs_of(rec), timestamp=ts)
@@ -295,7 +316,7 @@ class ProcessSpans:
         span = self.open.get(gid)
         ended = span is None
         if ended:  # the debug dump is read after capture end: an instant child of the capture
-            span = self.tracer.start_span("graph.nodes", context=self._context_of_gid(gid),
+            span = self.tracer.start_span(GRAPH_NODES, context=self._context_of_gid(gid),
                                           start_time=ts, attributes={"mlatrace.gid": attr_value(gid)})
             self.spans += 1
         span.set_attribute("mlatrace.graph.kernels", len(kernels))
@@ -311,7 +332,7 @@ class ProcessSpans:
         span = self._capture_of(rec)
         if span is not None:
             span.add_event(rec["k"], attrs_of(rec), timestamp=ts)
-        elif rec["k"] == "sync":  # an eager sync still matters (MLT004 on the decode path)
+        elif rec["k"] == SYNC:  # an eager sync still matters (MLT004 on the decode path)
             self.process.add_event("sync", attrs_of(rec), timestamp=ts)
 
     def _process_event(self, rec: dict) -> None:
@@ -328,7 +349,7 @@ class ProcessSpans:
             gid = stack[-1]
         context = self._context_of_gid(gid)
         op = rec.get("op")
-        span = self.tracer.start_span(f"attn.call {op}" if op else "attn.call", context=context,
+        span = self.tracer.start_span(f"attn.call {op}" if op else ATTN_CALL, context=context,
                                       start_time=ts, attributes=attrs_of(rec))
         self.spans += 1
         span.end(end_time=ts)
@@ -384,7 +405,7 @@ class ProcessSpans:
     def _end_batch(self, key: tuple[Any, Any]) -> None:
         batch = self.batches.pop(key)
         links = [Link(self.ctx[batch.gid])] if batch.gid in self.ctx else None
-        span = self.tracer.start_span("graph.replay", context=self.process_ctx, kind=SpanKind.INTERNAL,
+        span = self.tracer.start_span(REPLAY, context=self.process_ctx, kind=SpanKind.INTERNAL,
                                       start_time=batch.start, attributes=batch.attributes(),
                                       links=links)
         self.spans += 1
@@ -436,19 +457,19 @@ class ProcessSpans:
 
 
 _HANDLERS = {
-    "graph.capture.begin": ProcessSpans._capture_begin,
-    "graph.capture.end": ProcessSpans._capture_end,
-    "graph.nodes": ProcessSpans._nodes,
-    "graph.eager_break": ProcessSpans._capture_event,
-    "kernel.launch": ProcessSpans._capture_event,
-    "kernel.split": ProcessSpans._capture_event,
-    "kernel.skip": ProcessSpans._capture_event,
-    "sync": ProcessSpans._capture_event,
-    "attn.call": ProcessSpans._attn_call,
-    "mark": ProcessSpans._process_event,
-    "probe.error": ProcessSpans._process_event,
-    "process.end": ProcessSpans._process_end,
-    "process.rank": ProcessSpans._rank,
+    CAPTURE_BEGIN: ProcessSpans._capture_begin,
+    CAPTURE_END: ProcessSpans._capture_end,
+    GRAPH_NODES: ProcessSpans._nodes,
+    EAGER_BREAK: ProcessSpans._capture_event,
+    KERNEL_LAUNCH: ProcessSpans._capture_event,
+    KERNEL_SPLIT: ProcessSpans._capture_event,
+    KERNEL_SKIP: ProcessSpans._capture_event,
+    SYNC: ProcessSpans._capture_event,
+    ATTN_CALL: ProcessSpans._attn_call,
+    MARK: ProcessSpans._process_event,
+    PROBE_ERROR: ProcessSpans._process_event,
+    PROCESS_END: ProcessSpans._process_end,
+    PROCESS_RANK: ProcessSpans._rank,
 }
 
 

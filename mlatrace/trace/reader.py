@@ -20,6 +20,7 @@ from operator import itemgetter, sub
 from pathlib import Path
 from typing import Any
 
+from mlatrace.kinds import PROCESS, PROCESS_END, STEADY
 from mlatrace.trace.typed import TYPED_KINDS, Record, decode_records, to_record
 from mlatrace.trace.validate import CHECKED_KINDS
 from mlatrace.trace.validate import check as check_fields
@@ -185,7 +186,7 @@ class ProcessFile:
         if record is None:
             self._header_problem = True
             return
-        if record.get("k") != "process":
+        if record.get("k") != PROCESS:
             self._problem(1, f"missing process header (first record is {record.get('k')!r})")
             return
         reason = check_schema(record.get("schema"))
@@ -310,7 +311,7 @@ class ProcessFile:
                 counts = Counter(kinds)
             except TypeError:  # a kind that is not hashable: the precise path keeps it
                 ok = False
-        if ok and "steady" in counts:
+        if ok and STEADY in counts:
             ok = False  # folds are few: the precise path checks each (steady_problem)
         if ok and not counts.keys().isdisjoint(CHECKED_KINDS):
             # rare kinds whose fields a rule trusts: a malformed one goes the precise way
@@ -326,7 +327,7 @@ class ProcessFile:
                                  seqs[:-1] if last is None else [last, *seqs[:-1]]))
                 jumps = len(steps) - steps.count(1) if steps else 0
                 ok = not steps or min(steps) > 0
-                if ok and jumps and ("process.end" in counts or self._unreadable):
+                if ok and jumps and (PROCESS_END in counts or self._unreadable):
                     ok = False  # a gap before process.end, or after unreadable lines, is
                     # not a drop: the precise path
         if not ok:
@@ -336,7 +337,7 @@ class ProcessFile:
             self.dropped += sum(steps) - len(steps)
             step = steps[-1]
             self._jump = ((seqs[-1] - step, seqs[-1], first + len(seqs) - 1, step - 1)
-                          if step > 1 and kinds[-1] != "process.end" else None)
+                          if step > 1 and kinds[-1] != PROCESS_END else None)
         else:
             self._jump = None
         self._unreadable = 0
@@ -351,8 +352,8 @@ class ProcessFile:
                 if kind in TYPED_KINDS:
                     records[i] = to_record(records[i])
         records.typed = typed
-        if "process.end" in counts:
-            self.end = records[len(kinds) - 1 - kinds[::-1].index("process.end")]
+        if PROCESS_END in counts:
+            self.end = records[len(kinds) - 1 - kinds[::-1].index(PROCESS_END)]
         self._last_seq = seqs[-1]
         self.records_read += len(records)
         records.kinds, records.counts = kinds, counts
@@ -377,13 +378,13 @@ class ProcessFile:
                 if reason:
                     self._problem(lineno, f"{reason}; record skipped")
                     return None
-            if record["k"] == "steady":
+            if record["k"] == STEADY:
                 problem = steady_problem(record)
                 if problem is not None:
                     self._problem(lineno, f"malformed steady record (seq {record['seq']}): "
                                           f"{problem}; skipped")
                     return None
-            if record["k"] == "process.end":
+            if record["k"] == PROCESS_END:
                 self.end = record
             self.records_read += 1
             if typed and type(record["k"]) is str and record["k"] in TYPED_KINDS:
@@ -435,7 +436,7 @@ class ProcessFile:
                     # reported: not a record the writer dropped
                     lost = seq - last_seq - 1 - unreadable
                     unreadable = 0
-                    if lost > 0 and record["k"] != "process.end":
+                    if lost > 0 and record["k"] != PROCESS_END:
                         self.gaps += 1
                         self.dropped += lost
                         jump = (last_seq, seq, lineno, lost)

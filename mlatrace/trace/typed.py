@@ -19,7 +19,9 @@ from __future__ import annotations
 
 from typing import Any
 
-TYPED_KINDS = frozenset({"graph.replay", "graph.replay.time", "attn.metadata", "dispatch"})
+from mlatrace.kinds import ATTN_METADATA, DISPATCH, REPLAY, REPLAY_TIME
+
+TYPED_KINDS = frozenset({REPLAY, REPLAY_TIME, ATTN_METADATA, DISPATCH})
 
 # the fields the builder and the rules read of the typed kinds (besides k, t, seq)
 RECORD_FIELDS = ("tid", "gid", "n", "gpu_ns", "capturing", "backend", "layer", "seq_len_min",

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mlatrace.kinds import DEVICE, GRAPH_NODES
+
 
 def _int(value: Any) -> bool:
     return type(value) is int
@@ -54,7 +56,7 @@ def check_nodes(rec: dict) -> str | None:
     return None
 
 
-CHECKS = {"device": check_device, "graph.nodes": check_nodes}
+CHECKS = {DEVICE: check_device, GRAPH_NODES: check_nodes}
 CHECKED_KINDS = frozenset(CHECKS)
 
 
