@@ -18,7 +18,7 @@ def mark(name: str, **attrs: object) -> None:
     record = _record
     if record is None:
         record = _load_record()
-    recorder = record._recorder
+    recorder = record.STATE.recorder
     if recorder is not None:
         recorder.add("mark", {"name": name, "attrs": attrs})
 

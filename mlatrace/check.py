@@ -18,12 +18,12 @@ and evidence) and a `coverage` testcase that fails when the run is blind.
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
-from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
 from mlatrace.analysis import RULES, Analysis, ConfigError, Finding, at_or_above
 from mlatrace.analysis.load import Unusable, load, resolve_config
+from mlatrace.exitcodes import ExitCode  # also check.ExitCode, as before
 from mlatrace.report import (
     make_console,
     plural,
@@ -34,15 +34,6 @@ from mlatrace.report import (
     report_dict,
 )
 from mlatrace.trace import SCHEMA_MAJOR, SCHEMA_NAME, check_schema
-
-
-class ExitCode(IntEnum):
-    """What `mlatrace check` exits with (README, "Commands and exit codes")."""
-
-    CLEAN = 0       # no finding at or above the threshold, and the trace is not blind
-    FINDINGS = 1    # a finding at or above the threshold (takes precedence over BLIND)
-    UNUSABLE = 2    # unreadable trace, unknown schema, bad arguments or config
-    BLIND = 3       # the trace cannot support a clean verdict (see coverage.reasons)
 
 
 def verdict_code(bad: list[Finding], blind: bool) -> ExitCode:
@@ -167,7 +158,7 @@ def _check_collection(paths: list[str], runs: list[Any], fail_on: str | None,
         except OSError as exc:
             make_console(stderr=True).print(f"[red]error:[/] cannot write {junit}: "
                                             f"{exc.strerror or exc}", soft_wrap=True)
-            return int(ExitCode.UNUSABLE)
+            return ExitCode.UNUSABLE
     for run, c in zip(runs, codes, strict=True):
         out.print(f"run {run.run_id}: {_VERDICT_WORD[ExitCode(c)]} (exit {c})", highlight=False,
                   soft_wrap=True)
@@ -193,29 +184,29 @@ def check_run(trace: str | list[str], fail_on: str | None = "error",
         cfg = resolve_config(config, trace, expect)
     except ConfigError as exc:
         err.print(f"[red]error:[/] {exc}", soft_wrap=True)
-        return 2
+        return ExitCode.UNUSABLE
     fail_on = fail_on or cfg.fail_on
     if fail_on not in ("error", "warning"):
         err.print(f"[red]error:[/] --fail-on must be error or warning, not {fail_on!r}")
-        return 2
+        return ExitCode.UNUSABLE
     selected = [r.upper() for r in rules or []]
     unknown = [r for r in selected if r not in RULES]
     if unknown:
         err.print(f"[red]error:[/] unknown rule id(s): {', '.join(unknown)} "
                   f"(known: {', '.join(RULES)})")
-        return 2
+        return ExitCode.UNUSABLE
     try:
         opened, result = load(paths, cfg, selected or None, run_id=run_id)
     except Unusable as exc:
         err.print(f"[red]error:[/] {exc}", soft_wrap=True)
-        return 2
+        return ExitCode.UNUSABLE
     unknown = unknown_schemas(result)
     if unknown:
         file, schema = unknown[0]
         err.print(f"[red]error:[/] {file}: the header says schema {schema!r}, this mlatrace "
                   f"reads {SCHEMA_NAME}/{SCHEMA_MAJOR}: no verdict (upgrade mlatrace; "
                   "`mlatrace report` shows a best-effort view)", soft_wrap=True)
-        return 2
+        return ExitCode.UNUSABLE
     active = [r for r in RULES if cfg.enabled(r) and (not selected or r in selected)]
     if junit_suites is not None:
         suite = junit_xml(result, fail_on, active, trace).getroot()
@@ -228,13 +219,13 @@ def check_run(trace: str | list[str], fail_on: str | None = "error",
                                                             xml_declaration=True)
         except OSError as exc:
             err.print(f"[red]error:[/] cannot write {junit}: {exc.strerror or exc}", soft_wrap=True)
-            return 2
+            return ExitCode.UNUSABLE
     data = report_dict(trace, result, run=opened.run)
     if html:
         from mlatrace.html_report import save
 
         if not save(html, data, result, err, fail_on=fail_on):
-            return 2
+            return ExitCode.UNUSABLE
     out = make_console()
     print_warnings(out, data["problems"])   # on stdout, before the verdict they qualify
     bad = failing(result.findings, fail_on)

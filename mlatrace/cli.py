@@ -1,19 +1,101 @@
 """The `mlatrace` command line: parses arguments and delegates to one stage module each.
 
-Exit codes (documented in the README): 0 ok / clean, 1 findings at or above the
-threshold (check) or probe drift (probes doctor), 2 usage error or unreadable trace,
-3 blind (check: the trace cannot support a clean verdict; check.ExitCode);
+Exit codes (documented in the README; mlatrace.exitcodes.ExitCode): 0 ok / clean,
+1 findings at or above the threshold (check) or probe drift (probes doctor), 2 usage
+error or unreadable trace, 3 blind (check: the trace cannot support a clean verdict);
 `run` passes the traced command's exit code through (128+N when killed by signal N).
+A stage ends a command early by raising MlatraceError: `MlatraceGroup` is the one place
+that turns it into its line on stderr and its exit code.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
+from mlatrace.exitcodes import MlatraceError
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+class MlatraceGroup(click.Group):
+    """The `mlatrace` group: a MlatraceError from any command (subgroups included) is one
+    line on stderr, no traceback, and the error's exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except MlatraceError as error:
+            print(error.message, file=sys.stderr)
+            sys.exit(error.code)
+
+
+class OptionError(click.BadParameter):
+    """A bad option value, found by the option's click type: click reports it as the one
+    line it says (`mlatrace whatif: --lengths ...`), exit 2, without its usage block."""
+
+    def show(self, file: Any = None) -> None:
+        print(self.message, file=file or sys.stderr)
+
+
+class RunOption(click.ParamType):
+    """A `run` option checked by `mlatrace.inject.launcher.check_<name>`, which returns
+    the value (normalised) or raises MlatraceError with the line to show."""
+
+    name = "text"  # the metavar --help shows, as before
+
+    def __init__(self, check: str) -> None:
+        self.check = check
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        from mlatrace.inject import launcher
+
+        try:
+            return getattr(launcher, f"check_{self.check}")(value)
+        except MlatraceError as error:
+            raise OptionError(error.message, ctx=ctx, param=param) from None
+
+
+class Lengths(click.ParamType):
+    """`whatif --lengths 8192,32768`: positive integers ("" is the default: None)."""
+
+    name = "text"  # the metavar --help shows, as before
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> list[int] | None:
+        if isinstance(value, list) or value == "":
+            return value or None
+        try:
+            lengths = [int(x) for x in value.split(",") if x.strip()]
+        except ValueError:
+            raise OptionError("mlatrace whatif: --lengths wants comma-separated integers, "
+                              f"got {value!r}", ctx=ctx, param=param) from None
+        if not lengths or min(lengths) < 1:
+            raise OptionError("mlatrace whatif: --lengths must be positive", ctx=ctx,
+                              param=param)
+        return lengths
+
+
+class GraphModes(click.ParamType):
+    """`bench overhead --graph full,breakable`: the reference engine's graph modes."""
+
+    name = "text"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> list[str]:
+        if isinstance(value, list):
+            return value
+        from mlatrace.bench.overhead_bench import GOALS
+
+        modes = [m.strip() for m in value.split(",") if m.strip()]
+        if not modes or any(m not in GOALS for m in modes):
+            raise OptionError(f"bench overhead: --graph takes {', '.join(GOALS)} "
+                              f"(comma-separated), not {value!r}", ctx=ctx, param=param)
+        return modes
+
+
+@click.group(cls=MlatraceGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="mlatrace", prog_name="mlatrace")
 def main() -> None:
     """Record what CUDA-graph capture froze, then report, diff and check it."""
@@ -22,7 +104,7 @@ def main() -> None:
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--out", "out", default=None,
               help="Trace directory, created if needed (default ./mlatrace-trace/<timestamp>).")
-@click.option("--ranks", default=None, show_default="all ranks",
+@click.option("--ranks", type=RunOption("ranks"), default=None, show_default="all ranks",
               help="Keep only these ranks' events, e.g. 0 or 0,1.")
 @click.option("--probes", "probes", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="Extra probe pack (TOML); repeatable.")
@@ -36,11 +118,13 @@ def main() -> None:
 @click.option("--sample", type=click.IntRange(min=0), default=None,
               help="Eager probed calls and launches repeating their last record: keep the "
                    "first N of each run, then count (default 1; 0 keeps every record).")
-@click.option("--step-aside", "step_aside", default=None, metavar="SETTLE,VERIFY|0",
+@click.option("--step-aside", "step_aside", type=RunOption("step_aside"), default=None,
+              metavar="SETTLE,VERIFY|0",
               help="Probes whose decode steps are steady look at each step's first call "
                    "only, and at a whole step every VERIFY-th (default 8,64; 0: look at "
                    "every call). process.end counts what was not looked at (unseen).")
-@click.option("--replay-timing", default=None, metavar="N:M|off",
+@click.option("--replay-timing", type=RunOption("replay_timing"), default=None,
+              metavar="N:M|off",
               help="Time replays on the GPU with CUDA events (no sync): the first N replays "
                    "of each graph, then 1 in M (default 8:64; off: none).")
 @click.option("--graph-nodes/--no-graph-nodes", default=True,
@@ -57,7 +141,7 @@ def main() -> None:
 @click.option("--watch", "watch", is_flag=True,
               help="Show the live watch view while CMD runs; CMD's output goes to cmd.log "
                    "in the trace dir.")
-@click.option("--run-id", "run_id", default=None,
+@click.option("--run-id", "run_id", type=RunOption("run_id"), default=None,
               help="Join a run traced on several hosts: give every host's `mlatrace run` the "
                    "same id (default: a new one; the default --out is then "
                    "./mlatrace-trace/<run-id>/<host>).")
@@ -159,12 +243,13 @@ def diff(a: str, b: str, as_json: bool) -> None:
               help="Where to run the reference kernel (a CUDA GPU).")
 @click.option("--save", is_flag=True,
               help="Write whatif.json into the trace dir (report's cost estimates use it).")
-@click.option("--lengths", default=None, help="KV lengths to measure, e.g. 8192,32768 "
+@click.option("--lengths", type=Lengths(), default=None,
+              help="KV lengths to measure, e.g. 8192,32768 "
               "(default: the replays' shortest and longest).")
 @click.option("--replays", type=click.IntRange(min=1), default=50,
               help="Graph replays per timing round (3 rounds, the fastest kept).")
 @click.option("--json", "as_json", is_flag=True, help="Print the whatif.json object instead.")
-def whatif(trace: str, device: str, save: bool, lengths: str | None, replays: int,
+def whatif(trace: str, device: str, save: bool, lengths: list[int] | None, replays: int,
            as_json: bool) -> None:
     """Frozen split vs device policy at the trace's shapes, with the reference kernel (GPU)."""
     from mlatrace import whatif as whatif_mod
@@ -346,9 +431,8 @@ def bench_splits(out: str, quick: bool) -> None:
     from mlatrace.bench import gpu_device_present
 
     if not gpu_device_present():  # before torch's import, which alone takes seconds
-        print("mlatrace bench splits needs a CUDA GPU (no GPU device on this machine)",
-              file=sys.stderr)
-        sys.exit(2)
+        raise MlatraceError("mlatrace bench splits needs a CUDA GPU (no GPU device on this "
+                            "machine)")
     from mlatrace.bench import splits_bench
 
     sys.exit(splits_bench.main(out=out, quick=quick))
@@ -357,7 +441,7 @@ def bench_splits(out: str, quick: bool) -> None:
 @bench.command("overhead")
 @click.option("--steps", type=int, default=300, show_default=True,
               help="Decode steps per run (at most 40 without CUDA).")
-@click.option("--graph", "graph_modes", default="full",
+@click.option("--graph", "graph_modes", type=GraphModes(), default="full",
               help="Graph modes of the reference engine, comma-separated: full, breakable, none.")
 @click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True,
               help="Alternating traced/untraced rounds per graph mode (medians are kept).")
@@ -377,7 +461,7 @@ def bench_splits(out: str, quick: bool) -> None:
               help="With --in-process: drop the device work, leaving the step's Python.")
 @click.option("--json-out", type=click.Path(dir_okay=False), default="bench-overhead.json",
               help="Where the JSON summary goes.")
-def bench_overhead(steps: int, graph_modes: str, rounds: int, sample: int | None,
+def bench_overhead(steps: int, graph_modes: list[str], rounds: int, sample: int | None,
                    step_aside: str | None, in_process: bool, baseline: str, host_only: bool,
                    json_out: str) -> None:
     """Decode step time, traced vs untraced, per graph mode (GPU time and wall)."""

@@ -6,6 +6,7 @@ process, and the analysis imports it on a CI box with no GPU stack.
 
 from __future__ import annotations
 
+import os
 from functools import cache
 from typing import Any
 
@@ -43,3 +44,14 @@ def installed_version(library: str) -> str | None:
         except Exception:  # PackageNotFoundError, or a broken distribution's metadata
             continue
     return None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists on this host (signal 0; another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

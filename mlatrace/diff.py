@@ -35,6 +35,7 @@ from mlatrace.analysis import Analysis, ConfigError
 from mlatrace.analysis.kernels import kernel_view
 from mlatrace.analysis.load import Unusable, load, resolve_config
 from mlatrace.analysis.summary import units
+from mlatrace.exitcodes import ExitCode
 from mlatrace.report import (
     gpu_time,
     make_console,
@@ -244,7 +245,7 @@ def main(a: str, b: str, as_json: bool = False) -> int:
             results.append(result)
     except (Unusable, ConfigError) as exc:
         err.print(f"[red]error:[/] {exc}", soft_wrap=True)
-        return 2
+        return ExitCode.UNUSABLE
     data = diff_dict(a, results[0], b, results[1])
     if as_json:
         sys.stdout.write(json.dumps(data, indent=1, default=str) + "\n")

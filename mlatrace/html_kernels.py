@@ -15,107 +15,11 @@ from __future__ import annotations
 
 from typing import Any
 
-ATTENTION_MARKERS = ("attn", "attention", "mla", "fmha", "flash", "splitkv", "paged", "decode")
-UNDERFILLED = 0.25   # CTAs below this share of the SMs: the grid leaves the GPU mostly idle
+from mlatrace.analysis.kernels import GridRule, attention_like, ctas, device_sms, full_name
 
-
-def short_name(name: str, limit: int = 80) -> str:
-    """`at::native::vectorized_elementwise_kernel<...>` for an Itanium-mangled `_ZN...`
-    name; other names (Triton's) as they are; at most `limit` characters."""
-    out = _demangle(name) if name.startswith("_Z") else None
-    text = out or name
-    return text if len(text) <= limit else text[:limit - 1] + "…"
-
-
-def _demangle(name: str) -> str | None:
-    """The qualified name of a mangled function, template arguments shown as <...>."""
-    s, i, parts, templated = name, 2, [], False
-    nested = i < len(s) and s[i] == "N"
-    if nested:
-        i += 1
-        while i < len(s) and s[i] in "KVr":
-            i += 1
-    while i < len(s):
-        c = s[i]
-        if c.isdigit():
-            j = i
-            while j < len(s) and s[j].isdigit():
-                j += 1
-            length = int(s[i:j])
-            if length <= 0 or j + length > len(s):
-                return None
-            parts.append(s[j:j + length])
-            i = j + length
-            if not nested:
-                break
-        elif c == "I":
-            templated = True
-            i = _skip_args(s, i + 1)
-            if i < 0:
-                return None
-            if not nested:
-                break
-        elif c == "E" or not nested:
-            break
-        else:  # a substitution, operator or constructor name: stop at what we have
-            break
-    if not parts:
-        return None
-    return "::".join(parts) + ("<...>" if templated else "")
-
-
-def _skip_args(s: str, i: int) -> int:
-    """The index after the `E` closing template arguments opened before `i` (-1: none)."""
-    depth = 1
-    while i < len(s):
-        c = s[i]
-        if c.isdigit():
-            j = i
-            while j < len(s) and s[j].isdigit():
-                j += 1
-            i = j + int(s[i:j])
-            continue
-        if c in "INL":
-            depth += 1
-        elif c == "E":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-        i += 1
-    return -1
-
-
-def ctas(grid: Any) -> int | None:
-    """Blocks a launch grid starts (x*y*z), None when the grid is not three ints."""
-    if isinstance(grid, (list, tuple)) and grid and all(type(v) is int and v > 0 for v in grid):
-        out = 1
-        for v in grid:
-            out *= v
-        return out
-    return None
-
-
-def attention_like(name: str) -> bool:
-    lowered = name.lower()
-    return any(m in lowered for m in ATTENTION_MARKERS)
-
-
-def device_sms(model: Any, pid: Any, graphs: list[Any]) -> tuple[int | None, str]:
-    """(SMs, where the figure comes from) for the graphs of process `pid`."""
-    proc = model.process(pid) if model is not None else None
-    for source in (getattr(proc, "devices", None), getattr(proc, "device", None)):
-        records = source.values() if isinstance(source, dict) and "sms" not in source else (
-            source if isinstance(source, list) else [source])
-        for rec in records:
-            if isinstance(rec, dict) and type(rec.get("sms")) is int and rec["sms"] > 0:
-                label = rec.get("name") or "the device"
-                return rec["sms"], f"{label} (device record)"
-    for g in graphs:
-        for d in getattr(g, "decisions", ()):
-            sm = (d.inputs or {}).get("sm_count") if isinstance(d.inputs, dict) else None
-            if type(sm) is int and sm > 0:
-                return sm, f"input sm_count of the host decision {d.name}"
-    return None, "unknown (the trace has no device record)"
+_BY_NAME = GridRule()  # the page marks attention-like kernels by their default names
+_NONE_LAUNCHED: frozenset[str] = frozenset()
+UNDERFILLED = _BY_NAME.underfill_fraction   # CTAs below this share of the SMs: mostly idle
 
 
 def kernel_rows(model: Any, unit: dict[str, Any]) -> dict[str, Any] | None:
@@ -138,9 +42,9 @@ def kernel_rows(model: Any, unit: dict[str, Any]) -> dict[str, Any] | None:
         for node in g.nodes:
             name = str(node.get("name", "?"))
             n = ctas(node.get("grid"))
-            attn = attention_like(name)
+            attn = attention_like(name, _NONE_LAUNCHED, _BY_NAME) is not None
             share = n / sms if (n is not None and sms) else None
-            rows.append({"gid": g.gid, "name": name, "short": short_name(name),
+            rows.append({"gid": g.gid, "name": name, "short": full_name(name),
                          "grid": node.get("grid"), "block": node.get("block"),
                          "smem": node.get("smem"), "ctas": n, "share": share,
                          "attention": attn,

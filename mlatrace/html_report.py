@@ -133,7 +133,7 @@ def _anchor(pid: Any, gid: Any) -> str:
 # -- sections -------------------------------------------------------------------------
 
 def _header(data: dict[str, Any], generated: str, live: bool) -> str:
-    from mlatrace.report import summary_line
+    from mlatrace.report_data import summary_line
 
     trace = data["trace"]
     note = " (live snapshot, rewritten at each refresh)" if live else ""
@@ -199,7 +199,7 @@ def _coverage(data: dict[str, Any]) -> str:
 
 
 def _cost(f: dict[str, Any]) -> str:
-    from mlatrace.report import cost_line
+    from mlatrace.report_text import cost_line
 
     line = cost_line(f)
     return f'<p class="cost">cost: {esc(line)}</p>' if line else ""
@@ -358,7 +358,7 @@ def _charts(unit: dict[str, Any], mine: list[dict[str, Any]], far_factor: int) -
 
 def _unit(unit: dict[str, Any], data: dict[str, Any], model: Any, far_factor: int,
           charted: bool) -> str:
-    from mlatrace.report import gid_text
+    from mlatrace.report_text import gid_text
 
     mine = unit_findings(unit, data["findings"])
     bad = any(f["severity"] == "error" for f in mine)
@@ -467,7 +467,7 @@ def _marks_problems(data: dict[str, Any]) -> str:
                      + _table(["file", "rank", "seq", "name", "attrs"], rows) + "</details></section>")
     problems = data.get("problems") or []
     if problems:
-        from mlatrace.report import problem_text
+        from mlatrace.report_text import problem_text
 
         items = "".join(f"<li>{esc(problem_text(p))}</li>" for p in problems[:MAX_LIST])
         more = (f"<li>... {len(problems) - MAX_LIST} more</li>" if len(problems) > MAX_LIST
@@ -561,7 +561,7 @@ class LivePage:
         self.error: str | None = None
 
     def update(self, live: Any, final: bool = False) -> None:
-        from mlatrace.report import report_dict
+        from mlatrace.report_data import report_dict
 
         analysis = live.analysis
         if analysis is None or (analysis is self.shown and not final):

@@ -3,90 +3,9 @@
 Exit codes: 0 a report was made (findings or not; `check` gives verdicts), 2 the trace
 is unreadable or holds nothing usable (bad --config too).
 
-`--json` prints one object, schema `mlatrace.report/1` (stable: fields are only added):
-
-    {
-      "schema": "mlatrace.report/1",
-      "trace": str,                          # the trace directory
-      "summary": {"processes": int,
-                  "graphs": int,        # capture units: root graphs, each with the graphs
-                                        # captured inside it (gid 1>2,3 in the table)
-                  "graphs_total": int,  # every graph, nested torch graphs included
-                  "replays": int,                       # steps (nested replays counted once)
-                  "findings": {"error": int, "warning": int},
-                  "suppressed": int,
-                  "problems": int,      # len(problems): the text, check and this agree
-                  "marks": int,         # mlatrace.mark() records (all, even past the kept ones)
-                  "exit_code": int|null,                # the traced command's (run.json)
-                  "probes_attached": int|null,          # distinct probes with a patched
-                                                        # target (null: not recorded)
-                  "probes_errored": int,                # distinct probes with a probe.error
-                  "blind": bool},                       # coverage.blind
-      "processes": [{"file", "pid", "ppid", "rank", "root", "world_size", "role", "argv",
-                     "schema", "records", "dropped", "gaps", "end_reason"}],
-      "graphs": [{"pid", "rank", "file", "gid", "nested_gids": [int], "src", "key", "mode",
-                  "segments", "eager_breaks", "capture_seq",
-                  "capture_error": str|null,   # the capture raised (graph.capture.end)
-                  "frozen": {"num_kv_splits": [int], "stage2": "present"|"skipped"|null,
-                             "kernels": {name: {"grids": [[x, y, z]], "num_kv_splits": [int]}},
-                             "hints": {name: value}, "ops": [str], "ptrs": {name: int},
-                             "graph_nodes": int, "capture_seq_len_max": int|null},
-                  "replays": {"count": int, "seq_len_max": int|null, "seq_len_min": int|null,
-                              "ptrs_stable": bool|null,
-                              "gpu_ns": {"p50", "p90", "p99", "max", "mean",   # ns per replay
-                                         "samples"}|null,              # timed replays
-                              # over time (analysis/series.py), min/max per time bucket:
-                              "lengths": {"points", "min", "max", "t0_ns", "t_last_ns",
-                                          "bucket_ns", "buckets": [[t, min, max, n]]}|null,
-                              "gpu_times": {"gid", ...as lengths}|null,  # replay.time
-                              "gpu_hist": [[ns, count]]|null},  # 8 significant bits
-                  "runtime": {"num_kv_splits": [int]}|null}],  # a unit with eager breaks:
-                                        # split counts its process chose eagerly while replaying
-      "attention": [{"file", "pid", "rank", "kind": "attn.call"|"attn.metadata",
-                     "name",                 # the op (forward_mqa, ...) or the backend
-                     "count", "captured", "eager", "layers",   # distinct layer names
-                     "seq_len_min", "seq_len_max", "first": {"file", "seq"}}],
-      "findings": [{"id", "name", "severity", "message", "hint", "pid", "rank", "gid",
-                    "evidence": [{"file", "seq", "kind", "what"}], "details": {...},
-                    "cost": {"replays", "timed", "replay_gpu_ns_p50", "replay_gpu_ns_p90",
-                             "total_gpu_ns", "estimate": {"gpu_ns_p50", "how"}|null}|null}],
-                                             # cost: MLT001/6/7 (mlatrace.analysis.cost)
-      "suppressed": [same as findings],      # matched by the config's allow-list
-      "problems": [{"file", "line", "reason"}],  # the reader's bad lines (line >= 1), then
-                                        # per-file data loss (line 0): dropped records, no
-                                        # process.end
-      "marks": [{"file", "pid", "rank", "seq", "t", "name", "attrs"}]  # the first 100 per process
-      "kernels": {                           # the kernel view (analysis/kernels.py)
-        "graphs": [{"pid", "rank", "gid", "key", "nodes": int,   # graphs with graph.nodes
-                    "device": str|null, "sms": int|null,          # from the `device` record
-                    "attention": [{"name", "short", "grid": [x, y, z], "ctas": int,
-                                   "attention": true, "why": "name"|"attn.call"}],
-                    "largest": {...}|null,   # the attention-like kernel with the most CTAs
-                    "replay_gpu_ns": {"timed": int, "min": int|null, "max": int|null}}],
-        "grids_differ": [{"kernel": short name,       # attention-like kernels launched with
-                          "grids": [{"grid": [x, y, z], "graphs": ["pid:gid"]}]}]
-      },                                     # more than one grid between graphs
-      "coverage": {                          # what the probes saw (analysis/coverage.py)
-        "blind": bool, "reasons": [str],     # why the trace cannot support a clean verdict
-        "notes": [str],                      # what a rule could not judge (MLT008: no SMs)
-        "probes_attached": int|null, "probes_errored": int,
-        "engines": {name: version},          # probed engines named in the headers
-        "ranks": {"world_size": int|null, "seen": [int], "kept": [int]|null,
-                  "missing": [int]},
-        "expect": [{"what", "kinds": [str], "records": int, "met": bool}],
-        "records": {kind: int},              # records per kind, whole run
-        "probe_errors": [{"file", "seq", "probe", "target", "reason", "error"}],
-        "processes": [{"file", "pid", "rank",
-                       "recorded": bool,     # process.end carried coverage (newer traces)
-                       "ended": bool,        # the process wrote its process.end
-                       "packs": [str], "packs_attached": [str]|null,
-                       "packs_skipped": {pack: why},
-                       "targets": {"patched": int, "not_imported": int, "inherited": int,
-                                   "missing": [str], "drifted": [str], "failed": [str]},
-                       "hits": {probe: int}, "records": {kind: int},
-                       "probe_errors": int}]
-      }
-    }
+`--json` prints `report_dict`'s object, schema `mlatrace.report/1` (stable: fields are only
+added; its fields are listed in mlatrace/report_data.py). The text helpers shared with the
+HTML page, `check` and `diff` are in mlatrace/report_text.py.
 """
 
 from __future__ import annotations
@@ -97,211 +16,29 @@ from typing import Any
 
 from rich.markup import escape
 
-from mlatrace.analysis import Analysis, ConfigError
-from mlatrace.analysis.kernels import kernel_view
+from mlatrace.analysis import ConfigError
 from mlatrace.analysis.load import Unusable, load, resolve_config
 from mlatrace.analysis.model import MAX_MARKS
-from mlatrace.analysis.summary import root_graphs, units
+from mlatrace.exitcodes import ExitCode
+from mlatrace.report_data import REPORT_SCHEMA, problems_of, report_dict, summary_line
+from mlatrace.report_text import (
+    GID_NOTE,
+    cost_line,
+    fmt,
+    gid_text,
+    gpu_cell,
+    gpu_time,
+    hex_text,
+    problem_text,
+    rank_text,
+)
 from mlatrace.tables import Column, make_console, plural, print_line, print_table, shorten
 
-__all__ = ["Unusable", "load", "main", "render", "report_dict", "resolve_config"]
+__all__ = ["REPORT_SCHEMA", "GID_NOTE", "Unusable", "cost_line", "gid_text", "gpu_time", "load",
+           "main", "make_console", "plural", "problem_text", "problems_of", "rank_text", "render",
+           "report_dict", "resolve_config", "summary_line"]
 
-REPORT_SCHEMA = "mlatrace.report/1"
 MAX_GRAPH_ROWS = 20
-
-
-def problems_of(model: Any) -> list[dict[str, Any]]:
-    """Every problem of a trace, once, in one order: the reader's bad lines, then each
-    process's data loss (dropped records, no process.end). The summary counts these,
-    the text prints them, --json lists them and check prints them: the same list."""
-    out = [{"file": p.file, "line": p.line, "reason": p.reason} for p in model.problems]
-    for p in model.processes:
-        if p.dropped:
-            out.append({"file": p.file, "line": 0, "reason": (
-                f"{_plural(p.dropped, 'record')} dropped (seq gaps); replay counts come from "
-                "process.end, evidence may be missing")})
-        if p.end is None and p.records:
-            out.append({"file": p.file, "line": 0, "reason": (
-                "no process.end: a Ray worker (Ray ends workers without exit handlers); "
-                "its trace holds every task it finished" if p.kinds.get("ray.worker")
-                else "no process.end record (killed, or still running); the trace stops at "
-                "its last flush" + (
-                    f"; steady steps are folded: those since its last `steady` record (at "
-                    f"most one {p.fold_s:g} s interval) are not counted" if p.fold_s else ""))})
-        cap = (p.end or {}).get("cap")
-        if isinstance(cap, dict) and cap.get("reached"):
-            left = cap.get("left_out") if isinstance(cap.get("left_out"), dict) else {}
-            out.append({"file": p.file, "line": 0, "reason": (
-                f"size cap of {cap.get('max_mb')} MB reached: "
-                f"{_plural(sum(v for v in left.values() if isinstance(v, int)), 'record')} "
-                "left out after it (" + (", ".join(f"{k} {v}" for k, v in left.items())
-                                         or "none") + "); captures, changes, errors and "
-                "folds kept")})
-    return out
-
-
-def report_dict(trace_path: str, result: Analysis,
-                run: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The report as data (schema mlatrace.report/1, see the module docstring)."""
-    model = result.model
-    counts = result.counts()
-    problems = problems_of(model)
-    run = run or {}
-    coverage = result.coverage
-    return {
-        "schema": REPORT_SCHEMA,
-        "trace": str(trace_path),
-        "summary": {
-            "processes": len(model.processes),
-            "graphs": len(root_graphs(model)),
-            "graphs_total": len(model.graphs),
-            "replays": model.total_replays(),
-            "findings": counts,
-            "suppressed": len(result.suppressed),
-            "problems": len(problems),
-            "marks": sum(p.marks_total for p in model.processes),
-            "exit_code": run.get("exit_code"),
-            "probes_attached": coverage.probes_attached,
-            "probes_errored": coverage.probes_errored,
-            "blind": coverage.blind,
-        },
-        "processes": [{
-            "file": p.file, "pid": p.pid, "ppid": p.ppid, "rank": p.rank,
-            "root": p.ppid not in {q.pid for q in model.processes},
-            "world_size": p.world_size, "role": p.role, "argv": p.argv, "schema": p.schema,
-            "records": p.records, "dropped": p.dropped, "gaps": p.gaps,
-            "end_reason": (p.end or {}).get("reason"),
-        } for p in model.processes],
-        "graphs": units(model),
-        "attention": [{
-            "file": p.file, "pid": p.pid, "rank": p.rank, "kind": a.kind, "name": a.name,
-            "count": a.count, "captured": a.captured, "eager": a.count - a.captured,
-            "layers": len(a.layers), "seq_len_min": a.seq_len_min, "seq_len_max": a.seq_len_max,
-            "first": {"file": a.first.file, "seq": a.first.seq},
-        } for p in model.processes for a in p.attention.values()],
-        "findings": [f.to_dict() for f in result.findings],
-        "suppressed": [f.to_dict() for f in result.suppressed],
-        "problems": problems,
-        "marks": [{"file": p.file, "pid": p.pid, "rank": p.rank, **m}
-                  for p in model.processes for m in p.marks],
-        "kernels": kernel_view(model, result.config.grid),
-        "coverage": coverage.to_dict(),
-    }
-
-
-def summary_line(data: dict[str, Any]) -> str:
-    s = data["summary"]
-    parts = [_plural(s["processes"], "process", "processes"),
-             _plural(s["graphs"], "graph") + " captured",
-             _plural(s["replays"], "replay")]
-    errors, warnings = s["findings"]["error"], s["findings"]["warning"]
-    if errors or warnings:
-        if errors:
-            parts.append(_plural(errors, "error finding"))
-        if warnings:
-            parts.append(_plural(warnings, "warning finding"))
-    else:
-        parts.append("no findings")
-    if s["problems"]:
-        parts.append(_plural(s["problems"], "problem"))
-    attached, errored = s.get("probes_attached"), s.get("probes_errored", 0)
-    if attached is None:
-        parts.append("probe coverage not recorded"
-                     + (f", {_plural(errored, 'probe')} errored" if errored else ""))
-    else:
-        parts.append(f"{_plural(attached, 'probe')} attached, {errored} errored")
-    if s.get("blind"):
-        parts.append("BLIND")
-    if s.get("exit_code"):
-        parts.append(f"the traced command exited with code {s['exit_code']}")
-    return ", ".join(parts)
-
-
-_plural = plural
-
-
-def rank_text(rank: Any) -> str:
-    """A rank as every output prints it: its number, or '-' when the process has none."""
-    return "-" if rank is None else str(rank)
-
-
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, list) and len(value) == 3 and all(isinstance(v, int) for v in value):
-        return "(" + ",".join(map(str, value)) + ")"  # a launch grid
-    if isinstance(value, list):
-        return ",".join(_fmt(v) for v in value) or "-"
-    return str(value)
-
-
-def _hex(value: Any) -> str:
-    return hex(value) if isinstance(value, int) else str(value)
-
-
-def gid_text(gid: int, nested: list[int]) -> str:
-    """`1>2-4,6`: capture unit 1 and the graphs nested in it (runs of ids shortened)."""
-    if not nested:
-        return str(gid)
-    runs: list[list[int]] = []
-    for n in sorted(nested):
-        if runs and n == runs[-1][-1] + 1:
-            runs[-1].append(n)
-        else:
-            runs.append([n])
-    parts = [str(r[0]) if len(r) == 1 else (f"{r[0]},{r[1]}" if len(r) == 2 else f"{r[0]}-{r[-1]}")
-             for r in runs]
-    return f"{gid}>{','.join(parts)}"
-
-
-GID_NOTE = ("gid 1>2-4: capture unit 1 (vLLM's wrapper graph, a breakable capture) encloses "
-            "the torch graphs 2 to 4 it captured; the summary counts units (--json: graphs), "
-            "graphs_total counts every graph")
-
-
-def gpu_time(ns: Any) -> str:
-    """A GPU time in ns as a short string: us, ms, s, or minutes and seconds from a minute."""
-    if not isinstance(ns, (int, float)) or isinstance(ns, bool):
-        return "-"
-    if ns >= 60e9:
-        seconds = round(ns / 1e9)
-        hours, minutes = divmod(seconds // 60, 60)
-        return (f"{hours} h {minutes:02d} min" if hours
-                else f"{minutes} min {seconds % 60:02d} s")
-    if ns >= 1e9:
-        return f"{ns / 1e9:.3g} s"
-    return f"{ns / 1e6:.3g} ms" if ns >= 1e6 else f"{ns / 1e3:.3g} us"
-
-
-def _gpu_cell(gpu: dict | None) -> str:
-    """p50 / p90 / max GPU time per replay, in one unit."""
-    if not gpu:
-        return "-"
-    values = [gpu.get(q) for q in ("p50", "p90", "max")]
-    if not all(isinstance(v, (int, float)) for v in values):
-        return "-"
-    scale, unit = (1e6, "ms") if max(values) >= 1e6 else (1e3, "us")
-    return "/".join(f"{v / scale:.3g}" for v in values) + f" {unit}"
-
-
-def cost_line(f: dict) -> str | None:
-    """One line with what a finding's graph costs in GPU time (None when it has no cost)."""
-    cost = f.get("cost")
-    if not isinstance(cost, dict):
-        return None
-    replays = cost.get("replays")
-    head = f"{f['id']} gid {_fmt(f['gid'])}: " + (plural(replays, "replay")
-                                                   if isinstance(replays, int) else f"{replays} replays")
-    if not cost.get("timed"):
-        return head + ", none timed (GPU time unknown: --replay-timing was off or no CUDA)"
-    clock = "host time (CPU host graph)" if cost.get("timed_via") == "host" else "GPU"
-    line = (f"{head}, {clock} per replay p50 {gpu_time(cost.get('replay_gpu_ns_p50'))}, "
-            f"p90 {gpu_time(cost.get('replay_gpu_ns_p90'))}; about "
-            f"{gpu_time(cost.get('total_gpu_ns'))} in all ({cost.get('timed')} timed)")
-    est = cost.get("estimate")
-    if isinstance(est, dict):
-        line += f"; with the fix about {gpu_time(est.get('gpu_ns_p50'))} p50 ({est.get('how')})"
-    return line
 
 
 def _quiet(proc: dict, graphs: list[dict]) -> bool:
@@ -339,11 +76,11 @@ def graph_rows(graphs: list[dict]) -> list[tuple[list, list[str]]]:
                        or "stage_1" in k.lower()), None)
         grid = frozen["kernels"][stage1]["grids"] if stage1 else None
         ptrs = {None: "-", True: "stable", False: "[red]drift[/]"}[rep["ptrs_stable"]]
-        cells = (gid_text(g["gid"], g["nested_gids"]), _fmt(g["src"]), _fmt(g["key"]),
-                 _fmt(g["mode"]), _fmt(frozen["capture_seq_len_max"]),
-                 _fmt(frozen["num_kv_splits"]),
-                 _fmt(grid[0] if grid and len(grid) == 1 else grid), _fmt(frozen["stage2"]),
-                 str(rep["count"]), _fmt(rep["seq_len_max"]), _gpu_cell(rep["gpu_ns"])
+        cells = (gid_text(g["gid"], g["nested_gids"]), fmt(g["src"]), fmt(g["key"]),
+                 fmt(g["mode"]), fmt(frozen["capture_seq_len_max"]),
+                 fmt(frozen["num_kv_splits"]),
+                 fmt(grid[0] if grid and len(grid) == 1 else grid), fmt(frozen["stage2"]),
+                 str(rep["count"]), fmt(rep["seq_len_max"]), gpu_cell(rep["gpu_ns"])
                  + (" (host)" if rep.get("timed_via") == "host" else ""), ptrs)
         alone = ("pid", g["pid"]) if g["rank"] is None else ()
         rows.setdefault((*cells, *alone), []).append(g["rank"])
@@ -365,12 +102,6 @@ def group_findings(findings: list[dict]) -> list[dict]:
 
 def ranks_text(ranks: list) -> str:
     return ",".join(rank_text(r) for r in ranks) or "-"
-
-
-def problem_text(p: dict[str, Any]) -> str:
-    """`file:line: reason`, or `file: reason` for a problem of a whole file."""
-    where = f"{p['file']}:{p['line']}" if p.get("line") else str(p["file"])
-    return f"{where}: {p['reason']}"
 
 
 MAX_PROBLEM_LINES = 50
@@ -437,7 +168,7 @@ def render_coverage(console: Any, data: dict[str, Any], verbose: bool) -> None:
 
     attached = cov["probes_attached"]
     killed = any(not p["ended"] for p in cov["processes"])
-    head = (f"{_plural(attached, 'probe')} attached" if attached is not None
+    head = (f"{plural(attached, 'probe')} attached" if attached is not None
             else "process killed: coverage unknown" if killed
             else "not recorded by this trace (older mlatrace: no coverage in process.end)")
     verdict = ("[bold red]BLIND: the trace cannot support a clean verdict[/]" if cov["blind"]
@@ -483,7 +214,7 @@ def render_coverage(console: Any, data: dict[str, Any], verbose: bool) -> None:
         for pack, why in p["packs_skipped"].items():
             by_reason.setdefault(why, []).append(pack)
         skipped = "; ".join(
-            f"{listed(packs) if verbose or len(packs) <= 3 else _plural(len(packs), 'pack')}"
+            f"{listed(packs) if verbose or len(packs) <= 3 else plural(len(packs), 'pack')}"
             f" ({why})" for why, packs in by_reason.items()) or "none"
         counts = [f"{t['patched']} patched", f"{t['not_imported']} not imported"]
         counts += [f"{len(t[name])} {name}" for name in ("missing", "drifted", "failed")
@@ -503,7 +234,7 @@ def render_coverage(console: Any, data: dict[str, Any], verbose: bool) -> None:
         if verbose and p["hits"]:
             say("    hits: " + ", ".join(f"{q} {n}" for q, n in p["hits"].items()))
     if quiet:
-        say(f"  +{_plural(quiet, 'process', 'processes')} with no probe activity "
+        say(f"  +{plural(quiet, 'process', 'processes')} with no probe activity "
             "(-v lists them)")
 
 
@@ -514,8 +245,8 @@ def render_processes(console: Any, data: dict[str, Any], verbose: bool) -> None:
     for p in data["processes"]:
         if p in quiet and len(quiet) > 1:
             continue
-        rows.append([p["file"], _fmt(p["pid"]), _fmt(p["ppid"]), rank_text(p["rank"]), p["role"],
-                     str(p["records"]), str(p["dropped"]), _fmt(p["end_reason"])])
+        rows.append([p["file"], fmt(p["pid"]), fmt(p["ppid"]), rank_text(p["rank"]), p["role"],
+                     str(p["records"]), str(p["dropped"]), fmt(p["end_reason"])])
     if len(quiet) > 1:
         roles = sorted({p["role"] for p in quiet})
         rows.append([f"+{len(quiet)} more", "", "", "", "no events: " + ", ".join(roles[:4])
@@ -524,17 +255,23 @@ def render_processes(console: Any, data: dict[str, Any], verbose: bool) -> None:
     print_table(console, PROCESS_COLUMNS, rows, title="processes")
 
 
+def print_rank_rows(console: Any, columns: list[Column], rows: list[tuple[list, list[str]]],
+                    verbose: bool, title: str) -> None:
+    """A table whose rows ranks share (graph_rows, kernel_rows): the first MAX_GRAPH_ROWS
+    unless -v, and how many more there are."""
+    shown = rows if verbose else rows[:MAX_GRAPH_ROWS]
+    print_table(console, columns, [[ranks_text(r), *cells] for r, cells in shown], title=title)
+    if len(rows) > len(shown):
+        console.print(f"... {len(rows) - len(shown)} more rows (use -v)")
+
+
 def render_graphs(console: Any, data: dict[str, Any], verbose: bool) -> None:
     """What each capture froze and what its replays saw; -v adds the frozen details."""
     graphs = data["graphs"]
     if not graphs:
         return
-    rows = graph_rows(graphs)
-    shown_rows = rows if verbose else rows[:MAX_GRAPH_ROWS]
-    print_table(console, GRAPH_COLUMNS, [[ranks_text(ranks), *cells] for ranks, cells in shown_rows],
-                title="graphs (what capture froze / what replays saw)")
-    if len(rows) > len(shown_rows):
-        console.print(f"... {len(rows) - len(shown_rows)} more rows (use -v)")
+    print_rank_rows(console, GRAPH_COLUMNS, graph_rows(graphs), verbose,
+                    "graphs (what capture froze / what replays saw)")
     if any(g["nested_gids"] for g in graphs):
         console.print(f"({GID_NOTE})", highlight=False)
     from mlatrace.charts.spark import sparkline_lines
@@ -548,20 +285,20 @@ def render_graphs(console: Any, data: dict[str, Any], verbose: bool) -> None:
     for g in graphs:
         if g["capture_error"]:
             print_line(console, escape(f"capture failed: rank {rank_text(g['rank'])} pid "
-                                       f"{_fmt(g['pid'])} gid {g['gid']} {_fmt(g['key'])}: "
+                                       f"{fmt(g['pid'])} gid {g['gid']} {fmt(g['key'])}: "
                                        f"{g['capture_error']}"))
     if not verbose:
         return
     for g in graphs:
         frozen = g["frozen"]
         hints = ", ".join(f"{k}={v}" for k, v in frozen["hints"].items()) or "-"
-        ptrs = ", ".join(f"{k}={_hex(v)}" for k, v in frozen["ptrs"].items()) or "-"
+        ptrs = ", ".join(f"{k}={hex_text(v)}" for k, v in frozen["ptrs"].items()) or "-"
         kernels = "; ".join(
-            f"{name} grid {_fmt(k['grids'][0] if len(k['grids']) == 1 else k['grids'])}"
-            + (f" NUM_KV_SPLITS {_fmt(k['num_kv_splits'])}" if k["num_kv_splits"] else "")
+            f"{name} grid {fmt(k['grids'][0] if len(k['grids']) == 1 else k['grids'])}"
+            + (f" NUM_KV_SPLITS {fmt(k['num_kv_splits'])}" if k["num_kv_splits"] else "")
             for name, k in frozen["kernels"].items()) or "-"
-        console.print(f"  rank {rank_text(g['rank'])} pid {_fmt(g['pid'])} gid {g['gid']} "
-                      f"{_fmt(g['key'])}: ops {_fmt(frozen['ops'])}; hints {hints}; ptrs {ptrs}; "
+        console.print(f"  rank {rank_text(g['rank'])} pid {fmt(g['pid'])} gid {g['gid']} "
+                      f"{fmt(g['key'])}: ops {fmt(frozen['ops'])}; hints {hints}; ptrs {ptrs}; "
                       f"kernels {kernels}; graph nodes {frozen['graph_nodes']}",
                       highlight=False)
 
@@ -593,10 +330,10 @@ def kernel_rows(view: dict[str, Any]) -> list[tuple[list, list[str]]]:
         kernels = g["attention"] or [None]
         for k in kernels:
             if k is None:
-                cells = (str(g["gid"]), _fmt(g["key"]),
+                cells = (str(g["gid"]), fmt(g["key"]),
                          f"- (none of {g['nodes']} nodes)", "-", "-", ns_range(g["replay_gpu_ns"]))
             else:
-                cells = (str(g["gid"]), _fmt(g["key"]), k["short"], _fmt(k["grid"]),
+                cells = (str(g["gid"]), fmt(g["key"]), k["short"], fmt(k["grid"]),
                          f"{k['ctas']}/{sms}", ns_range(g["replay_gpu_ns"]))
             alone = ("pid", g["pid"]) if g["rank"] is None else ()
             rows.setdefault((*cells, *alone), []).append(g["rank"])
@@ -609,12 +346,8 @@ def render_kernels(console: Any, data: dict[str, Any], verbose: bool) -> None:
     view = data.get("kernels")
     if not view or not view["graphs"]:
         return
-    rows = kernel_rows(view)
-    shown = rows if verbose else rows[:MAX_GRAPH_ROWS]
-    print_table(console, KERNEL_COLUMNS, [[ranks_text(r), *cells] for r, cells in shown],
-                title="kernels (attention-like nodes of each graph)")
-    if len(rows) > len(shown):
-        console.print(f"... {len(rows) - len(shown)} more rows (use -v)")
+    print_rank_rows(console, KERNEL_COLUMNS, kernel_rows(view), verbose,
+                    "kernels (attention-like nodes of each graph)")
     differ = view["grids_differ"]
     if not verbose:
         if differ:
@@ -622,7 +355,7 @@ def render_kernels(console: Any, data: dict[str, Any], verbose: bool) -> None:
                           "between graphs: -v lists them)", highlight=False)
         return
     for d in differ:
-        grids = "; ".join(f"{_fmt(g['grid'])} in gid(s) "
+        grids = "; ".join(f"{fmt(g['grid'])} in gid(s) "
                           + ",".join(x.split(":", 1)[1] for x in g["graphs"])
                           for g in d["grids"])
         print_line(console, escape(f"  grids differ: {d['kernel']}: {grids}"))
@@ -651,8 +384,8 @@ def render_attention(console: Any, data: dict[str, Any]) -> None:
     rows = []
     for a in data["attention"]:
         lens = ("-" if a["seq_len_max"] is None
-                else f"{_fmt(a['seq_len_min'])}..{_fmt(a['seq_len_max'])}")
-        rows.append([_fmt(a["pid"]), rank_text(a["rank"]), a["kind"], a["name"], str(a["count"]),
+                else f"{fmt(a['seq_len_min'])}..{fmt(a['seq_len_max'])}")
+        rows.append([fmt(a["pid"]), rank_text(a["rank"]), a["kind"], a["name"], str(a["count"]),
                      str(a["captured"]), str(a["eager"]), str(a["layers"] or "-"), lens])
     print_table(console, ATTENTION_COLUMNS, rows,
                 title="attention (calls by op, metadata builds by backend)")
@@ -686,7 +419,7 @@ def render_marks(console: Any, data: dict[str, Any], verbose: bool) -> None:
     for m in data["marks"]:
         attrs = " ".join(f"{clip(k)}={clip(v)}" for k, v in (m["attrs"] or {}).items()
                          ) if isinstance(m["attrs"], dict) else clip(m["attrs"])
-        console.print(escape(f"  rank {rank_text(m['rank'])} pid {_fmt(m['pid'])} {m['file']}:seq "
+        console.print(escape(f"  rank {rank_text(m['rank'])} pid {fmt(m['pid'])} {m['file']}:seq "
                              f"{m['seq']} {clip(m['name'])}" + (f" {attrs}" if attrs else "")),
                       highlight=False, soft_wrap=True)
     if total > len(data["marks"]):
@@ -721,8 +454,8 @@ def render_findings(console: Any, data: dict[str, Any], verbose: bool) -> None:
                 print_line(console, f"  {escape(line)}")
         if verbose:
             for f in group_findings(data["findings"]):
-                console.print(f"\n[bold]{f['id']} {f['name']}[/] (pid {_fmt(f['pids'])}, "
-                              f"rank {ranks_text(f['ranks'])}, gid {_fmt(f['gid'])})",
+                console.print(f"\n[bold]{f['id']} {f['name']}[/] (pid {fmt(f['pids'])}, "
+                              f"rank {ranks_text(f['ranks'])}, gid {fmt(f['gid'])})",
                               highlight=False)
                 for e in f["evidence"]:
                     console.print(f"  {e['file']}:seq {e['seq']} ({e['kind']}) {e['what']}",
@@ -749,14 +482,14 @@ def main(trace: str | list[str], as_json: bool = False, verbose: bool = False,
         opened, result = load(trace, cfg, run_id=run_id)
     except (Unusable, ConfigError) as exc:
         err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
-        return 2
+        return ExitCode.UNUSABLE
     shown = trace if isinstance(trace, str) else " ".join(trace)
     data = report_dict(shown, result, run=opened.run)
     if html:
         from mlatrace.html_report import save
 
         if not save(html, data, result, err):
-            return 2
+            return ExitCode.UNUSABLE
     if as_json:
         print_warnings(err, data["problems"])
         sys.stdout.write(json.dumps(data, indent=1, default=str) + "\n")
@@ -786,7 +519,7 @@ def print_runs(paths: str | list[str], as_json: bool = False) -> int:
     except TraceError as exc:
         make_console(stderr=True).print(f"[red]error:[/] {exc}", highlight=False,
                                             soft_wrap=True)
-        return 2
+        return ExitCode.UNUSABLE
     if as_json:
         sys.stdout.write(json.dumps({"schema": "mlatrace.runs/1",
                                      "runs": [r.to_dict() for r in runs]}, indent=1) + "\n")

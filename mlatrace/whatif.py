@@ -36,6 +36,7 @@ from typing import Any
 from mlatrace.analysis import Analysis, Finding
 from mlatrace.analysis.cost import WHATIF_FILE, WHATIF_SCHEMA
 from mlatrace.analysis.model import TraceModel
+from mlatrace.exitcodes import MlatraceError
 
 NEEDS_GPU = ("mlatrace whatif: needs an NVIDIA CUDA GPU to run the reference mla_gluon "
              "(Triton; its Gluon stage 1 on Hopper, e.g. H100/H200), and none is available here")
@@ -234,24 +235,18 @@ def cuda_device_name() -> str | None:
     return torch.cuda.get_device_name()
 
 
-def main(trace: str, device: str = "cuda", save: bool = False, lengths: str | None = None,
-         replays: int = DEFAULT_REPLAYS, as_json: bool = False) -> int:
+def main(trace: str, device: str = "cuda", save: bool = False,
+         lengths: list[int] | None = None, replays: int = DEFAULT_REPLAYS,
+         as_json: bool = False) -> int:
+    """`mlatrace whatif`; `lengths`: the KV lengths to measure (positive; cli.Lengths
+    checks them), None for the replays' shortest and longest."""
     from mlatrace.report import Unusable, load, resolve_config
 
-    try:
-        explicit = [int(x) for x in lengths.split(",") if x.strip()] if lengths else None
-    except ValueError:
-        print(f"mlatrace whatif: --lengths wants comma-separated integers, got {lengths!r}",
-              file=sys.stderr)
-        return 2
-    if explicit is not None and (not explicit or min(explicit) < 1):
-        print("mlatrace whatif: --lengths must be positive", file=sys.stderr)
-        return 2
+    explicit = lengths
     try:
         _trace, result = load(trace, resolve_config(None))
     except Unusable as exc:
-        print(f"mlatrace whatif: {exc}", file=sys.stderr)
-        return 2
+        raise MlatraceError(f"mlatrace whatif: {exc}") from exc
     found = cases(result.model, result.findings)
     if not found:
         print(f"mlatrace whatif: no MLA graph in {trace} has a finding on a frozen split; "
@@ -259,8 +254,7 @@ def main(trace: str, device: str = "cuda", save: bool = False, lengths: str | No
         return 0
     name = cuda_device_name() if device == "cuda" else None
     if name is None:
-        print(NEEDS_GPU, file=sys.stderr)
-        return 2
+        raise MlatraceError(NEEDS_GPU)
     data = whatif_dict(trace, result, found, name, explicit, replays)
     if save:
         path = Path(trace) / WHATIF_FILE

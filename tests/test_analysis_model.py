@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
+import synth
 from conftest import FIXTURES
 
-from mlatrace.analysis import analyze, build_model, synth
+from mlatrace.analysis import analyze, build_model
 from mlatrace.analysis.model import ReplayStats
 from mlatrace.analysis.summary import units
 from mlatrace.trace import open_trace
@@ -95,7 +96,7 @@ def test_parallel_build_matches_serial(tmp_path):
     from mlatrace.analysis import parallel as model_mod
 
     trace = open_trace(root)
-    parts = model_mod._build_parallel(trace, model_mod._pid_groups(trace.processes), 2)
+    parts = model_mod.build_parallel(trace, model_mod.pid_groups(trace.processes), 2)
     assert parts is not None and len(parts) == 2  # the workers really ran
     parallel = analyze_model(build_model(open_trace(root), workers=2))
     assert [f.to_dict() for f in parallel.findings] == [f.to_dict() for f in serial.findings]

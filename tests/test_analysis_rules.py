@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import synth
 from conftest import FIXTURES
 
-from mlatrace.analysis import Config, analyze, synth
-from mlatrace.analysis.decisions import bucketed_splits, legacy_splits
+from mlatrace.analysis import Config, analyze
+from mlatrace.decisions import bucketed_splits, legacy_splits
 from mlatrace.trace import open_trace
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 import pytest
+import synth
 from click.testing import CliRunner
 from conftest import FIXTURES
 
-from mlatrace.analysis import ConfigError, load_config, synth
+from mlatrace.analysis import ConfigError, load_config
 from mlatrace.cli import main
 
 

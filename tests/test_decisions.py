@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 from conftest import FIXTURES, REPO
+from synth import SynthProcess, write_run
 
-from mlatrace.analysis import Config, analyze, decisions
-from mlatrace.analysis.synth import SynthProcess, write_run
+from mlatrace import decisions
+from mlatrace.analysis import Config, analyze
 from mlatrace.probe import default_pack_paths
 from mlatrace.probe.commands import check_static
 from mlatrace.probe.packs import load_pack

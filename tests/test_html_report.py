@@ -17,9 +17,9 @@ import zlib
 from pathlib import Path
 
 import pytest
+from synth import SynthProcess, write_run
 
 from mlatrace.analysis.series import SERIES_BUCKETS, Series
-from mlatrace.analysis.synth import SynthProcess, write_run
 from mlatrace.charts import Region, regions_of, sparkline
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from synth import SynthProcess
 
 from mlatrace.analysis import Config, analyze
 from mlatrace.analysis.config import ConfigError, config_from_dict
 from mlatrace.analysis.kernels import GridRule, short_name
-from mlatrace.analysis.synth import SynthProcess
 from mlatrace.trace import open_trace
 
 ROOT = Path(__file__).resolve().parents[1]

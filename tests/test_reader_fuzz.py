@@ -105,7 +105,7 @@ def test_chunk_reader_equals_the_line_by_line_checks(data):
     unended last line."""
     import io
 
-    from mlatrace import trace as trace_mod
+    from mlatrace.trace import reader as trace_mod
 
     lines = list(VALID)
     for _ in range(data.draw(st.integers(0, 3))):

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mlatrace.analysis import analyze, synth
+import synth
+
+from mlatrace.analysis import analyze
 from mlatrace.analysis.model import GPU_EXACT_TIMES, ReplayStats
 from mlatrace.trace import open_trace
 

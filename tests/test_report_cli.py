@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
+import synth
 from click.testing import CliRunner
 from conftest import FIXTURES
 
-from mlatrace.analysis import synth
 from mlatrace.cli import main
 
 

@@ -69,7 +69,7 @@ def _host_timed(root: Path, lens: tuple[int, ...]) -> Path:
     graph), as graph.replay.time records of via "host"."""
     import json
 
-    from mlatrace.analysis import synth
+    import synth
 
     synth.mla_decode(root, replay_lens=lens)
     [path] = root.glob("p*.jsonl")

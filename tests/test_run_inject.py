@@ -68,7 +68,7 @@ def test_exit_code_passes_through(tmp_path: Path) -> None:
 def test_bootstrap_loads_no_analysis_stage(tmp_path: Path) -> None:
     """Every traced process pays for what the bootstrap imports: the probes and the
     recorder, not the trace reader, the model or the rules (the decision handler needs
-    only mlatrace.analysis.decisions)."""
+    only mlatrace.decisions)."""
     listing = tmp_path / "modules.txt"
     code = run_traced(tmp_path / "t", sys.executable, "-c",
                       "import sys; open(sys.argv[1], 'w').write(' '.join(sys.modules))",

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mlatrace.analysis import analyze, decisions
+from mlatrace import decisions
+from mlatrace.analysis import analyze
 from mlatrace.trace import open_trace
 
 TRACE = Path(__file__).resolve().parents[1] / "samples" / "gpu_backends" / "vllm_triton_attn_2d_frozen"

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from mlatrace.analysis import analyze, decisions
+from mlatrace import decisions
+from mlatrace.analysis import analyze
 from mlatrace.trace import open_trace
 
 ROOT = Path(__file__).resolve().parents[1]

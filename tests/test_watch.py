@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
+from synth import SEQ_INFO_PTR, SynthProcess, mla_decode, write_run
 
 from mlatrace.analysis import analyze, analyze_model
 from mlatrace.analysis.builder import IncrementalBuilder
-from mlatrace.analysis.synth import SEQ_INFO_PTR, SynthProcess, mla_decode, write_run
 from mlatrace.report import report_dict
 from mlatrace.trace import open_trace
 from mlatrace.trace import tail as tail_mod

@@ -61,7 +61,10 @@ def test_watch_once_while_vllm_serves(tiny_model: Path, tmp_path: Path) -> None:
         tmp = Path(tmp_s)
         port = run_e2e.free_port()
         env = {**run_e2e.server_env(tmp), "PYTHONPATH": str(REPO)}  # this checkout's mlatrace
-        cmd = [str(VENV / "bin" / "python"), "-m", "mlatrace", "run", "--out", str(out), "--",
+        # --fold 0: this test reads the live trace between two requests, record by record; a
+        # fold reaches the file only when it closes (docs/folding.md, "Live views")
+        cmd = [str(VENV / "bin" / "python"), "-m", "mlatrace", "run", "--fold", "0",
+               "--out", str(out), "--",
                *run_e2e.serve_cmd(VENV, tiny_model, port, [])]
         with (tmp / "server.log").open("wb") as log:
             server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,

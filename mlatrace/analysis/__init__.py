@@ -8,9 +8,9 @@
 
 Imports only the standard library (no torch): a CI box analyses traces without a GPU stack.
 
-The package imports its modules on first use of a name (PEP 562): a traced process that
-needs only `mlatrace.analysis.decisions` (the decision handler) does not load the model,
-the rules and the trace reader at start-up.
+The package imports its modules on first use of a name (PEP 562): a caller that needs
+one of them (the config, the findings) does not load the model, the rules and the trace
+reader at start-up.
 """
 
 from __future__ import annotations

@@ -48,6 +48,13 @@ _SOURCE = re.compile(r"(\d+)")
 def _demangle_prefix(name: str) -> str | None:
     """The qualified function name of an Itanium-mangled symbol (`_ZN2at6native4funcI...`
     -> `at::native::func`), without its template and argument lists; None if unparsable."""
+    demangled = _demangle(name)
+    return demangled[0] if demangled else None
+
+
+def _demangle(name: str) -> tuple[str, bool] | None:
+    """(_demangle_prefix's name, whether a template argument list follows it in a nested
+    name); None if unparsable."""
     if not name.startswith("_Z"):
         return None
     i, parts = 2, []
@@ -72,7 +79,9 @@ def _demangle_prefix(name: str) -> str | None:
         i = start + length
         if not nested:
             break
-    return "::".join(parts) or None
+    if not parts:
+        return None
+    return "::".join(parts), nested and name.startswith("I", i)
 
 
 def _strip_brackets(text: str, open_: str, close: str) -> str:
@@ -104,6 +113,15 @@ def short_name(name: str, keep: int = 2) -> str:
     return "::".join(parts[-keep:]) if parts else str(name)
 
 
+def full_name(name: str, limit: int = 80) -> str:
+    """A mangled C++ name as its whole qualified name, template arguments shown as <...>
+    (`at::native::vectorized_elementwise_kernel<...>`); other names (Triton's) as they are;
+    at most `limit` characters (the HTML page's kernel table)."""
+    demangled = _demangle(name)
+    text = demangled[0] + ("<...>" if demangled[1] else "") if demangled else name
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def ctas(grid: Any) -> int | None:
     """CTAs (thread blocks) a launch grid starts: x * y * z."""
     if not isinstance(grid, (list, tuple)) or len(grid) != 3:
@@ -111,6 +129,28 @@ def ctas(grid: Any) -> int | None:
     if not all(type(v) is int and v >= 0 for v in grid):
         return None
     return grid[0] * grid[1] * grid[2]
+
+
+def device_sms(model: Any, pid: Any, graphs: list[Any]) -> tuple[int | None, str]:
+    """(SMs, where the figure comes from) for the graphs of process `pid`, as the HTML
+    page's kernel table labels them: the process's first `device` record with SMs, else
+    the `sm_count` input of one of the graphs' host decisions (vLLM's Triton MLA split
+    rule takes it). MLT008 and the report's kernel view use `TraceModel.device_of`, the
+    device a graph was captured on, and never an input."""
+    proc = model.process(pid) if model is not None else None
+    for source in (getattr(proc, "devices", None), getattr(proc, "device", None)):
+        records = source.values() if isinstance(source, dict) and "sms" not in source else (
+            source if isinstance(source, list) else [source])
+        for rec in records:
+            if isinstance(rec, dict) and type(rec.get("sms")) is int and rec["sms"] > 0:
+                label = rec.get("name") or "the device"
+                return rec["sms"], f"{label} (device record)"
+    for g in graphs:
+        for d in getattr(g, "decisions", ()):
+            sm = (d.inputs or {}).get("sm_count") if isinstance(d.inputs, dict) else None
+            if type(sm) is int and sm > 0:
+                return sm, f"input sm_count of the host decision {d.name}"
+    return None, "unknown (the trace has no device record)"
 
 
 # -- the view ------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Parallel build: a large trace of several processes is split over worker processes
 (gids are per process, so process files are independent) and the parts merged.
 
-Two uses: `build_model` of a finished trace (`_build_parallel`: each worker streams
+Two uses: `build_model` of a finished trace (`build_parallel`: each worker streams
 whole files into a partial model), and the incremental builder catching up on a
 backlog (`feed_parallel`: forked workers continue the builders of their pids on the
 records just read and hand the builders back).
@@ -18,6 +18,8 @@ import time
 from typing import Any
 
 from mlatrace.analysis.model import TraceModel
+from mlatrace.analysis.stream import stream_process
+from mlatrace.trace import open_trace
 
 PARALLEL_MIN_BYTES = 48 * 1024 * 1024  # below this, starting workers costs more than it saves
 FEED_PARALLEL_MIN_BYTES = 8 * 1024 * 1024  # the same for one poll of the incremental builder
@@ -163,7 +165,7 @@ def _feed_bucket(index: int) -> tuple[bytes, int, list]:
             count, positions)
 
 
-def _pid_groups(processes: list) -> list[list]:
+def pid_groups(processes: list) -> list[list]:
     """Process files grouped by pid (a rotated process has several parts, kept in order)."""
     groups: dict[Any, list] = {}
     for i, proc in enumerate(processes):
@@ -172,7 +174,7 @@ def _pid_groups(processes: list) -> list[list]:
     return list(groups.values())
 
 
-def _default_workers(processes: list, groups: int) -> int:
+def default_workers(processes: list, groups: int) -> int:
     if groups < 2:
         return 1
     try:
@@ -184,7 +186,7 @@ def _default_workers(processes: list, groups: int) -> int:
     return max(1, min(groups, os.cpu_count() or 1))
 
 
-def _build_parallel(trace: Any, groups: list[list], workers: int) -> list[TraceModel] | None:
+def build_parallel(trace: Any, groups: list[list], workers: int) -> list[TraceModel] | None:
     """Build one partial model per worker (files balanced by size); None when workers fail."""
     import concurrent.futures
     import multiprocessing
@@ -218,9 +220,6 @@ def _build_partial(paths: list[tuple[str, str, Any]]) -> TraceModel:
     """Worker: open each process file on its own, named and with the header as the parent
     read it (a run of several host directories names files by their path, and may give a
     host's processes pids of their own), and stream it into a partial model."""
-    from mlatrace.analysis.builder import _stream_process
-    from mlatrace.trace import open_trace
-
     model = TraceModel(root="")
     started = time.process_time()
     gc.disable()
@@ -231,7 +230,7 @@ def _build_partial(paths: list[tuple[str, str, Any]]) -> TraceModel:
             proc_file.header_overrides = overrides
             proc_file.problems.clear()
             proc_file.read_header()  # header problems under the parent's name
-            model.processes.append(_stream_process(model, proc_file))
+            model.processes.append(stream_process(model, proc_file))
         model.problems = list(trace.problems) + model.problems
     model.worker_cpu_s = [time.process_time() - started]
     return model

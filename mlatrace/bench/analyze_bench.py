@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from mlatrace.exitcodes import ExitCode
+
 GOAL_S = 2.0
 GOAL_MB = 300.0
 IDLE_GOAL = 0.05   # watch: share of one core while the trace is idle
@@ -239,7 +241,7 @@ def _verdict(ok: bool) -> int:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"box: {os.cpu_count()} cpus, load average {load:.1f}, python {sys.version.split()[0]}")
     print("OK" if ok else "over goal")
-    return 0 if ok else 1
+    return ExitCode.OK if ok else ExitCode.FAILED
 
 
 def main_incremental(events: int, repeat: int, idle_s: float = 5.0) -> int:

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from mlatrace.bench.analyze_bench import RANKS, write_trace
+from mlatrace.exitcodes import ExitCode
 
 GOAL_EXTRA_S = 2.0
 GOAL_BYTES = 3_000_000
@@ -64,4 +65,4 @@ def main(events: int = 1_000_000, repeat: int = 3) -> int:
           f"{best_html[1] - best_plain[1]:+.2f} s CPU; the page is {size / 1e6:.2f} MB "
           f"(goal <= {GOAL_BYTES / 1e6:.1f} MB)")
     print("OK: both goals met" if ok else "NOT MET")
-    return 0 if ok else 1
+    return ExitCode.OK if ok else ExitCode.FAILED

@@ -35,6 +35,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from mlatrace.exitcodes import ExitCode, MlatraceError
 from mlatrace.tables import plural
 
 GOALS = {"full": 1.01, "breakable": 1.01, "none": 1.02}
@@ -157,8 +158,7 @@ def main_in_process(modes: list[str], on_cuda: bool, host_only: bool,
                 rows.append(in_process_mode(mode, on_cuda, host_only, options, Path(tmp),
                                             baseline))
         except (RuntimeError, subprocess.TimeoutExpired) as error:
-            print(f"bench overhead: a run failed: {error}", file=sys.stderr)
-            return 2
+            raise MlatraceError(f"bench overhead: a run failed: {error}") from error
     clock = "gpu" if on_cuda and not host_only else "wall"
     without = "unpatched" if baseline == "unpatched" else "passed through"
     print(f"mlatrace bench overhead --in-process: device {'CUDA' if on_cuda else 'CPU'}"
@@ -182,23 +182,18 @@ def main_in_process(modes: list[str], on_cuda: bool, host_only: bool,
     return 0
 
 
-def main(steps: int = 300, graphs: str = "full", rounds: int = ROUNDS,
-         sample: int | None = None, json_out: str | None = None, in_process: bool = False,
-         host_only: bool = False, step_aside: str | None = None,
+def main(steps: int = 300, graphs: tuple[str, ...] | list[str] = ("full",),
+         rounds: int = ROUNDS, sample: int | None = None, json_out: str | None = None,
+         in_process: bool = False, host_only: bool = False, step_aside: str | None = None,
          baseline: str = "unpatched") -> int:
-    modes = [m.strip() for m in graphs.split(",") if m.strip()]
-    unknown = [m for m in modes if m not in GOALS]
-    if unknown or not modes:
-        print(f"bench overhead: --graph takes {', '.join(GOALS)} (comma-separated), "
-              f"not {graphs!r}", file=sys.stderr)
-        return 2
+    """`mlatrace bench overhead`; `graphs`: modes of GOALS (cli.GraphModes checks them)."""
+    modes = list(graphs)
     on_cuda = cuda_available()
     options = trace_options(sample, step_aside)
     if in_process:
         return main_in_process(modes, on_cuda, host_only, options, json_out, baseline)
     if host_only:
-        print("bench overhead: --host-only goes with --in-process", file=sys.stderr)
-        return 2
+        raise MlatraceError("bench overhead: --host-only goes with --in-process")
     if not on_cuda:
         steps = min(steps, CPU_MAX_STEPS)
     rows = []
@@ -207,8 +202,7 @@ def main(steps: int = 300, graphs: str = "full", rounds: int = ROUNDS,
             for mode in modes:
                 rows.append(bench_mode(mode, on_cuda, steps, rounds, options, Path(tmp)))
         except RuntimeError as error:
-            print(f"bench overhead: a run failed: {error}", file=sys.stderr)
-            return 2
+            raise MlatraceError(f"bench overhead: a run failed: {error}") from error
     first = rows[0]["runs"]["untraced"][0]
     device_label = (f"CUDA ({first['device_name']})" if on_cuda
                     else "CPU (host graph; indicative only, no CUDA here)")
@@ -241,4 +235,4 @@ def main(steps: int = 300, graphs: str = "full", rounds: int = ROUNDS,
     if json_out:
         Path(json_out).write_text(json.dumps(summary, indent=1) + "\n")
         print(f"wrote {json_out}")
-    return 1 if on_cuda and missed else 0
+    return ExitCode.FAILED if on_cuda and missed else ExitCode.OK

@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mlatrace.exitcodes import ExitCode
+
 GOAL_NS = 1000
 CALL_GOAL_NS = 2000      # a probed Python call with forward_mqa's fields (informational)
 
@@ -284,4 +286,4 @@ def main(launches: int = 2000) -> int:
     met = added <= GOAL_NS
     print(f"goal <= {GOAL_NS} ns added per eager Triton launch (probe only): "
           f"{'met' if met else 'NOT met'} ({added:.0f} ns)")
-    return 0 if met else 1
+    return ExitCode.OK if met else ExitCode.FAILED

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from mlatrace import record
+from mlatrace.exitcodes import ExitCode
 
 GOAL_NS = 1000
 LOOP_MODULE = '''
@@ -158,7 +159,7 @@ def main(events: int = 500_000, repeats: int = 3, json_out: str | None = None) -
     if json_out:
         Path(json_out).write_text(json.dumps({"bench": "record", "events": events,
                                               "results": results}, indent=1) + "\n")
-    return 0 if ok else 1
+    return ExitCode.OK if ok else ExitCode.FAILED
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mlatrace.bench.splits_report import Results, markdown, row_line, write_json, write_outputs
+from mlatrace.exitcodes import ExitCode
 
 if TYPE_CHECKING:
     from mlatrace.reference.kernel_config import MlaConfig
@@ -456,10 +457,10 @@ def main(out: str, quick: bool) -> int:
     except ImportError:
         print("mlatrace bench splits needs torch and triton (pip install 'mlatrace[reference]')",
               file=sys.stderr)
-        return 2
+        return ExitCode.UNUSABLE
     if not torch.cuda.is_available():
         print("mlatrace bench splits needs a CUDA GPU", file=sys.stderr)
-        return 2
+        return ExitCode.UNUSABLE
     cfg = Config(lengths=QUICK_LENGTHS if quick else LENGTHS,
                  sweep=QUICK_SWEEP if quick else SWEEP,
                  min_replays=5 if quick else 20, max_replays=30 if quick else 200,

@@ -14,6 +14,7 @@ import os
 import sys
 from typing import Any
 
+from mlatrace.exitcodes import ExitCode, MlatraceError
 from mlatrace.tables import plural
 
 
@@ -39,48 +40,46 @@ def main(trace: str, otlp: str | None = None, protocol: str = "http/protobuf",
          service_name: str = "mlatrace", perfetto: str | None = None) -> int:
     """Run `mlatrace export`: returns the exit code."""
     if not otlp and not perfetto:
-        _say("error: nothing to export to: give --otlp URL and/or --perfetto OUT.json")
-        return 2
+        raise MlatraceError("error: nothing to export to: give --otlp URL and/or "
+                            "--perfetto OUT.json")
     from mlatrace.trace import TraceError, open_run
 
     try:
         opened, _run, note = open_run(trace)
     except TraceError as exc:
-        _say(f"error: {exc}")
-        return 2
+        raise MlatraceError(f"error: {exc}") from exc
     if note:
         _say(f"note: {note}")
     if service_name == "mlatrace":  # the default: the standard variable may name the service
         service_name = os.environ.get("OTEL_SERVICE_NAME") or service_name
     findings = load_findings(opened)
     processes = sum(1 for p in opened.processes if p.header)
-    code = 0
+    code = ExitCode.OK
     if perfetto:
         from mlatrace.export import perfetto as perfetto_mod
 
         try:
             events = perfetto_mod.write(opened, perfetto, findings)
         except OSError as exc:
-            _say(f"error: cannot write {perfetto}: {exc.strerror or exc}")
-            return 2
+            raise MlatraceError(f"error: cannot write {perfetto}: "
+                                f"{exc.strerror or exc}") from exc
         print(f"perfetto: wrote {events} events ({plural(processes, 'process', 'processes')}, {plural(len(findings), 'finding')}) "
               f"to {perfetto}; open it in https://ui.perfetto.dev")
     if otlp:
         try:
             from mlatrace.export import otlp as otlp_mod
         except ImportError as exc:
-            _say(f"error: --otlp needs the OTLP exporters (pip install 'mlatrace[otlp]'): {exc}")
-            return 2
+            raise MlatraceError("error: --otlp needs the OTLP exporters (pip install "
+                                f"'mlatrace[otlp]'): {exc}") from exc
         try:
             result = otlp_mod.export_trace(opened, otlp, protocol=protocol,
                                            service_name=service_name, findings=findings)
         except ValueError as exc:  # a URL or protocol the exporter cannot use
-            _say(f"error: {exc}")
-            return 2
+            raise MlatraceError(f"error: {exc}") from exc
         if result.error:
             _say(f"error: OTLP export to {otlp} ({protocol}) failed: {result.error}; "
                  f"sent {result.sent} of {result.spans} spans")
-            code = 1
+            code = ExitCode.FAILED
         else:
             print(f"otlp: sent {result.sent} spans "
                   f"({plural(result.processes, 'process', 'processes')}, "

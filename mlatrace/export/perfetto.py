@@ -41,24 +41,33 @@ GPU_TID_BASE = 100_000
 MAX_REPLAYS_AWAITING_TIME = 4096  # replay timestamps kept for graph.replay.time records
 
 
+_NAMES = {  # kind: (the slice's word, the record fields after it)
+    "kernel.launch": ("launch", ("name",)),
+    "kernel.skip": ("skip", ("name",)),
+    "kernel.split": ("split", ("op", "=", "num_kv_splits")),
+    "attn.call": ("attn", ("op",)),
+    "mark": ("mark", ("name",)),
+    "graph.replay": ("replay", ("gid=",)),
+    "sync": ("sync", ("op",)),
+}
+
+
 def _name(rec: dict) -> str:
     """A short, readable slice/instant name for a record."""
     kind = rec.get("k")
-    if kind == "kernel.launch":
-        return f"launch {rec.get('name')}"
-    if kind == "kernel.skip":
-        return f"skip {rec.get('name')}"
-    if kind == "kernel.split":
-        return f"split {rec.get('op')} = {rec.get('num_kv_splits')}"
-    if kind == "attn.call":
-        return f"attn {rec.get('op')}"
-    if kind == "mark":
-        return f"mark {rec.get('name')}"
-    if kind == "graph.replay":
-        return f"replay gid={rec.get('gid')}"
-    if kind == "sync":
-        return f"sync {rec.get('op')}"
-    return str(kind)
+    spec = _NAMES.get(kind) if isinstance(kind, str) else None
+    if spec is None:
+        return str(kind)
+    word, parts = spec
+    text = [word]
+    for part in parts:
+        if part == "=":
+            text.append("=")
+        elif part.endswith("="):
+            text.append(f"{part}{rec.get(part[:-1])}")
+        else:
+            text.append(str(rec.get(part)))
+    return " ".join(text)
 
 
 def _args(rec: dict, *skip: str) -> dict[str, Any]:

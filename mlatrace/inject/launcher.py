@@ -20,6 +20,7 @@ import uuid
 from pathlib import Path
 
 import mlatrace
+from mlatrace.exitcodes import SIGNALLED, ExitCode, MlatraceError
 from mlatrace.inject import BOOTSTRAP_DIR
 from mlatrace.record import parse_replay_timing, parse_step_aside
 from mlatrace.record.redact import allowed_env, redact_argv
@@ -86,13 +87,39 @@ def child_env(out_dir: Path, run_id: str, *, ranks: str | None, probes: list[str
     return env
 
 
-def _parse_ranks(ranks: str | None) -> str | None:
+def check_ranks(ranks: str | None) -> str | None:
+    """`run --ranks` normalised ("0, 1" -> "0,1"; "" -> None); MlatraceError when bad.
+    This and the other `check_*` are the types of `run`'s options (cli.py)."""
     if not ranks:
         return None
     values = [r.strip() for r in ranks.split(",") if r.strip()]
     if not all(v.isdigit() for v in values):
-        raise ValueError(f"--ranks wants comma-separated integers, got {ranks!r}")
+        raise MlatraceError(f"mlatrace run: --ranks wants comma-separated integers, got "
+                            f"{ranks!r}")
     return ",".join(values)
+
+
+def check_replay_timing(replay_timing: str) -> str:
+    if replay_timing != "off" and parse_replay_timing(replay_timing) is None:
+        raise MlatraceError("mlatrace run: --replay-timing wants N:M (first N replays per "
+                            "graph, then 1 in M; M >= 1) or off, got "
+                            f"{replay_timing!r}")
+    return replay_timing
+
+
+def check_step_aside(step_aside: str) -> str:
+    if step_aside not in ("0", "off") and parse_step_aside(step_aside) is None:
+        raise MlatraceError("mlatrace run: --step-aside wants SETTLE,VERIFY (steady steps "
+                            "before a probe steps aside, SETTLE >= 1; a whole step looked at "
+                            f"every VERIFY-th, VERIFY >= 2) or 0, got {step_aside!r}")
+    return step_aside
+
+
+def check_run_id(run_id: str) -> str:
+    if not RUN_ID.fullmatch(run_id):
+        raise MlatraceError("mlatrace run: --run-id wants 1-64 letters, digits, '.', '_' or "
+                            f"'-', got {run_id!r}")
+    return run_id
 
 
 def _unknown_packs(names: list[str], probes: list[str]) -> str | None:
@@ -164,7 +191,9 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
         watch: bool = False, run_id: str | None = None,
         step_aside: str | None = None, quiet: bool = False, fold: float | None = None,
         max_mb: float | None = None) -> int:
-    """Run `cmd` traced; return its exit code (2 for a usage error, 127 if not found).
+    """Run `cmd` traced; return its exit code (127 if not found, 126 if not executable);
+    a usage error raises MlatraceError (exit 2). `ranks`, `replay_timing`, `step_aside` and
+    `run_id` come checked (`check_*`: the types of the CLI's options).
 
     With `watch`, CMD's output goes to `cmd.log` in the trace dir and the watch view
     (`mlatrace.watch`) follows the trace until CMD exits, then prints the final report.
@@ -174,45 +203,20 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
-        print("mlatrace run: no command given (usage: mlatrace run [opts] -- CMD...)",
-              file=sys.stderr)
-        return 2
-    try:
-        ranks = _parse_ranks(ranks)
-    except ValueError as exc:
-        print(f"mlatrace run: {exc}", file=sys.stderr)
-        return 2
+        raise MlatraceError("mlatrace run: no command given (usage: mlatrace run [opts] -- "
+                            "CMD...)")
     if out is not None and not out.strip():
-        print("mlatrace run: --out is empty; give a directory", file=sys.stderr)
-        return 2
-    if replay_timing is not None and replay_timing != "off" \
-            and parse_replay_timing(replay_timing) is None:
-        print(f"mlatrace run: --replay-timing wants N:M (first N replays per graph, then 1 in "
-              f"M; M >= 1) or off, got {replay_timing!r}", file=sys.stderr)
-        return 2
-    if step_aside is not None and step_aside not in ("0", "off") \
-            and parse_step_aside(step_aside) is None:
-        print(f"mlatrace run: --step-aside wants SETTLE,VERIFY (steady steps before a probe "
-              f"steps aside, SETTLE >= 1; a whole step looked at every VERIFY-th, VERIFY >= "
-              f"2) or 0, got {step_aside!r}", file=sys.stderr)
-        return 2
+        raise MlatraceError("mlatrace run: --out is empty; give a directory")
     unknown = _unknown_packs(no_packs or [], probes or [])
     if unknown:
-        print(f"mlatrace run: {unknown}", file=sys.stderr)
-        return 2
-    if run_id is not None and not RUN_ID.fullmatch(run_id):
-        print(f"mlatrace run: --run-id wants 1-64 letters, digits, '.', '_' or '-', "
-              f"got {run_id!r}", file=sys.stderr)
-        return 2
+        raise MlatraceError(f"mlatrace run: {unknown}")
     out_dir = (Path(out) if out else default_out_dir(run_id)).resolve()
     if out_dir.exists() and any(out_dir.glob("p*.jsonl")):
-        print(f"mlatrace run: {out_dir} already holds a trace; choose another --out",
-              file=sys.stderr)
-        return 2
+        raise MlatraceError(f"mlatrace run: {out_dir} already holds a trace; choose another "
+                            "--out")
     problem = _unusable_out_dir(out_dir)
     if problem:
-        print(f"mlatrace run: cannot write the trace to {out_dir}: {problem}", file=sys.stderr)
-        return 2
+        raise MlatraceError(f"mlatrace run: cannot write the trace to {out_dir}: {problem}")
     fixed_dir = bool(out) or run_id is not None  # else a default name, free to move on
     run_id = run_id or uuid.uuid4().hex[:12]
     info = {
@@ -242,10 +246,9 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
         if _unusable_out_dir(out_dir) is None:
             run_json = out_dir / "run.json"
     if fixed_dir and not _claim(run_json, info):
-        print(f"mlatrace run: {out_dir} already holds a run (its run.json: another `mlatrace "
-              "run` writes there, or wrote there before); choose another --out",
-              file=sys.stderr)
-        return 2
+        raise MlatraceError(f"mlatrace run: {out_dir} already holds a run (its run.json: "
+                            "another `mlatrace run` writes there, or wrote there before); "
+                            "choose another --out")
     env = child_env(out_dir, run_id, ranks=ranks, probes=list(probes or []),
                     replay_sample=replay_sample, graph_nodes=graph_nodes, otlp=otlp,
                     launch_sample=launch_sample, sample=sample, no_packs=no_packs,
@@ -265,9 +268,10 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     except OSError as exc:
         # as a shell says it: 127 not found, 126 found but not executable
-        code = 126 if isinstance(exc, PermissionError) else 127
+        code = ExitCode.NOT_EXECUTABLE if isinstance(exc, PermissionError) \
+            else ExitCode.NOT_FOUND
         why = (f"{exc.strerror or exc} (not executable: chmod +x, or run it through its "
-               "interpreter)" if code == 126 else exc.strerror or str(exc))
+               "interpreter)" if code is ExitCode.NOT_EXECUTABLE else exc.strerror or str(exc))
         print(f"mlatrace run: cannot start {cmd[0]!r}: {why}", file=sys.stderr)
         info.update(end_ns=time.time_ns(), exit_code=code, error=str(exc))
         _write_run_json(run_json, info)
@@ -292,7 +296,7 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     _wait_for_stragglers(child.pid)
-    exit_code = returncode if returncode >= 0 else 128 - returncode
+    exit_code = returncode if returncode >= 0 else SIGNALLED - returncode
     files = sorted(out_dir.glob("p*.jsonl"))
     info.update(end_ns=time.time_ns(), exit_code=exit_code,
                 signal=-returncode if returncode < 0 else None,

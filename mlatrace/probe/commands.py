@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from mlatrace.common import installed_version
+from mlatrace.exitcodes import ExitCode, MlatraceError
 from mlatrace.probe.engine import Drift, InheritedError, resolve, split_target
 from mlatrace.probe.packs import (
     OptionError,
@@ -152,7 +153,7 @@ def list_packs(extra: list[str] | None = None) -> int:
             for target in spec.targets:
                 print(f"      {target}")
     _print_problems("list", problems + broken)
-    return 2 if problems or broken else 0
+    return ExitCode.UNUSABLE if problems or broken else ExitCode.OK
 
 
 def _module_status(module_name: str, cache: dict[str, tuple[object | None, str, str]],
@@ -372,8 +373,7 @@ def doctor(extra: list[str] | None = None, source: str | None = None) -> int:
         try:
             results = check_isolated(list(extra or []))
         except RuntimeError as exc:
-            print(f"probes doctor: {exc}", file=sys.stderr)
-            return 2
+            raise MlatraceError(f"probes doctor: {exc}") from exc
     counts: dict[str, int] = {}
     for result in results:
         counts[result.status] = counts.get(result.status, 0) + 1
@@ -416,5 +416,5 @@ def doctor(extra: list[str] | None = None, source: str | None = None) -> int:
             print(f"  {mark:<15} {result.probe:<22} {result.target}{detail}")
     _print_problems("doctor", broken)
     if broken:
-        return 2
-    return 1 if drift or problems else 0
+        return ExitCode.UNUSABLE
+    return ExitCode.FAILED if drift or problems else ExitCode.OK

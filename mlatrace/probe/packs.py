@@ -46,17 +46,13 @@ from __future__ import annotations
 import difflib
 import importlib
 import os
+import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mlatrace.probe.paths import CallView, PathError, compile_fields
-
-try:
-    import tomllib
-except ImportError:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
 
 WHEN = ("call", "return", "both")
 ENTRY_POINT_GROUP = "mlatrace.packs"

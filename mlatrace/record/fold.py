@@ -31,7 +31,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-FOLD_S = 10.0
+from mlatrace.settings import DEFAULT_FOLD_S as FOLD_S
+
 STEP_KINDS = frozenset(("attn.metadata", "dispatch"))
 FOLDABLE = frozenset(("attn.metadata", "dispatch", "host.decision", "attn.call", "kernel.split",
                       "kernel.launch", "graph.replay"))

@@ -19,6 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from mlatrace.exitcodes import ExitCode, MlatraceError
+
 SERVE_ARGS = ("--ctx", "2048", "--steps", "8", "--batch", "2", "--heads", "16",
               "--layers", "2", "--capture-len", "1", "--check")
 """Small enough to finish in seconds on a 2-core CPU, long enough for MLT001 (>= 8 x 64)."""
@@ -37,10 +39,9 @@ def main(policy: str = "legacy", out: str | None = None, device: str = "auto",
     """Trace the serve program with `policy`, print its report; see the module docstring."""
     missing = missing_reference_deps()
     if missing:
-        print(f"mlatrace demo: needs {missing}, which this Python ({sys.executable}) cannot "
-              "import: install the reference extra, pip install 'mlatrace[reference]'",
-              file=sys.stderr)
-        return 2
+        raise MlatraceError(f"mlatrace demo: needs {missing}, which this Python "
+                            f"({sys.executable}) cannot import: install the reference extra, "
+                            "pip install 'mlatrace[reference]'")
     out_dir = Path(out) if out else Path(tempfile.mkdtemp(prefix=f"mlatrace-demo-{policy}-"))
     serve = serve_command(policy, device, graph)
     shown = " ".join(["python", *serve[1:]])
@@ -49,7 +50,7 @@ def main(policy: str = "legacy", out: str | None = None, device: str = "auto",
                           "--", *serve])
     if run.returncode != 0:
         print(f"demo: the traced run failed with exit code {run.returncode}; trace: {out_dir}")
-        return 2
+        return ExitCode.UNUSABLE
     print(flush=True)
     print(f"$ mlatrace report {out_dir}", flush=True)
     error_ids = show_report(out_dir)
@@ -61,7 +62,7 @@ def main(policy: str = "legacy", out: str | None = None, device: str = "auto",
     want = ", ".join(sorted(expected)) or "no errors"
     print(f"\ndemo: policy {policy} ({graph} graph) -> {verdict}; expected {want}: "
           f"{'as expected' if ok else 'NOT as expected'}")
-    return 0 if ok else 1
+    return ExitCode.OK if ok else ExitCode.FAILED
 
 
 def missing_reference_deps() -> str | None:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from mlatrace.exitcodes import ExitCode
 from mlatrace.reference.kernel_config import DEFAULT
 from mlatrace.reference.mla import mla_gluon, mla_reference
 from mlatrace.reference.paged_attention import paged_attention_reference, paged_attention_v1
@@ -321,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         return compile_report()
     if not torch.cuda.is_available():
         print("gpu_check needs a CUDA GPU", file=sys.stderr)
-        return 2
+        return ExitCode.UNUSABLE
     torch.manual_seed(0)
     start = time.time()
     results: list[dict] = []
@@ -348,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "gpu_check.json").write_text(json.dumps(results, indent=1))
-    return 0 if not failed else 1
+    return ExitCode.FAILED if failed else ExitCode.OK
 
 
 if __name__ == "__main__":

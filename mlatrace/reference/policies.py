@@ -19,8 +19,8 @@ positions a split owns; the torch and Triton kernels compute the same on device.
 
 from __future__ import annotations
 
-from mlatrace.analysis import decisions
-from mlatrace.analysis.decisions import cdiv
+from mlatrace import decisions
+from mlatrace.decisions import cdiv
 
 POLICIES = ("legacy", "bucketed", "device")
 

@@ -19,7 +19,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from mlatrace.trace import Trace, TraceError
+from mlatrace.exitcodes import MlatraceError
+from mlatrace.trace.reader import Trace, TraceError
 from mlatrace.trace.runs import RunInfo, find_runs, select_run
 
 MERGE_SCHEMA = "mlatrace.merge/1"
@@ -91,15 +92,14 @@ def merge(paths: list[str], out: str | Path, run_id: str | None = None
 
 
 def main(paths: list[str], out: str, run_id: str | None = None) -> int:
-    """`mlatrace merge`: 0 merged, 2 when there is nothing to merge or it cannot be written."""
+    """`mlatrace merge`: 0 merged; MlatraceError (exit 2) when there is nothing to merge or
+    it cannot be written."""
     try:
         run, note, target = merge(paths, out, run_id)
     except TraceError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return 2
+        raise MlatraceError(f"error: {exc}") from exc
     except OSError as exc:
-        sys.stderr.write(f"error: cannot write {out}: {exc.strerror or exc}\n")
-        return 2
+        raise MlatraceError(f"error: cannot write {out}: {exc.strerror or exc}") from exc
     if note:
         sys.stderr.write(f"note: {note}\n")
     print(f"merged run {run.run_id}: {run.processes} process files from {len(run.dirs)} "

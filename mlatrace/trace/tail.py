@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlatrace.trace import READ_BYTES, Problem, ProcessFile, _file_order
+from mlatrace.trace.reader import READ_BYTES, Problem, ProcessFile, file_order
 
 READ_CHUNK = 8 * 1024 * 1024   # bytes taken from one file by a poll after one that caught up
 MAX_GROWTH = 4                 # while behind, a poll takes up to this many times READ_CHUNK
@@ -175,7 +175,7 @@ class TailReader:
                                             typed=self.typed)
 
     def _ordered(self) -> list[TailFile]:
-        return sorted(self.files.values(), key=lambda t: (_file_order(t.proc.path),
+        return sorted(self.files.values(), key=lambda t: (file_order(t.proc.path),
                                                          t.proc.name))
 
     def _new_bytes(self, tail: TailFile) -> int:

@@ -17,108 +17,29 @@ a bad --config, or the --html page could not be written.
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mlatrace.exitcodes import ExitCode
+from mlatrace.watch.loop import (
+    BACKLOG_REFRESH_S,
+    IDLE_REFRESH_S,
+    POLL_S,
+    catch_up,
+    follow,
+    print_final,
+    refresh_due,
+    snapshot,
+)
 from mlatrace.watch.state import LiveRun, newest_run
 
 DEFAULT_DIR = "mlatrace-trace"
-POLL_S = 0.25           # between polls while caught up: at most 4 refreshes a second
-BACKLOG_REFRESH_S = 1.0  # catching up on a backlog: the rules and the view this often
-IDLE_REFRESH_S = 3.0    # nothing new: redraw only this often (elapsed time, process states)
 LOG_NAME = "cmd.log"    # `run --watch`: the command's output, in the trace dir
 
-__all__ = ["DEFAULT_DIR", "LOG_NAME", "LiveRun", "catch_up", "follow", "main", "newest_run",
-           "print_final", "refresh_due", "snapshot"]
-
-
-def catch_up(live: LiveRun) -> None:
-    """Read everything already written (a backlog takes several polls)."""
-    while live.poll() or live.tail.behind:
-        pass
-
-
-def refresh_due(live: LiveRun, unseen: bool, since: float) -> bool:
-    """Whether the follow loop runs the rules and redraws now, `since` seconds after it
-    last did, `unseen` when records were read since then.
-
-    New records are shown at most every POLL_S; while a backlog is caught up (the last
-    poll left bytes unread) only every BACKLOG_REFRESH_S, since each refresh (the rules,
-    the view's tables) holds up the reading; the poll that catches up is always shown
-    within POLL_S. Nothing new: every IDLE_REFRESH_S (elapsed time, process states).
-    """
-    if unseen:
-        return since >= (BACKLOG_REFRESH_S if live.tail.behind else POLL_S)
-    return since >= IDLE_REFRESH_S
-
-
-def snapshot(live: LiveRun, console: Any, log_path: str | None = None,
-             as_json: bool = False, page: Any = None) -> None:
-    """One refresh printed as plain output (`--once`); a finished run is read to the end."""
-    from mlatrace.watch.view import render, snapshot_dict
-
-    catch_up(live)
-    if live.finished():
-        live.close()
-    else:
-        live.refresh()
-    if page is not None:  # --html: html_report.LivePage
-        page.update(live, final=live.finished())
-    if as_json:
-        sys.stdout.write(json.dumps(snapshot_dict(live, log_path), indent=1, default=str) + "\n")
-    else:
-        console.print(render(live, log_path, console.width))
-
-
-def follow(live: LiveRun, console: Any, log_path: str | None = None,
-           until: Callable[[], bool] | None = None, page: Any = None) -> bool:
-    """The live view until `until()` (default: every process ended); False on Ctrl-C.
-    `page` (html_report.LivePage, --html) is rewritten at each refresh."""
-    from rich.live import Live
-
-    from mlatrace.watch.view import render
-
-    done = until or live.finished
-    live.poll()
-    live.refresh()
-    last = time.monotonic()
-    try:
-        with Live(render(live, log_path, console.width), console=console, auto_refresh=False,
-                  redirect_stdout=False, redirect_stderr=False) as view:
-            unseen = False  # records read since the last refresh
-            while True:
-                unseen = bool(live.poll()) or unseen
-                over = done()
-                now = time.monotonic()
-                if over or refresh_due(live, unseen, now - last):
-                    live.refresh()
-                    view.update(render(live, log_path, console.width), refresh=True)
-                    if page is not None:
-                        page.update(live)
-                    last, unseen = now, False
-                if over:
-                    return True
-                if not live.tail.behind:  # caught up: wait for the writers
-                    time.sleep(max(0.0, last + POLL_S - now) if unseen else POLL_S)
-    except KeyboardInterrupt:
-        return False
-
-
-def print_final(live: LiveRun, console: Any, interrupted: bool = False) -> None:
-    """Read the rest of the trace and print the report `mlatrace report` would print."""
-    from mlatrace.report import render as render_report
-    from mlatrace.report import report_dict
-
-    analysis = live.close()
-    console.rule("final report" + (" (interrupted: the run may still be going)"
-                                   if interrupted else ""))
-    data = report_dict(str(live.roots[0]), analysis)
-    render_report(console, data, verbose=False)
+__all__ = ["BACKLOG_REFRESH_S", "DEFAULT_DIR", "IDLE_REFRESH_S", "LOG_NAME", "POLL_S", "LiveRun",
+           "catch_up", "follow", "main", "newest_run", "print_final", "refresh_due", "snapshot"]
 
 
 def main(path: str | None, once: bool = False, config: str | None = None,
@@ -132,13 +53,13 @@ def main(path: str | None, once: bool = False, config: str | None = None,
         cfg = resolve_config(config)
     except ConfigError as exc:
         err.print(f"[red]error:[/] {exc}", highlight=False)
-        return 2
+        return ExitCode.UNUSABLE
     where = Path(path or DEFAULT_DIR)
     roots = newest_run(where)
     if not roots:
         err.print(f"[red]error:[/] {where}: no trace here (no run.json or p<pid>.jsonl, "
                   "nor a run directory below it)", highlight=False)
-        return 2
+        return ExitCode.UNUSABLE
     if path is None or roots[0] != where:
         err.print(f"mlatrace watch: following {roots[0]}", highlight=False)
     live = LiveRun(roots, cfg)
@@ -173,5 +94,5 @@ def _page_done(page: Any, err: Any) -> int:
     """0, or 2 with the reason when the --html page could not be written."""
     if page is not None and page.error:
         err.print(f"error: {page.error}", highlight=False, markup=False, soft_wrap=True)
-        return 2
+        return ExitCode.UNUSABLE
     return 0

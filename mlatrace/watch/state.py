@@ -13,7 +13,6 @@ batch descriptor was captured again later and the new capture shows no such find
 from __future__ import annotations
 
 import gc
-import os
 import socket
 import time
 from collections import deque
@@ -25,6 +24,7 @@ from mlatrace.analysis import Analysis, Config, Finding, analyze_model
 from mlatrace.analysis.builder import IncrementalBuilder
 from mlatrace.analysis.model import GraphModel, TraceModel
 from mlatrace.analysis.parallel import FEED_PARALLEL_MIN_BYTES
+from mlatrace.common import pid_alive
 from mlatrace.trace import ProcessFile, TraceError
 from mlatrace.trace.runs import find_runs
 from mlatrace.trace.tail import TailReader
@@ -207,7 +207,7 @@ class LiveRun:
             header = proc.header or {}
             pid = header.get("pid", proc.pid)  # no header yet: the pid of the file's name
             host = header.get("host", (self.tail.run or {}).get("host", here))
-            gone = run_over or (host == here and isinstance(pid, int) and not _alive(pid))
+            gone = run_over or (host == here and isinstance(pid, int) and not pid_alive(pid))
             out.append(ProcessState(proc, "gone (no process.end)" if gone else "running", gone))
         return out
 
@@ -226,7 +226,7 @@ class LiveRun:
                 return True
             launcher = run.get("launcher_pid")
             if not isinstance(launcher, int) or run.get("host") != socket.gethostname() \
-                    or _alive(launcher):
+                    or pid_alive(launcher):
                 return False
         procs = self.processes()
         return bool(procs) and all(p.ended for p in procs)
@@ -255,13 +255,3 @@ def recaptured(model: TraceModel, finding: Finding) -> tuple[GraphModel, set[int
         return None
     newest = max(later, key=lambda g: g.begin.seq)
     return newest, {g.gid for g in model.subtree(newest)}
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

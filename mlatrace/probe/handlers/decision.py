@@ -1,5 +1,5 @@
 """A host decision whose value the program does not hand to Python, evaluated by the formula
-the analyser knows (mlatrace.analysis.decisions.KNOWN) from the target's arguments.
+the analyser knows (mlatrace.decisions.KNOWN) from the target's arguments.
 
 Most decision probes need no handler: ``kind = "host.decision"`` with ``value = "result"`` (or
 an argument) and ``inputs.*`` fields records the decision the target returns. This handler is
@@ -26,8 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlatrace import record
-from mlatrace.analysis import decisions
+from mlatrace import decisions, record
 from mlatrace.probe.handlers import Handler
 
 

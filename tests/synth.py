@@ -1,10 +1,10 @@
-"""Synthetic `mlatrace/1` traces: hand-made scenarios for tests and the 1M-event bench.
+"""Synthetic `mlatrace/1` traces: hand-made scenarios for the tests.
 
 Each scenario writes what the probes would record for one well-known story (seed 002's
 frozen one-split MLA decode, AITER PA v1 replayed past capture, a mixed prefill+decode
 FULL graph, ...), so that every rule has a positive and a negative case without a GPU.
 
-    python -m mlatrace.analysis.synth OUT_DIR     # writes every scenario under OUT_DIR
+    python tests/synth.py OUT_DIR     # writes every scenario under OUT_DIR
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mlatrace.analysis.decisions import bucketed_splits, legacy_splits
+from mlatrace.decisions import bucketed_splits, legacy_splits
 
 SEQ_INFO_PTR = 137855956567552
 BLOCK_N = 64

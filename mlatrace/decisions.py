@@ -1,7 +1,9 @@
 """Host-side decision functions the analyser knows: what a backend decides from host values.
 
-The one home of these formulas (stdlib only, so the analysis never imports torch). The
-reference path's policies (`mlatrace.reference.policies`) are built on the same functions.
+The one home of these formulas (stdlib only, so the analysis never imports torch), beside
+the stages that share them: the probe side's decision handler
+(`mlatrace.probe.handlers.decision`) evaluates them in the traced process, the reference
+path's policies (`mlatrace.reference.policies`) are built on them, and the rules use them.
 A finding uses them to say what a frozen decision would have been at the replay lengths,
 and `valid_range` turns one decided value into the range of inputs for which it holds.
 
