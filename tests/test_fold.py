@@ -234,3 +234,63 @@ def test_a_full_disk_says_so_once_and_never_stops_the_program(tmp_path, capfd):
     err = capfd.readouterr().err
     assert err.count("cannot write") == 1 and "tracing stopped, the program goes on" in err
     assert "No space left" in recorder.write_error and not recorder.enabled
+
+
+def _folder_run(steps: list[list[tuple[str, dict]]]) -> tuple[list, dict]:
+    """Feed steps of (kind, fields) to a Folder; what it wrote (in full or folded) and
+    what it counted as folded."""
+    from mlatrace.record import fold
+
+    written: list = []
+    folded: dict = {}
+
+    def count(kind: str, n: int) -> None:
+        folded[kind] = folded.get(kind, 0) + n
+
+    folder = fold.Folder(3600.0, lambda kind, fields, tid: written.append((kind, fields)),
+                         count)
+    t = 0
+    for step in steps:
+        for kind, fields in step:
+            t += 1
+            fields = dict(fields, t=t)
+            if not folder.take(kind, fields, t, 1):
+                written.append((kind, fields))
+    folder.close_all()
+    return written, folded
+
+
+def _replay_step(n: int, gids: tuple = (1, 2, 3)) -> list:
+    return [("dispatch", {"key": "b4", "mode": "FULL"}),
+            *[("graph.replay", {"gid": gid, "n": n}) for gid in gids]]
+
+
+def test_held_replays_fold_and_a_new_gid_among_them_ends_the_fold():
+    steps = [_replay_step(n) for n in range(1, 11)]
+    written, folded = _folder_run(steps)
+    kinds = [kind for kind, _ in written]
+    # the first step and the last (held when the process ends) in full, steps 2-9 folded
+    assert kinds.count("graph.replay") == 6 and kinds.count("steady") == 3
+    assert folded == {"dispatch": 8, "graph.replay": 24}
+    steady = [fields for kind, fields in written if kind == "steady"]
+    assert [(s["gid"], s["n_first"], s["n_last"], s["replays"]) for s in steady] == \
+        [(1, 2, 9, 8), (2, 2, 9, 8), (3, 2, 9, 8)]
+
+    # the 7th step replays graph 4 in the place of graph 2: the fold ends there, the
+    # changed step is written in full, and the replay of graph 4 is in it
+    changed = steps[:6] + [_replay_step(7, (1, 4, 3))] + steps[7:]
+    written, folded = _folder_run(changed)
+    replays = [fields["gid"] for kind, fields in written if kind == "graph.replay"]
+    # in full: the first step, the changed one, the one after it, the last (held)
+    assert replays == [1, 2, 3, 1, 4, 3, 1, 2, 3, 1, 2, 3]
+    assert folded["graph.replay"] == 3 * (5 + 1)   # steps 2-6, then 9
+    assert sum(1 for kind, _ in written if kind == "steady") == 6
+
+
+def test_a_replay_with_more_fields_or_while_capturing_is_never_held():
+    for extra in ({"capturing": True}, {"stream": 7}):
+        steps = [_replay_step(n) for n in range(1, 6)]
+        steps[3] = [steps[3][0], ("graph.replay", {"gid": 1, "n": 4, **extra}), *steps[3][2:]]
+        written, _ = _folder_run(steps)
+        assert any(kind == "graph.replay" and extra.items() <= fields.items()
+                   for kind, fields in written)

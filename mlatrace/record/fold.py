@@ -51,6 +51,7 @@ MAX_STEP = 256          # a longer step is never folded (no steps marked?)
 MAX_TIMES = 512         # replay times kept per graph and fold for its gpu_ns percentiles
 
 Write = Callable[[str, dict, int], None]
+_NO_RANGE: dict = {}        # a replay's moving fields: none (never written to)
 
 
 def freeze(value: Any) -> Any:
@@ -93,7 +94,8 @@ def split(kind: str, fields: dict) -> tuple[tuple, dict]:
 class Fold:
     """The steps folded so far on one thread since the fold opened."""
 
-    __slots__ = ("steps", "t_first", "t_last", "ranges", "first", "replays", "tid")
+    __slots__ = ("steps", "t_first", "t_last", "ranges", "first", "replays", "tid",
+                 "replay_at", "ranged_at", "kinds")
 
     def __init__(self, step: list, t: int, tid: int) -> None:
         self.steps = 0
@@ -103,22 +105,34 @@ class Fold:
         self.first = [(kind, fields) for kind, _, fields, _ in step]  # the first folded step
         self.ranges: list[dict] = [{} for _ in step]
         self.replays: dict[int, list[int]] = {}   # gid -> [n_first, n_last, count]
+        # Every step of a fold repeats its first position by position (same kinds, same
+        # gids, the same ranged names), so add() visits only the positions with work.
+        self.replay_at = [position for position, entry in enumerate(step)
+                          if entry[0] == "graph.replay"]
+        self.ranged_at = [position for position, entry in enumerate(step)
+                          if entry[0] != "graph.replay" and entry[3]]
+        kinds: dict[str, int] = {}
+        for entry in step:
+            kinds[entry[0]] = kinds.get(entry[0], 0) + 1
+        self.kinds = kinds          # records per step, by kind (counted at close)
 
     def add(self, step: list, t: int) -> None:
         self.steps += 1
         self.t_last = t
-        for position, (kind, _, fields, ranged) in enumerate(step):
-            if kind == "graph.replay":
-                gid, n = fields.get("gid"), fields.get("n")
-                entry = self.replays.get(gid)
-                if entry is None:
-                    self.replays[gid] = [n, n, 1]
-                else:
-                    entry[1] = n
-                    entry[2] += 1
-                continue
-            ranges = self.ranges[position]
-            for name, value in ranged.items():
+        replays = self.replays
+        for position in self.replay_at:
+            fields = step[position][2]
+            gid, n = fields.get("gid"), fields.get("n")
+            entry = replays.get(gid)
+            if entry is None:
+                replays[gid] = [n, n, 1]
+            else:
+                entry[1] = n
+                entry[2] += 1
+        all_ranges = self.ranges
+        for position in self.ranged_at:
+            ranges = all_ranges[position]
+            for name, value in step[position][3].items():
                 span = ranges.get(name)
                 if span is None:
                     ranges[name] = [value, value]
@@ -156,7 +170,7 @@ class Folder:
     thread at exit.
     """
 
-    def __init__(self, interval_s: float, write: Write, count_folded: Callable[[str], None]
+    def __init__(self, interval_s: float, write: Write, count_folded: Callable[[str, int], None]
                  ) -> None:
         self.interval_ns = int(interval_s * 1e9)
         self.write = write
@@ -175,6 +189,19 @@ class Folder:
         state = self.threads.get(tid)
         if state is None:
             state = self.threads[tid] = ThreadFold(tid)
+        elif kind == "graph.replay" and state.held and len(fields) <= 3 \
+                and fields.get("capturing") is not True:
+            # The common case of a held step, in short: a replay that is not the step's
+            # boundary and repeats the template's record at its place.
+            step = state.step
+            gid = fields.get("gid")
+            if step and (state.marked or gid != state.first_gid):
+                template = state.template
+                position = len(step)
+                if position < len(template) and template[position] == (kind, gid):
+                    state.last_kind = kind
+                    step.append((kind, template[position], fields, _NO_RANGE))
+                    return True
         if kind not in FOLDABLE or fields.get("capturing") is True or (
                 kind == "graph.replay" and len(fields) > 3):   # gid, n, t: nothing more
             if state.fold is not None or state.held or state.step:
@@ -229,8 +256,6 @@ class Folder:
                     if kind == "graph.replay":
                         self.times.pop(key[1], None)    # this fold's times only
             fold.add(step, t)
-            for kind, *_ in step:
-                self.count_folded(kind)
             if t - fold.t_first >= self.interval_ns:
                 self._close(state)
         else:
@@ -270,6 +295,8 @@ class Folder:
         fold, state.fold = state.fold, None
         if fold is None or not fold.steps:
             return
+        for kind, per_step in fold.kinds.items():
+            self.count_folded(kind, per_step * fold.steps)
         self.folds += 1
         pattern, merged_fields, merged_same = [], {}, {}
         constant: dict[str, dict] = {}
@@ -348,7 +375,7 @@ def refold(rows: list[dict], interval_s: float = FOLD_S) -> list[dict]:
         fields.update(k=kind, tid=tid)
         out.append(fields)
 
-    folder = Folder(interval_s, write, lambda kind: None)
+    folder = Folder(interval_s, write, lambda kind, n: None)
     for rec in rows[1:]:
         if rec.get("k") == "process.end":
             folder.close_all()

@@ -202,8 +202,8 @@ class Recorder:
         if len(pending) == FLUSH_EVERY_RECORDS:
             self._wake.set()
 
-    def _count_folded(self, kind: str) -> None:
-        self.folded_kinds[kind] += 1
+    def _count_folded(self, kind: str, n: int = 1) -> None:
+        self.folded_kinds[kind] += n
 
     def close_folds(self) -> None:
         """Write every open fold and held step now (exit, a signal, uninstall)."""
