@@ -85,7 +85,12 @@ def comparable(report: dict) -> Any:
     return strip(report)
 
 
-@pytest.mark.parametrize("args", CASES, ids=[" ".join(c) for c in CASES])
+# the first case in the default run, every case in the `slow` run (.ci/run runs both)
+ALL_CASES = [pytest.param(c, id=" ".join(c), marks=() if i == 0 else pytest.mark.slow)
+             for i, c in enumerate(CASES)]
+
+
+@pytest.mark.parametrize("args", ALL_CASES)
 def test_fold_on_and_off_give_the_same_findings_counts_and_coverage(tmp_path, args):
     full = traced_serve(tmp_path / "off", ["--fold", "0"], *args)
     folded = traced_serve(tmp_path / "on", [], *args)
@@ -115,8 +120,10 @@ def test_fold_on_and_off_give_the_same_findings_counts_and_coverage(tmp_path, ar
             assert r["n_last"] - r["n_first"] + 1 == r["replays"]
 
 
-@pytest.mark.parametrize("args", [CASES[0], CASES[3], CASES[5]],
-                         ids=["full legacy", "breakable legacy", "eager device"])
+@pytest.mark.parametrize("args", [
+    pytest.param(CASES[0], id="full legacy"),
+    pytest.param(CASES[3], id="breakable legacy", marks=pytest.mark.slow),
+    pytest.param(CASES[5], id="eager device", marks=pytest.mark.slow)])
 def test_the_same_trace_folded_gives_the_same_report_field_by_field(tmp_path, args):
     rows = traced_serve(tmp_path / "off", ["--fold", "0"], *args)
     (tmp_path / "on").mkdir()
