@@ -20,9 +20,9 @@ from operator import itemgetter, sub
 from pathlib import Path
 from typing import Any
 
-from mlatrace.kinds import PROCESS, PROCESS_END, STEADY
+from mlatrace.kinds import PROCESS, PROCESS_END
 from mlatrace.trace.typed import TYPED_KINDS, Record, decode_records, to_record
-from mlatrace.trace.validate import CHECKED_KINDS
+from mlatrace.trace.validate import CHECKED_KINDS, steady_problem  # noqa: F401 (re-exported)
 from mlatrace.trace.validate import check as check_fields
 
 SCHEMA_NAME = "mlatrace"
@@ -70,43 +70,6 @@ class Problem:
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}: {self.reason}"
-
-
-def _number(value: object) -> bool:
-    return type(value) in (int, float)
-
-
-def steady_problem(rec: dict[str, Any]) -> str | None:
-    """What is wrong with a `steady` record (mlatrace.record.fold), or None."""
-    steps, replays, gid = rec.get("steps"), rec.get("replays"), rec.get("gid")
-    if type(steps) is not int or steps < 1:
-        return f"steps {steps!r} is not a count >= 1"
-    if type(replays) is not int or replays < 0:
-        return f"replays {replays!r} is not a count"
-    if gid is not None and type(gid) is not int:
-        return f"gid {gid!r} is neither an int nor null"
-    if replays:
-        first, last = rec.get("n_first"), rec.get("n_last")
-        if type(first) is not int or type(last) is not int or first > last:
-            return f"n_first {first!r} .. n_last {last!r} is not a range of replay numbers"
-    for name in ("fields", "same"):
-        if not isinstance(rec.get(name, {}), dict):
-            return f"{name} is not an object"
-    pattern = rec.get("pattern")
-    if pattern is not None:
-        if not isinstance(pattern, list):
-            return "pattern is not a list"
-        for entry in pattern:
-            if not isinstance(entry, dict) or type(entry.get("k")) is not str:
-                return f"pattern entry {entry!r:.60} has no kind"
-            ranges = entry.get("range", {})
-            if not isinstance(ranges, dict) or not isinstance(entry.get("same", {}), dict):
-                return f"pattern entry of {entry['k']} has a range or same that is not an object"
-            for field_name, span in ranges.items():
-                if not (isinstance(span, list) and len(span) == 2 and _number(span[0])
-                        and _number(span[1]) and span[0] <= span[1]):
-                    return f"range of {entry['k']}.{field_name} is not [lo, hi]: {span!r:.60}"
-    return None
 
 
 def check_schema(schema: object) -> str | None:
@@ -311,8 +274,6 @@ class ProcessFile:
                 counts = Counter(kinds)
             except TypeError:  # a kind that is not hashable: the precise path keeps it
                 ok = False
-        if ok and STEADY in counts:
-            ok = False  # folds are few: the precise path checks each (steady_problem)
         if ok and not counts.keys().isdisjoint(CHECKED_KINDS):
             # rare kinds whose fields a rule trusts: a malformed one goes the precise way
             ok = not any(check_fields(_decode_line(line)) for line, kind in
@@ -377,12 +338,6 @@ class ProcessFile:
                 reason = check_fields(record)
                 if reason:
                     self._problem(lineno, f"{reason}; record skipped")
-                    return None
-            if record["k"] == STEADY:
-                problem = steady_problem(record)
-                if problem is not None:
-                    self._problem(lineno, f"malformed steady record (seq {record['seq']}): "
-                                          f"{problem}; skipped")
                     return None
             if record["k"] == PROCESS_END:
                 self.end = record

@@ -1,8 +1,8 @@
 """Field checks of the record kinds whose malformed fields would mislead a rule.
 
 Most kinds are read leniently (a field of the wrong type reads as absent). A `device`
-record gives MLT008 its SM count and a `graph.nodes` record its grids: a wrong one
-would make a finding up, so the reader reports it as a problem (file:line, why) and
+record gives MLT008 its SM count, a `graph.nodes` record its grids and a `steady` record
+the counts and ranges of the steps it folded: a wrong one would make a finding up, so the reader reports it as a problem (file:line, why) and
 skips that record, keeping the rest of the trace.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlatrace.kinds import DEVICE, GRAPH_NODES
+from mlatrace.kinds import DEVICE, GRAPH_NODES, STEADY
 
 
 def _int(value: Any) -> bool:
@@ -56,7 +56,50 @@ def check_nodes(rec: dict) -> str | None:
     return None
 
 
-CHECKS = {DEVICE: check_device, GRAPH_NODES: check_nodes}
+def _number(value: Any) -> bool:
+    return type(value) in (int, float)
+
+
+def steady_problem(rec: dict[str, Any]) -> str | None:
+    """What is wrong with a `steady` record (mlatrace.record.fold), or None."""
+    steps, replays, gid = rec.get("steps"), rec.get("replays"), rec.get("gid")
+    if type(steps) is not int or steps < 1:
+        return f"steps {steps!r} is not a count >= 1"
+    if type(replays) is not int or replays < 0:
+        return f"replays {replays!r} is not a count"
+    if gid is not None and type(gid) is not int:
+        return f"gid {gid!r} is neither an int nor null"
+    if replays:
+        first, last = rec.get("n_first"), rec.get("n_last")
+        if type(first) is not int or type(last) is not int or first > last:
+            return f"n_first {first!r} .. n_last {last!r} is not a range of replay numbers"
+    for name in ("fields", "same"):
+        if not isinstance(rec.get(name, {}), dict):
+            return f"{name} is not an object"
+    pattern = rec.get("pattern")
+    if pattern is not None:
+        if not isinstance(pattern, list):
+            return "pattern is not a list"
+        for entry in pattern:
+            if not isinstance(entry, dict) or type(entry.get("k")) is not str:
+                return f"pattern entry {entry!r:.60} has no kind"
+            ranges = entry.get("range", {})
+            if not isinstance(ranges, dict) or not isinstance(entry.get("same", {}), dict):
+                return f"pattern entry of {entry['k']} has a range or same that is not an object"
+            for field_name, span in ranges.items():
+                if not (isinstance(span, list) and len(span) == 2 and _number(span[0])
+                        and _number(span[1]) and span[0] <= span[1]):
+                    return f"range of {entry['k']}.{field_name} is not [lo, hi]: {span!r:.60}"
+    return None
+
+
+def check_steady(rec: dict) -> str | None:
+    """Why a `steady` record is malformed, or None."""
+    problem = steady_problem(rec)
+    return None if problem is None else f"malformed steady record (seq {rec.get('seq')}): {problem}"
+
+
+CHECKS = {DEVICE: check_device, GRAPH_NODES: check_nodes, STEADY: check_steady}
 CHECKED_KINDS = frozenset(CHECKS)
 
 
