@@ -41,3 +41,12 @@ def traced_with(tmp_path: Path) -> Iterator[Callable[[list], Callable[[], list[d
     yield start
     probe.uninstall()
     record.stop()
+
+
+def finding_keys(trace: Path) -> list[tuple]:
+    """A trace's findings as sorted (id, severity, gid, message): what two runs compare."""
+    from mlatrace.analysis import analyze
+    from mlatrace.trace import open_trace
+
+    result = analyze(open_trace(trace))
+    return sorted((f.id, f.severity, f.gid, f.message) for f in result.findings)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import finding_keys
 
 pytest.importorskip("torch")
 
@@ -59,11 +60,6 @@ def traced_serve(out: Path, options: list[str], *args: str) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def findings(out: Path) -> list[tuple]:
-    result = analyze(open_trace(out))
-    return sorted((f.id, f.severity, f.gid, f.message) for f in result.findings)
-
-
 def without_steady(counts: dict) -> dict:
     return {k: n for k, n in counts.items() if k != "steady"}
 
@@ -95,7 +91,7 @@ def test_fold_on_and_off_give_the_same_findings_counts_and_coverage(tmp_path, ar
     full = traced_serve(tmp_path / "off", ["--fold", "0"], *args)
     folded = traced_serve(tmp_path / "on", [], *args)
 
-    assert findings(tmp_path / "off") == findings(tmp_path / "on")
+    assert finding_keys(tmp_path / "off") == finding_keys(tmp_path / "on")
     end_off, end_on = full[-1], folded[-1]
     assert end_on["k"] == "process.end" and end_on["fold_s"] == 10.0
     assert "folded" not in end_off
@@ -215,8 +211,8 @@ def test_a_pointer_change_inside_steady_steps_ends_the_fold_and_is_found(tmp_pat
     (tmp_path / "on").mkdir()
     (tmp_path / "on" / path.name).write_text("".join(json.dumps(r) + "\n" for r in refolded))
 
-    assert "MLT003" in {f[0] for f in findings(tmp_path / "off")}
-    assert findings(tmp_path / "on") == findings(tmp_path / "off")
+    assert "MLT003" in {f[0] for f in finding_keys(tmp_path / "off")}
+    assert finding_keys(tmp_path / "on") == finding_keys(tmp_path / "off")
     kinds = [r["k"] for r in refolded]
     written = next(i for i, r in enumerate(refolded) if r.get("ptrs", {}).get("seq_info") == 4096)
     assert "steady" in kinds[:written] and "steady" in kinds[written:]

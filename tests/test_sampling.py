@@ -18,12 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO
+from conftest import REPO, finding_keys
 
 pytest.importorskip("torch")
 
-from mlatrace.analysis import analyze  # noqa: E402
-from mlatrace.trace import open_trace  # noqa: E402
 
 SERVE = ["--device", "cpu", "--ctx", "2048", "--steps", "4", "--batch", "2", "--layers", "3",
          "--hidden", "64"]
@@ -42,11 +40,6 @@ def traced_serve(out: Path, sample: str | None, *args: str) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def findings(out: Path) -> list[tuple]:
-    result = analyze(open_trace(out))
-    return sorted((f.id, f.severity, f.gid, f.message) for f in result.findings)
-
-
 @pytest.mark.parametrize("args, expected", [
     (("--policy", "legacy"), {"MLT001"}),                         # the seed-002 bug
     pytest.param(("--policy", "bucketed"), {"MLT001"},            # bucketed frozen at capture
@@ -60,8 +53,8 @@ def test_sampling_keeps_findings_and_exact_counts(tmp_path, args, expected):
     full = traced_serve(tmp_path / "all", "0", *args)
     sampled = traced_serve(tmp_path / "sampled", None, *args)
 
-    assert findings(tmp_path / "all") == findings(tmp_path / "sampled")
-    assert {f[0] for f in findings(tmp_path / "sampled")} == expected
+    assert finding_keys(tmp_path / "all") == finding_keys(tmp_path / "sampled")
+    assert {f[0] for f in finding_keys(tmp_path / "sampled")} == expected
 
     end_all, end = full[-1], sampled[-1]
     assert end_all["k"] == end["k"] == "process.end"
@@ -415,8 +408,8 @@ def test_step_aside_keeps_findings_and_accounts_for_every_call(tmp_path, args, e
     every = traced_serve_with(tmp_path / "all", ["--step-aside", "0"], *args)
     aside = traced_serve_with(tmp_path / "aside", ["--step-aside", "2,8"], *args)
 
-    assert findings(tmp_path / "all") == findings(tmp_path / "aside")
-    assert {f[0] for f in findings(tmp_path / "aside")} == expected
+    assert finding_keys(tmp_path / "all") == finding_keys(tmp_path / "aside")
+    assert {f[0] for f in finding_keys(tmp_path / "aside")} == expected
     end_all, end = every[-1], aside[-1]
     assert end_all["unseen"] == {}
     assert bool(end["unseen"] or end["steps_off"]) is steps_aside
