@@ -320,6 +320,15 @@ def _triton_attn_valid(value: Any, inputs: dict) -> dict[str, list] | None:
     return {"num_reqs": [0, rows]}
 
 
+def _kv_splits_lengths_valid(value: Any, inputs: dict) -> dict[str, list] | None:
+    """SGLang's per-sequence split counts hold for the lengths they were computed from only;
+    static splits (``fill_(max_kv_splits)``) hold for any length."""
+    if value is True:
+        return {"seq_len_max": [0, None]}
+    length = _int(inputs, "seq_len_max")
+    return None if value is not False or length is None else {"seq_len_max": [length, length]}
+
+
 KNOWN: dict[str, KnownDecision] = {
     "vllm.triton_mla.num_kv_splits": KnownDecision(
         "min(next_pow2(max_seq_len // 512), 2 x SMs) (vLLM TRITON_MLA _compute_num_kv_splits)",
@@ -337,6 +346,10 @@ KNOWN: dict[str, KnownDecision] = {
         "num_par_softmax_segments if num_seqs * cdiv(max_seqlen_q, BLOCK_Q) <= seq_threshold_3D "
         "else 1 (vLLM TRITON_ATTN unified_attention: 3D or 2D kernel)",
         _triton_attn_compute, _triton_attn_valid),
+    "sglang.triton.kv_splits_static": KnownDecision(
+        "get_num_kv_splits writes per-sequence split counts on device from the seq lens it is "
+        "given (static_kv_splits: max_kv_splits for every sequence) (SGLang TritonAttnBackend)",
+        lambda inputs: None, _kv_splits_lengths_valid),
 }
 
 CAP_HEURISTICS: dict[str, str] = {"vllm.flash_attn.max_num_splits": "vllm.flash_attn.num_splits"}

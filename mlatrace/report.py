@@ -284,9 +284,12 @@ def render_graphs(console: Any, data: dict[str, Any], verbose: bool) -> None:
             print_line(console, line, hang=4)
     for g in graphs:
         if g["capture_error"]:
+            sizes = g["frozen"].get("capture_sizes")
+            at = (" (captured with " + ", ".join(f"{k}={v}" for k, v in sizes.items()) + ")"
+                  if sizes else "")
             print_line(console, escape(f"capture failed: rank {rank_text(g['rank'])} pid "
                                        f"{fmt(g['pid'])} gid {g['gid']} {fmt(g['key'])}: "
-                                       f"{g['capture_error']}"))
+                                       f"{g['capture_error']}{at}"))
     if not verbose:
         return
     for g in graphs:

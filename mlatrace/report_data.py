@@ -28,7 +28,8 @@
                   "frozen": {"num_kv_splits": [int], "stage2": "present"|"skipped"|null,
                              "kernels": {name: {"grids": [[x, y, z]], "num_kv_splits": [int]}},
                              "hints": {name: value}, "ops": [str], "ptrs": {name: int},
-                             "graph_nodes": int, "capture_seq_len_max": int|null},
+                             "graph_nodes": int, "capture_seq_len_max": int|null,
+                             "capture_sizes": {name: int}|null},
                   "replays": {"count": int, "seq_len_max": int|null, "seq_len_min": int|null,
                               "ptrs_stable": bool|null,
                               "gpu_ns": {"p50", "p90", "p99", "max", "mean",   # ns per replay

@@ -73,7 +73,14 @@ def topology(model: TraceModel, root: GraphModel) -> dict[str, Any]:
         "ptrs": ptrs,
         "graph_nodes": nodes,
         "capture_seq_len_max": md.get("seq_len_max") if isinstance(md.get("seq_len_max"), int) else None,
+        # the sizes of the metadata build the capture began with (kept for a capture that fails)
+        "capture_sizes": {name: md.get(name) for name in CAPTURE_SIZES
+                          if type(md.get(name)) is int} or None,
     }
+
+
+CAPTURE_SIZES = ("num_reqs", "num_tokens", "seq_len_max", "max_model_len")
+"""attn.metadata fields the report names beside a failed capture's error."""
 
 
 def replays(model: TraceModel, root: GraphModel, captured_ptrs: dict[str, int]) -> dict[str, Any]:

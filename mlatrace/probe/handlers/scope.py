@@ -1,0 +1,78 @@
+"""A decision whose host inputs belong to the call that encloses it.
+
+Some decisions are made by a function that only sees device tensors (SGLang's
+``TritonAttnBackend.get_num_kv_splits(num_kv_splits, seq_lens)``: the split counts are
+written on device from ``seq_lens``), while the host copy of the same lengths is an
+argument of the caller (``init_forward_metadata_out_graph(forward_batch)``, whose
+``forward_batch.seq_lens_cpu`` the engine already holds). Two probes share them:
+
+- ``Scope`` on the caller: its fields, evaluated when it is entered, are the thread's
+  scope until it returns (scopes nest; the innermost wins);
+- ``ScopedDecision`` on the decision function: a ``host.decision`` whose ``inputs`` are its
+  own fields' inputs plus the enclosing scope's fields (its own win on a clash), with the
+  ``valid`` range of a known formula (`mlatrace.decisions`) when one is named.
+
+A decision made outside any scope records its own inputs only. Standard library only, no
+device reads: the scope's fields are the caller's host values.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from mlatrace import decisions, record
+from mlatrace.probe.handlers import Handler
+
+_local = threading.local()
+
+
+def _scopes() -> list[dict]:
+    stack = getattr(_local, "scopes", None)
+    if stack is None:
+        stack = _local.scopes = []
+    return stack
+
+
+class Scope(Handler):
+    """Open a scope of host values (this probe's fields) for the decisions made inside the call."""
+
+    def before(self, view: Any, info: Any) -> Any:
+        stack = _scopes()
+        fields = self.fields(view)
+        stack.append({k: v for k, v in fields.items() if v is not None})
+        return len(stack)
+
+    def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
+        stack = _scopes()
+        if isinstance(token, int) and 0 < token <= len(stack):
+            del stack[token - 1:]
+
+
+class ScopedDecision(Handler):
+    """Record a host.decision with the enclosing scope's host values among its inputs."""
+
+    OPTIONS = {"name": str, "formula": str}
+
+    def __init__(self, spec: Any) -> None:
+        super().__init__(spec)
+        self.name = str(self.options.get("name", spec.qualname))
+        formula = self.options.get("formula")
+        self.entry = decisions.known(str(formula)) if formula else None
+        if formula and self.entry is None:
+            raise ValueError(f"unknown decision formula {formula!r}")
+
+    def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
+        if error is not None:
+            return
+        fields = self.fields(view)
+        own = fields.get("inputs") if isinstance(fields.get("inputs"), dict) else {}
+        stack = _scopes()
+        inputs = {**(stack[-1] if stack else {}), **{k: v for k, v in own.items() if v is not None}}
+        value = fields.get("value")
+        out = {"name": self.name, "value": value, "inputs": inputs,
+               "capturing": fields.get("capturing"), "gid": fields.get("gid")}
+        valid = self.entry.valid(value, inputs) if self.entry is not None else None
+        if valid:
+            out["valid"] = valid
+        record.emit_fields("host.decision", out)

@@ -1,0 +1,67 @@
+"""Make the field cases' traces: python tests/progs/field_cases/make_fixtures.py [NAME ...]
+
+Each case is a small program calling stand-ins of the upstream modules (the names and
+signatures the shipped packs target, under <lib>_site/ with the release's dist-info, so the
+packs apply as they would to the real library) on the reference HostGraph, run under
+`mlatrace run` with the shipped packs. The bad and the healthy variant of a case differ by
+MLATRACE_CASE_VARIANT (read by the stand-ins; recorded in the trace header's env). The
+traces land in tests/fixtures/<name>/; tests/test_field_cases.py keeps their verdicts and
+re-runs the programs. docs/backends.md lists what each case shows.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[2]
+FIXTURES = ROOT / "tests" / "fixtures"
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str           # the fixture folder, named after the upstream thread
+    program: str        # under tests/progs/field_cases/
+    site: str           # the stand-in library folder put on PYTHONPATH
+    variant: str = ""   # MLATRACE_CASE_VARIANT
+    exit_code: int = 0  # the program's own exit code (a failed capture exits 1)
+
+
+CASES = (
+    Case("sglang_26019_triton_splits_not_refreshed", "sglang_26019.py", "sglang_site",
+         "skip_replay_splits"),
+    Case("sglang_26019_triton_splits_per_replay", "sglang_26019.py", "sglang_site"),
+    Case("vllm_53658_dummy_seq_lens_past_max_model_len", "vllm_53658.py", "vllm_site", "",
+         exit_code=1),
+    Case("vllm_53658_dummy_seq_lens_clamped", "vllm_53658.py", "vllm_site", "clamp"),
+)
+
+
+def run_case(case: Case, out: Path) -> subprocess.CompletedProcess:
+    """Run one case under `mlatrace run` into `out` (replaced)."""
+    shutil.rmtree(out, ignore_errors=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE / case.site)]),
+           "MLATRACE_CASE_VARIANT": case.variant}
+    env.pop("MLATRACE_OUT", None)
+    proc = subprocess.run([sys.executable, "-m", "mlatrace", "run", "--out", str(out), "--",
+                           sys.executable, str(HERE / case.program)], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    if proc.returncode != case.exit_code:
+        raise RuntimeError(f"{case.name}: exit {proc.returncode}\n{proc.stderr[-2000:]}")
+    return proc
+
+
+def main(names: list[str]) -> None:
+    for case in CASES:
+        if not names or case.name in names:
+            run_case(case, FIXTURES / case.name)
+            print(case.name)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

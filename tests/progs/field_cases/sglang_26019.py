@@ -1,0 +1,19 @@
+"""sglang#26019: the triton backend's decode graph (batch 8), captured at the fill length
+and replayed at 4096..4101 tokens. Healthy (0.5.23): get_num_kv_splits runs before every
+replay. MLATRACE_CASE_VARIANT=skip_replay_splits: the replay path skips it."""
+
+import torch
+from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+from sglang.srt.model_executor.runner.decode_cuda_graph_runner import (
+    DecodeCudaGraphRunner,
+    ForwardBatch,
+)
+
+BS = 8
+backend = TritonAttnBackend(max_bs=BS)
+runner = DecodeCudaGraphRunner(backend, max_bs=BS)
+runner.capture_one_shape(BS, backend.forward_decode)
+for step in range(6):
+    lens = torch.full((BS,), 4096 + step, dtype=torch.int32)
+    out = runner.execute(ForwardBatch(BS, lens, lens.clone(), int(lens.sum())))
+print("splits", backend.cuda_graph_num_kv_splits.tolist(), "out", out[0].item())

@@ -1,0 +1,99 @@
+"""Field cases of the bug class (docs/backends.md): real traces of programs calling stand-ins
+of the upstream modules under `mlatrace run` with the shipped packs
+(tests/progs/field_cases/make_fixtures.py). Each fixture keeps its verdict, and a fresh run of
+its program gives the same findings, so the packs still record what the rules need."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlatrace.analysis import analyze
+from mlatrace.trace import open_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures"
+sys.path.insert(0, str(ROOT / "tests" / "progs" / "field_cases"))
+from make_fixtures import CASES, run_case  # noqa: E402
+
+VERDICTS = {
+    "sglang_26019_triton_splits_not_refreshed": [("MLT006", "error")],
+    "sglang_26019_triton_splits_per_replay": [],
+    "vllm_53658_dummy_seq_lens_past_max_model_len": [],
+    "vllm_53658_dummy_seq_lens_clamped": [],
+}
+SUBJECTS = {  # the decision a finding names
+    "sglang_26019_triton_splits_not_refreshed": "sglang.triton.kv_splits_static",
+}
+
+
+def _verdict(path: Path) -> list[tuple[str, str]]:
+    return [(f.id, f.severity) for f in analyze(open_trace(path)).findings]
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for p in sorted(path.glob("p*.jsonl"))
+            for line in p.read_text().splitlines()]
+
+
+def test_every_case_has_a_verdict():
+    assert {c.name for c in CASES} == set(VERDICTS)
+
+
+@pytest.mark.parametrize("name", sorted(VERDICTS))
+def test_fixture_verdict(name):
+    found = analyze(open_trace(FIXTURES / name)).findings
+    assert [(f.id, f.severity) for f in found] == VERDICTS[name]
+    if name in SUBJECTS:
+        assert SUBJECTS[name] in found[0].message, found[0].message
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_fresh_run_gives_the_fixture_verdict(case, tmp_path):
+    run_case(case, tmp_path / "trace")
+    assert _verdict(tmp_path / "trace") == VERDICTS[case.name]
+
+
+def test_sglang_26019_splits_are_re_decided_only_when_the_replay_path_calls_them():
+    bad = _records(FIXTURES / "sglang_26019_triton_splits_not_refreshed")
+    good = _records(FIXTURES / "sglang_26019_triton_splits_per_replay")
+
+    def decisions(records):
+        return [r for r in records if r["k"] == "host.decision"
+                and r["name"] == "sglang.triton.kv_splits_static"]
+
+    # one at capture, with the capture's fill length as its valid range
+    assert [d["inputs"]["seq_len_max"] for d in decisions(bad)] == [1]
+    assert decisions(bad)[0]["valid"] == {"seq_len_max": [1, 1]}
+    outer = next(r["gid"] for r in good if r["k"] == "graph.capture.begin" and r["src"] == "sglang")
+    replays = sum(r["k"] == "graph.replay" and r["gid"] == outer for r in good)
+    assert len(decisions(good)) == 1 + replays
+    assert [d["inputs"]["seq_len_max"] for d in decisions(good)][1:] == list(range(4096, 4102))
+
+
+def test_vllm_53658_failed_capture_keeps_its_sizes_and_reason():
+    path = FIXTURES / "vllm_53658_dummy_seq_lens_past_max_model_len"
+    records = _records(path)
+    ends = [r for r in records if r["k"] == "graph.capture.end" and "error" in r]
+    assert ends and "block_table row holds 1 pages, seq_len 32 needs 2" in ends[0]["error"]
+    report = subprocess.run([sys.executable, "-m", "mlatrace", "report", str(path)],
+                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+    line = " ".join(report.stdout.split())
+    assert ("capture failed: rank - pid" in line and "num_tokens=32" in line
+            and "(captured with num_reqs=32, num_tokens=32, seq_len_max=32, max_model_len=16)"
+            in line), report.stdout
+    unit = json.loads(subprocess.run(
+        [sys.executable, "-m", "mlatrace", "report", "--json", str(path)], capture_output=True,
+        text=True, timeout=120, cwd=ROOT).stdout)["graphs"][0]
+    assert unit["capture_error"].startswith("RuntimeError: block_table row holds")
+    assert unit["frozen"]["capture_sizes"]["max_model_len"] == 16
+    # bounded by max_model_len, every size captures and the 8-token graph serves the steps
+    clamped = _records(FIXTURES / "vllm_53658_dummy_seq_lens_clamped")
+    assert not [r for r in clamped if r["k"] == "graph.capture.end" and "error" in r]
+    dummy = [r for r in clamped if r["k"] == "attn.metadata" and r.get("dummy")]
+    assert dummy and max(r["seq_len_max"] for r in dummy) == 16
