@@ -25,9 +25,13 @@ VERDICTS = {
     "sglang_26019_triton_splits_per_replay": [],
     "vllm_53658_dummy_seq_lens_past_max_model_len": [],
     "vllm_53658_dummy_seq_lens_clamped": [],
+    "aiter_3773_topk_decode_stride_full_width": [("MLT006", "warning")],
+    "aiter_3773_topk_decode_one_block": [],
 }
 SUBJECTS = {  # the decision a finding names
     "sglang_26019_triton_splits_not_refreshed": "sglang.triton.kv_splits_static",
+    "aiter_3773_topk_decode_stride_full_width": "aiter.topk_decode.multi_block=True from "
+                                                "seq_len_max=262144",
 }
 
 

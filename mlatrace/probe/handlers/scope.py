@@ -7,12 +7,14 @@ argument of the caller (``init_forward_metadata_out_graph(forward_batch)``, whos
 ``forward_batch.seq_lens_cpu`` the engine already holds). Two probes share them:
 
 - ``Scope`` on the caller: its fields, evaluated when it is entered, are the thread's
-  scope until it returns (scopes nest; the innermost wins);
+  scope until it returns (scopes nest; the innermost wins); ``options.name`` names it;
 - ``ScopedDecision`` on the decision function: a ``host.decision`` whose ``inputs`` are its
   own fields' inputs plus the enclosing scope's fields (its own win on a clash), with the
-  ``valid`` range of a known formula (`mlatrace.decisions`) when one is named.
+  ``valid`` range of a known formula (`mlatrace.decisions`) when one is named. With
+  ``options.scope`` it is recorded only inside a scope of that name (aiter's
+  ``topk_use_mulblocks`` inside ``top_k_per_row_decode``, not inside the prefill one).
 
-A decision made outside any scope records its own inputs only. Standard library only, no
+Without ``options.scope``, a decision made outside any scope records its own inputs only. Standard library only, no
 device reads: the scope's fields are the caller's host values.
 """
 
@@ -37,10 +39,12 @@ def _scopes() -> list[dict]:
 class Scope(Handler):
     """Open a scope of host values (this probe's fields) for the decisions made inside the call."""
 
+    OPTIONS = {"name": str}
+
     def before(self, view: Any, info: Any) -> Any:
         stack = _scopes()
         fields = self.fields(view)
-        stack.append({k: v for k, v in fields.items() if v is not None})
+        stack.append((self.options.get("name"), {k: v for k, v in fields.items() if v is not None}))
         return len(stack)
 
     def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
@@ -52,7 +56,7 @@ class Scope(Handler):
 class ScopedDecision(Handler):
     """Record a host.decision with the enclosing scope's host values among its inputs."""
 
-    OPTIONS = {"name": str, "formula": str}
+    OPTIONS = {"name": str, "formula": str, "scope": str}
 
     def __init__(self, spec: Any) -> None:
         super().__init__(spec)
@@ -65,10 +69,16 @@ class ScopedDecision(Handler):
     def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
         if error is not None:
             return
+        stack = _scopes()
+        wanted = self.options.get("scope")
+        outer = next((values for name, values in reversed(stack)
+                      if wanted is None or name == wanted), None)
+        if wanted is not None and outer is None:
+            return  # not inside the named scope: another caller's decision
+        view.result = result   # fields may name the decision's result
         fields = self.fields(view)
         own = fields.get("inputs") if isinstance(fields.get("inputs"), dict) else {}
-        stack = _scopes()
-        inputs = {**(stack[-1] if stack else {}), **{k: v for k, v in own.items() if v is not None}}
+        inputs = {**(outer or {}), **{k: v for k, v in own.items() if v is not None}}
         value = fields.get("value")
         out = {"name": self.name, "value": value, "inputs": inputs,
                "capturing": fields.get("capturing"), "gid": fields.get("gid")}

@@ -27,25 +27,29 @@ FIXTURES = ROOT / "tests" / "fixtures"
 class Case:
     name: str           # the fixture folder, named after the upstream thread
     program: str        # under tests/progs/field_cases/
-    site: str           # the stand-in library folder put on PYTHONPATH
+    sites: tuple[str, ...]  # the stand-in library folders put on PYTHONPATH
     variant: str = ""   # MLATRACE_CASE_VARIANT
     exit_code: int = 0  # the program's own exit code (a failed capture exits 1)
 
 
 CASES = (
-    Case("sglang_26019_triton_splits_not_refreshed", "sglang_26019.py", "sglang_site",
+    Case("sglang_26019_triton_splits_not_refreshed", "sglang_26019.py", ("sglang_site",),
          "skip_replay_splits"),
-    Case("sglang_26019_triton_splits_per_replay", "sglang_26019.py", "sglang_site"),
-    Case("vllm_53658_dummy_seq_lens_past_max_model_len", "vllm_53658.py", "vllm_site", "",
+    Case("sglang_26019_triton_splits_per_replay", "sglang_26019.py", ("sglang_site",)),
+    Case("vllm_53658_dummy_seq_lens_past_max_model_len", "vllm_53658.py", ("vllm_site",), "",
          exit_code=1),
-    Case("vllm_53658_dummy_seq_lens_clamped", "vllm_53658.py", "vllm_site", "clamp"),
+    Case("vllm_53658_dummy_seq_lens_clamped", "vllm_53658.py", ("vllm_site",), "clamp"),
+    Case("aiter_3773_topk_decode_stride_full_width", "aiter_3773.py",
+         ("vllm_site", "aiter_site")),
+    Case("aiter_3773_topk_decode_one_block", "aiter_3773.py", ("vllm_site", "aiter_site"),
+         "one_block"),
 )
 
 
 def run_case(case: Case, out: Path) -> subprocess.CompletedProcess:
     """Run one case under `mlatrace run` into `out` (replaced)."""
     shutil.rmtree(out, ignore_errors=True)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE / case.site)]),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *(str(HERE / s) for s in case.sites)]),
            "MLATRACE_CASE_VARIANT": case.variant}
     env.pop("MLATRACE_OUT", None)
     proc = subprocess.run([sys.executable, "-m", "mlatrace", "run", "--out", str(out), "--",
