@@ -27,11 +27,14 @@ VERDICTS = {
     "vllm_53658_dummy_seq_lens_clamped": [],
     "aiter_3773_topk_decode_stride_full_width": [("MLT006", "warning")],
     "aiter_3773_topk_decode_one_block": [],
+    "vllm_36611_flashmla_fp8_sched_meta_outside_graph": [("MLT003", "error")],
+    "vllm_36611_flashmla_fp8_sched_meta_in_graph": [],
 }
 SUBJECTS = {  # the decision a finding names
     "sglang_26019_triton_splits_not_refreshed": "sglang.triton.kv_splits_static",
     "aiter_3773_topk_decode_stride_full_width": "aiter.topk_decode.multi_block=True from "
                                                 "seq_len_max=262144",
+    "vllm_36611_flashmla_fp8_sched_meta_outside_graph": "buffer 'tile_scheduler_metadata'",
 }
 
 

@@ -43,6 +43,9 @@ CASES = (
          ("vllm_site", "aiter_site")),
     Case("aiter_3773_topk_decode_one_block", "aiter_3773.py", ("vllm_site", "aiter_site"),
          "one_block"),
+    Case("vllm_36611_flashmla_fp8_sched_meta_outside_graph", "vllm_36611.py", ("vllm_site",)),
+    Case("vllm_36611_flashmla_fp8_sched_meta_in_graph", "vllm_36611.py", ("vllm_site",),
+         "in_graph"),
 )
 
 
