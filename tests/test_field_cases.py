@@ -29,6 +29,8 @@ VERDICTS = {
     "aiter_3773_topk_decode_one_block": [],
     "vllm_36611_flashmla_fp8_sched_meta_outside_graph": [("MLT003", "error")],
     "vllm_36611_flashmla_fp8_sched_meta_in_graph": [],
+    "flashinfer_4002_fa2_no_split_padded_grid": [],     # recorded; no rule judges it
+    "flashinfer_4002_fa2_no_split_exact_grid": [],
 }
 SUBJECTS = {  # the decision a finding names
     "sglang_26019_triton_splits_not_refreshed": "sglang.triton.kv_splits_static",
@@ -104,3 +106,19 @@ def test_vllm_53658_failed_capture_keeps_its_sizes_and_reason():
     assert not [r for r in clamped if r["k"] == "graph.capture.end" and "error" in r]
     dummy = [r for r in clamped if r["k"] == "attn.metadata" and r.get("dummy")]
     assert dummy and max(r["seq_len_max"] for r in dummy) == 16
+
+
+def test_flashinfer_4002_plan_records_the_padded_grid_beside_the_work():
+    # 32 query heads on 2 KV heads: one 16-row query tile per request, 2 initialized entries
+    def plans(name):
+        return [r for r in _records(FIXTURES / name) if r["k"] == "host.decision"
+                and r["name"] == "flashinfer.decode.padded_batch_size"]
+
+    padded = plans("flashinfer_4002_fa2_no_split_padded_grid")
+    exact = plans("flashinfer_4002_fa2_no_split_exact_grid")
+    assert len(padded) == len(exact) == 4          # the capture's plan and one per replay
+    for d in padded + exact:
+        assert d["inputs"]["disable_split_kv"] is True and d["inputs"]["cuda_graph"] is True
+        assert d["inputs"]["num_reqs"] == 2
+    assert {d["value"] for d in padded} == {2 * 132 // 2}   # the split-KV bound, 130 CTAs over
+    assert {d["value"] for d in exact} == {2}

@@ -46,6 +46,9 @@ CASES = (
     Case("vllm_36611_flashmla_fp8_sched_meta_outside_graph", "vllm_36611.py", ("vllm_site",)),
     Case("vllm_36611_flashmla_fp8_sched_meta_in_graph", "vllm_36611.py", ("vllm_site",),
          "in_graph"),
+    Case("flashinfer_4002_fa2_no_split_padded_grid", "flashinfer_4002.py", ("flashinfer_site",)),
+    Case("flashinfer_4002_fa2_no_split_exact_grid", "flashinfer_4002.py", ("flashinfer_site",),
+         "exact_grid"),
 )
 
 
