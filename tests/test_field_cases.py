@@ -31,6 +31,8 @@ VERDICTS = {
     "vllm_36611_flashmla_fp8_sched_meta_in_graph": [],
     "flashinfer_4002_fa2_no_split_padded_grid": [],     # recorded; no rule judges it
     "flashinfer_4002_fa2_no_split_exact_grid": [],
+    "trtllm_7285_autotuner_fallback_in_capture": [],    # recorded; no rule judges it
+    "trtllm_7285_autotuner_tuned_graph_sizes": [],
 }
 SUBJECTS = {  # the decision a finding names
     "sglang_26019_triton_splits_not_refreshed": "sglang.triton.kv_splits_static",
@@ -122,3 +124,14 @@ def test_flashinfer_4002_plan_records_the_padded_grid_beside_the_work():
         assert d["inputs"]["num_reqs"] == 2
     assert {d["value"] for d in padded} == {2 * 132 // 2}   # the split-KV bound, 130 CTAs over
     assert {d["value"] for d in exact} == {2}
+
+
+def test_trtllm_7285_each_graph_keeps_the_tactic_it_captured():
+    def captured(name):
+        return {d["inputs"]["num_tokens"]: d["value"] for d in _records(FIXTURES / name)
+                if d["k"] == "host.decision" and d["name"] == "trtllm.autotuner.tactic"}
+
+    # recorded while capturing only: the warm-up's tuning calls are other shapes'
+    assert captured("trtllm_7285_autotuner_fallback_in_capture") == {1: -1, 8: -1}
+    tuned = captured("trtllm_7285_autotuner_tuned_graph_sizes")
+    assert set(tuned) == {1, 8} and -1 not in tuned.values()

@@ -14,7 +14,10 @@ argument of the caller (``init_forward_metadata_out_graph(forward_batch)``, whos
   ``options.scope`` it is recorded only inside a scope of that name (aiter's
   ``topk_use_mulblocks`` inside ``top_k_per_row_decode``, not inside the prefill one).
 
-Without ``options.scope``, a decision made outside any scope records its own inputs only. Standard library only, no
+Without ``options.scope``, a decision made outside any scope records its own inputs only.
+``options.capturing_only`` records it only while a graph captures: for a decision made per
+shape (TensorRT-LLM's autotuner tactic per op and input shape), whose eager calls between
+replays are other shapes' and must not read as the graph's decision re-made (MLT007). Standard library only, no
 device reads: the scope's fields are the caller's host values.
 """
 
@@ -24,6 +27,7 @@ import threading
 from typing import Any
 
 from mlatrace import decisions, record
+from mlatrace.probe import graphs
 from mlatrace.probe.handlers import Handler
 
 _local = threading.local()
@@ -56,7 +60,7 @@ class Scope(Handler):
 class ScopedDecision(Handler):
     """Record a host.decision with the enclosing scope's host values among its inputs."""
 
-    OPTIONS = {"name": str, "formula": str, "scope": str}
+    OPTIONS = {"name": str, "formula": str, "scope": str, "capturing_only": bool}
 
     def __init__(self, spec: Any) -> None:
         super().__init__(spec)
@@ -75,6 +79,8 @@ class ScopedDecision(Handler):
                       if wanted is None or name == wanted), None)
         if wanted is not None and outer is None:
             return  # not inside the named scope: another caller's decision
+        if self.options.get("capturing_only") and not graphs.capturing():
+            return
         view.result = result   # fields may name the decision's result
         fields = self.fields(view)
         own = fields.get("inputs") if isinstance(fields.get("inputs"), dict) else {}

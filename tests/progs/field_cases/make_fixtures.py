@@ -49,6 +49,9 @@ CASES = (
     Case("flashinfer_4002_fa2_no_split_padded_grid", "flashinfer_4002.py", ("flashinfer_site",)),
     Case("flashinfer_4002_fa2_no_split_exact_grid", "flashinfer_4002.py", ("flashinfer_site",),
          "exact_grid"),
+    Case("trtllm_7285_autotuner_fallback_in_capture", "trtllm_7285.py", ("trtllm_site",)),
+    Case("trtllm_7285_autotuner_tuned_graph_sizes", "trtllm_7285.py", ("trtllm_site",),
+         "tune_graph_sizes"),
 )
 
 
