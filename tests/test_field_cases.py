@@ -33,12 +33,16 @@ VERDICTS = {
     "flashinfer_4002_fa2_no_split_exact_grid": [],
     "trtllm_7285_autotuner_fallback_in_capture": [],    # recorded; no rule judges it
     "trtllm_7285_autotuner_tuned_graph_sizes": [],
+    "flashinfer_4390_mla_decode_runner_per_graph": [("MLT006", "warning")],
+    "flashinfer_4390_mla_decode_explicit_backend": [],
 }
 SUBJECTS = {  # the decision a finding names
     "sglang_26019_triton_splits_not_refreshed": "sglang.triton.kv_splits_static",
     "aiter_3773_topk_decode_stride_full_width": "aiter.topk_decode.multi_block=True from "
                                                 "seq_len_max=262144",
     "vllm_36611_flashmla_fp8_sched_meta_outside_graph": "buffer 'tile_scheduler_metadata'",
+    "flashinfer_4390_mla_decode_runner_per_graph": "flashinfer.mla_decode.runner="
+                                                   "TrtllmGenMLARunner from seq_len_max=1",
 }
 
 

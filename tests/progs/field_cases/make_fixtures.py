@@ -52,6 +52,10 @@ CASES = (
     Case("trtllm_7285_autotuner_fallback_in_capture", "trtllm_7285.py", ("trtllm_site",)),
     Case("trtllm_7285_autotuner_tuned_graph_sizes", "trtllm_7285.py", ("trtllm_site",),
          "tune_graph_sizes"),
+    Case("flashinfer_4390_mla_decode_runner_per_graph", "flashinfer_4390.py",
+         ("vllm_site", "flashinfer_site")),
+    Case("flashinfer_4390_mla_decode_explicit_backend", "flashinfer_4390.py",
+         ("vllm_site", "flashinfer_site"), "trtllm_gen"),
 )
 
 

@@ -14,6 +14,7 @@ import os
 
 import torch
 
+from flashinfer.mla._core import trtllm_batch_decode_with_kv_cache_mla  # noqa: F401
 from mlatrace.reference import graph
 
 SMS = 132

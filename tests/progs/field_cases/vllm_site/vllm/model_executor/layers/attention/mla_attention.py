@@ -12,13 +12,14 @@ from typing import Any
 class MLACommonMetadata:
     num_decodes: int
     decode: Any
+    max_seq_len: int = 0
 
 
 class MLACommonMetadataBuilder:
     def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
         m = common_attn_metadata
         decode = self._build_decode(m.block_table_tensor, m.seq_lens, m.max_seq_len)
-        return MLACommonMetadata(m.num_reqs, decode)
+        return MLACommonMetadata(m.num_reqs, decode, m.max_seq_len)
 
 
 class MLACommonImpl:

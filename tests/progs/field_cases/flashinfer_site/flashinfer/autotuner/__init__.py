@@ -1,0 +1,1 @@
+from flashinfer.autotuner.autotuner import AutoTuner, TunableRunner, autotune  # noqa: F401
