@@ -329,6 +329,12 @@ def _kv_splits_lengths_valid(value: Any, inputs: dict) -> dict[str, list] | None
     return None if value is not False or length is None else {"seq_len_max": [length, length]}
 
 
+def _exact_length_valid(value: Any, inputs: dict) -> dict[str, list] | None:
+    """A value built for one length (TensorRT-LLM's T5 relative-position bias) holds there only."""
+    length = _int(inputs, "seq_len_max")
+    return None if length is None else {"seq_len_max": [length, length]}
+
+
 KNOWN: dict[str, KnownDecision] = {
     "vllm.triton_mla.num_kv_splits": KnownDecision(
         "min(next_pow2(max_seq_len // 512), 2 x SMs) (vLLM TRITON_MLA _compute_num_kv_splits)",
@@ -350,6 +356,9 @@ KNOWN: dict[str, KnownDecision] = {
         "get_num_kv_splits writes per-sequence split counts on device from the seq lens it is "
         "given (static_kv_splits: max_kv_splits for every sequence) (SGLang TritonAttnBackend)",
         lambda inputs: None, _kv_splits_lengths_valid),
+    "trtllm.t5.relative_position_bias": KnownDecision(
+        "T5RelativePositionBias.forward(query_length, key_length): the (heads, q, k) bias of the "
+        "lengths given (TensorRT-LLM modeling_t5.py)", lambda inputs: None, _exact_length_valid),
 }
 
 CAP_HEURISTICS: dict[str, str] = {"vllm.flash_attn.max_num_splits": "vllm.flash_attn.num_splits"}

@@ -35,6 +35,8 @@ VERDICTS = {
     "trtllm_7285_autotuner_tuned_graph_sizes": [],
     "flashinfer_4390_mla_decode_runner_per_graph": [("MLT006", "warning")],
     "flashinfer_4390_mla_decode_explicit_backend": [],
+    "trtllm_16706_t5_bias_from_capture": [("MLT006", "error")],
+    "trtllm_16706_t5_bias_rebuilt": [],
 }
 SUBJECTS = {  # the decision a finding names
     "sglang_26019_triton_splits_not_refreshed": "sglang.triton.kv_splits_static",
@@ -43,6 +45,9 @@ SUBJECTS = {  # the decision a finding names
     "vllm_36611_flashmla_fp8_sched_meta_outside_graph": "buffer 'tile_scheduler_metadata'",
     "flashinfer_4390_mla_decode_runner_per_graph": "flashinfer.mla_decode.runner="
                                                    "TrtllmGenMLARunner from seq_len_max=1",
+    "trtllm_16706_t5_bias_from_capture": "trtllm.t5.relative_position_bias=64, which holds for "
+                                         "seq_len_max in [64, 64], but a replay ran at "
+                                         "seq_len_max=37",
 }
 
 

@@ -56,6 +56,8 @@ CASES = (
          ("vllm_site", "flashinfer_site")),
     Case("flashinfer_4390_mla_decode_explicit_backend", "flashinfer_4390.py",
          ("vllm_site", "flashinfer_site"), "trtllm_gen"),
+    Case("trtllm_16706_t5_bias_from_capture", "trtllm_16706.py", ("trtllm_site",)),
+    Case("trtllm_16706_t5_bias_rebuilt", "trtllm_16706.py", ("trtllm_site",), "rebuild"),
 )
 
 
