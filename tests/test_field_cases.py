@@ -144,3 +144,15 @@ def test_trtllm_7285_each_graph_keeps_the_tactic_it_captured():
     assert captured("trtllm_7285_autotuner_fallback_in_capture") == {1: -1, 8: -1}
     tuned = captured("trtllm_7285_autotuner_tuned_graph_sizes")
     assert set(tuned) == {1, 8} and -1 not in tuned.values()
+
+
+def test_aiter_3773_records_the_decode_query_only():
+    def queries(name):
+        return [r for r in _records(FIXTURES / name) if r["k"] == "host.decision"
+                and r["name"] == "aiter.topk_decode.multi_block"]
+
+    # the eager prefill's query (same function, outside top_k_per_row_decode) is not recorded
+    bad = queries("aiter_3773_topk_decode_stride_full_width")
+    assert [(d["value"], d["inputs"], d["capturing"]) for d in bad] == [
+        (True, {"num_reqs": 8, "seq_len_max": 262144}, True)]
+    assert queries("aiter_3773_topk_decode_one_block") == []

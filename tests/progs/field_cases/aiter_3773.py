@@ -1,9 +1,11 @@
 """ROCm/aiter#3773: a DSA decode graph (batch 8) whose indexer logits buffer is allocated at
 max_model_len 262144 wide; the live rows are ~8192 long. Before the fix the decode top-k asks
 topk_use_mulblocks(numRows, stride0=262144) at capture and freezes the multi-block path;
-MLATRACE_CASE_VARIANT=one_block: the fixed decode entry asks nothing."""
+MLATRACE_CASE_VARIANT=one_block: the fixed decode entry asks nothing. An eager prefill step
+asks the same query first: it is no decode graph's decision and is not recorded."""
 
 import torch
+from aiter.ops.topk import top_k_per_row_prefill
 from vllm.compilation.cuda_graph import BatchDescriptor, CUDAGraphMode, CUDAGraphWrapper
 from vllm.forward_context import set_forward_context
 from vllm.v1.attention.backends.mla.rocm_aiter_mla_sparse import ROCMAiterMLASparseMetadataBuilder
@@ -35,6 +37,10 @@ def step(length: int, mode) -> None:
         model(metadata)
 
 
+prefill_logits = torch.randn(16, WIDTH)        # an eager prefill step asks the query too
+top_k_per_row_prefill(prefill_logits, torch.zeros(16, dtype=torch.int32),
+                      torch.full((16,), 4096, dtype=torch.int32), torch.zeros((16, K),
+                      dtype=torch.int32), None, 16, prefill_logits.stride(0), 1, k=K)
 step(1, CUDAGraphMode.FULL)                 # the capture's dummy step
 for n in range(4):
     logits[:, : 8192 + n].normal_()

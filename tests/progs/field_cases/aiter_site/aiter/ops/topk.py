@@ -40,3 +40,11 @@ def top_k_per_row_decode(logits, next_n, seqLens, indices, numRows, stride0, str
             workspace = torch.zeros(16, dtype=torch.uint8)
     return _top_k_per_row_decode(logits, next_n, seqLens, indices, numRows, stride0, stride1, k,
                                  workspace, stable)
+
+
+def top_k_per_row_prefill(logits, rowStarts, rowEnds, indices, values, numRows, stride0, stride1,
+                          k=2048, stable=False):
+    """The prefill entry asks the same query (kept after #3773); eager, not a decode graph's."""
+    if not stable:
+        topk_use_mulblocks(numRows, stride0)
+    graph.launch(_topk_rows, logits, rowEnds - rowStarts, indices, k)
