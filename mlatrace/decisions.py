@@ -40,6 +40,11 @@ Formulas, each from the source named:
   `num_seqs * cdiv(max_seqlen_q, BLOCK_Q)` are at most `seq_threshold_3D` (there
   `128 // num_kv_heads`, snapped to the nearest capture size) and the scratch holds the query
   tokens, else the 2D kernel: one KV split, whatever the KV length (vllm#48076).
+- SGLang's triton backend (sglang 0.5.23 `triton_backend.py` `get_num_kv_splits`): the
+  per-sequence split counts written on device hold for the seq lens they were computed from
+  (valid for that `seq_len_max` only); `static_kv_splits` fills `max_kv_splits`, any length.
+- TensorRT-LLM's T5 relative-position bias (`modeling_t5.py` `T5RelativePositionBias.forward`):
+  built for one (query, key) length, it holds for that length only.
 """
 
 from __future__ import annotations
