@@ -32,6 +32,11 @@ class TritonAttnBackend:
         # on device in SGLang (get_num_kv_splits_triton); a toy count here: 1 per 512 tokens
         num_kv_splits.copy_(torch.clamp((seq_lens + 511) // 512, 1, self.max_kv_splits))
 
+    def init_forward_metadata(self, forward_batch):
+        """The eager path (a batch no graph serves): this step's own split counts."""
+        splits = torch.empty(forward_batch.batch_size, dtype=torch.int32)
+        self.get_num_kv_splits(splits, forward_batch.seq_lens)
+
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
         bs = forward_batch.batch_size
         self.cuda_graph_seq_lens[:bs].copy_(forward_batch.seq_lens)
