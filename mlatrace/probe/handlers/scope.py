@@ -17,8 +17,8 @@ argument of the caller (``init_forward_metadata_out_graph(forward_batch)``, whos
 Without ``options.scope``, a decision made outside any scope records its own inputs only.
 ``options.capturing_only`` records it only while a graph captures: for a decision made per
 shape (TensorRT-LLM's autotuner tactic per op and input shape), whose eager calls between
-replays are other shapes' and must not read as the graph's decision re-made (MLT007). Standard library only, no
-device reads: the scope's fields are the caller's host values.
+replays are other shapes' and must not read as the graph's decision re-made (MLT007).
+Standard library only, no device reads: the scope's fields are the caller's host values.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from mlatrace.probe.handlers import Handler
 _local = threading.local()
 
 
-def _scopes() -> list[dict]:
+def _scopes() -> list[tuple[str | None, dict]]:
     stack = getattr(_local, "scopes", None)
     if stack is None:
         stack = _local.scopes = []
