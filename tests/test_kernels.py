@@ -313,6 +313,46 @@ def test_mlt004_output_readback_and_input_side_hints(tmp_path):
     assert "overlap" in found["tolist"].hint and "output readback" in found["tolist"].message
 
 
+def test_mlt004_a_timing_synchronize_after_a_replay_is_a_wait_not_a_readback(tmp_path):
+    # the reference serve loop's per-step torch.cuda.synchronize(device), on the H200
+    p = SynthProcess(tmp_path, 9, argv=["python", "-m", "mlatrace.reference.serve"])
+    p.emit("graph.capture.begin", gid=1, parent=None, src="torch", key=None, mode=None)
+    p.emit("graph.capture.end", gid=1, segments=1, eager_breaks=0, dur_ns=1)
+    for _ in range(3):
+        p.emit("attn.metadata", backend="x", num_reqs=1, seq_len_min=5, seq_len_max=5,
+               seq_len_sum=5, capturing=False, ptrs={})
+        p.replay(1)
+        p.emit("sync", op="synchronize", capturing=False, gid=None,
+               where="mlatrace/reference/serve.py:216")
+    p.write()
+    [f] = analyze(open_trace(tmp_path)).findings
+    assert f.details["side"] == "wait" and "readback" not in f.message
+    assert "reads nothing back" in f.message and "CUDA events" in f.hint
+    real = GPU / "reference_device_lengths"
+    if real.is_dir():   # the H200 trace: the same site, the same words
+        sites = [f for f in analyze(open_trace(real)).findings if f.id == "MLT004"]
+        assert sites and all(f.details["side"] == "wait" for f in sites)
+        assert all("output readback" not in f.message for f in sites)
+
+
+def test_mlt004_reading_a_graph_output_right_after_its_replay_is_a_readback_in_any_engine(
+        tmp_path):
+    # HF transformers continuous batching: `new_tokens = self.output_ids[...].tolist()` right
+    # after each replay, and no pack records the engine's set-up (no attn.metadata at all)
+    p = SynthProcess(tmp_path, 9, argv=["python", "hf_cb.py"])
+    p.emit("graph.capture.begin", gid=1, parent=None, src="torch", key=None, mode=None)
+    p.emit("graph.capture.end", gid=1, segments=1, eager_breaks=0, dur_ns=1)
+    for _ in range(3):
+        p.replay(1)
+        p.emit("sync", op="tolist", capturing=False, gid=None,
+               where="transformers/generation/continuous_batching/continuous_api.py:812")
+    p.write()
+    [f] = analyze(open_trace(tmp_path)).findings
+    assert f.details["side"] == "output"
+    assert "output readback" in f.message and "whatever the engine" in f.hint
+    assert "overlap" in f.hint
+
+
 # -- the real H200 traces (samples/gpu_backends) keep their verdicts -------------------------
 def _gpu(name: str) -> Path:
     root = GPU / name
