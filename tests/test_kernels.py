@@ -381,6 +381,14 @@ def test_gpu_vllm_own_split_at_one_is_mlt001_carrying_mlt008_with_the_numbers():
     assert 10_000_000 < grid["replay_gpu_ns_max"] < 12_000_000
     assert "MLT008: _fwd_grouped_kernel_stage1 grid (1,1,1) = 1 CTA(s), _fwd_kernel_stage2 " \
            "(1,16,1) = 16 on 132 SMs" in found[0].message
+    # a vLLM kernel seen only through its launch: no doubled gid, no "?" mode, no hint it
+    # does not take, no reference-engine policy names
+    message = found[0].message
+    assert message.startswith("graph gid 1 froze _fwd_grouped_kernel_stage1 at 1 KV split "
+                              "(NUM_KV_SPLITS=1, grid (1,1,1))")
+    for wrong in ("(gid 1", "?", "min_kv_seq_len=None", "legacy", "bucketed"):
+        assert wrong not in message, wrong
+    assert found[0].details["policies_at_replay_len"] is None
     alone = analyze(open_trace(root), config_from_dict({"disable": ["MLT001"]})).findings
     alone = [f for f in alone if f.id != "MLT004"]
     assert [(f.id, f.severity) for f in alone] == [("MLT008", "error")]
