@@ -501,3 +501,18 @@ def test_gpu_pypi_engine_no_pack_knows_has_no_false_mlt008():
     assert all(s["max"] < 1.5 * s["min"] for s in spans)           # flat inside a graph
     assert max(s["max"] for s in spans) > 4 * min(s["min"] for s in spans)   # not across
     assert all(g["largest"] and "sdpa" in g["largest"]["short"] for g in view["graphs"])
+
+
+@pytest.mark.parametrize("name", ["vllm_triton_mla_frozen_one",
+                                  "vllm_triton_mla_frozen_one_nopack"])
+def test_gpu_frozen_vllm_mla_fails_a_default_check_naming_stage1(name, tmp_path):
+    # with the vLLM pack (MLT001 from its decision probe) and without it (only the Triton
+    # launch probe and the graph see the split): exit 1, and the first line sends the user
+    # to the kernel frozen at one CTA
+    root = _gpu(name)
+    out = subprocess.run([sys.executable, "-m", "mlatrace", "check", str(root)],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 1, out.stdout
+    first = out.stdout.splitlines()[0]
+    assert first.split()[1] == "error"
+    assert "_fwd_grouped_kernel_stage1" in first and "(1,1,1)" in first, first
