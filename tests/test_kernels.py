@@ -249,6 +249,31 @@ def test_mlt008_is_evidence_of_mlt001_on_the_same_graph(tmp_path):
     assert [f.id for f in without] == ["MLT008"]
 
 
+def test_merged_into_an_mlt006_warning_the_finding_keeps_mlt008s_error(tmp_path):
+    p = SynthProcess(tmp_path, 8, argv=["python", "engine.py"])
+    p.emit("device", index=0, name="NVIDIA H200", arch="sm_90", sms=132)
+    p.emit("graph.capture.begin", gid=1, parent=None, src="torch", key=None, mode=None, device=0)
+    p.emit("host.decision", name="engine.decode_rows", value=64,
+           inputs={"seq_len_max": 1}, capturing=True, gid=1)
+    p.emit("attn.call", op="decode_attention_fwd", capturing=True, gid=1, hints={}, ptrs={})
+    p.emit("kernel.launch", name="_fwd_grouped_kernel", grid=[1, 1, 1], const={},
+           capturing=True, gid=1)
+    p.emit("graph.capture.end", gid=1, segments=1, eager_breaks=0, dur_ns=1)
+    p.emit("graph.nodes", gid=1, kernels=[attn([1, 1, 1])], dump_ns=1)
+    for i, us in enumerate([30, 30, 120, 900, 2700], start=1):
+        p.emit("attn.metadata", backend="x", num_reqs=1, seq_len_min=25000 * i,
+               seq_len_max=25000 * i, seq_len_sum=1, capturing=False, ptrs={})
+        p.replay(1)
+        p.emit("graph.replay.time", gid=1, n=i, gpu_ns=us * 1000, via="cuda-event")
+    p.write()
+    found = analyze(open_trace(tmp_path)).findings
+    assert [f.id for f in found] == ["MLT006"]
+    assert found[0].severity == "error", "MLT008 alone would be an error: merging keeps it"
+    assert found[0].details["underfilled_grid"]["growth"] == pytest.approx(90.0)
+    alone = analyze(open_trace(tmp_path), config_from_dict({"disable": ["MLT008"]})).findings
+    assert [(f.id, f.severity) for f in alone] == [("MLT006", "warning")]
+
+
 # -- names and the kernel view -------------------------------------------------------------
 def test_short_names():
     assert short_name("_fwd_grouped_kernel_stage1") == "_fwd_grouped_kernel_stage1"
