@@ -29,6 +29,8 @@ VERDICTS = [
     ("samples/gpu_backends/vllm_triton_mla_bucketed", 0, ()),
     ("samples/gpu_backends/vllm_triton_mla_frozen_max", 1, ("MLT006",)),
     ("samples/gpu_backends/vllm_triton_mla_frozen_one", 1, ("MLT001",)),
+    # the same without the vLLM pack: MLT001 from the Triton launch probe, carrying MLT008
+    ("samples/gpu_backends/vllm_triton_mla_frozen_one_nopack", 1, ("MLT001",)),
     ("samples/gpu_backends/vllm_triton_mla_own_bucketed", 0, ()),
     ("samples/gpu_backends/vllm_triton_mla_own_one", 1, ("MLT001",)),
     ("samples/gpu_serve_bucketed_breakable", 0, ()),

@@ -541,3 +541,19 @@ def test_gpu_frozen_vllm_mla_fails_a_default_check_naming_stage1(name, tmp_path)
     first = out.stdout.splitlines()[0]
     assert first.split()[1] == "error"
     assert "_fwd_grouped_kernel_stage1" in first and "(1,1,1)" in first, first
+
+
+def test_gpu_frozen_vllm_mla_without_the_vllm_pack_mlt008_alone_is_an_error():
+    root = _gpu("vllm_triton_mla_frozen_one_nopack")
+    text = "".join(p.read_text() for p in root.glob("p*.jsonl"))
+    assert '"k":"attn.call"' not in text and '"k":"host.decision"' not in text
+    alone = analyze(open_trace(root), config_from_dict({"disable": ["MLT001"]})).findings
+    assert [(f.id, f.severity) for f in alone] == [("MLT008", "error")]
+    f = alone[0]
+    assert f.details["kernel"] == "_fwd_grouped_kernel_stage1" and f.details["grid"] == [1, 1, 1]
+    assert f.details["attention_like"] == "kernel.launch" and f.details["growth"] > 100
+    # the H200's torch 2.11 has no get_graph_data: the record says DOT, and why
+    nodes = [r for p in open_trace(root).processes for r in p.records()
+             if r["k"] == "graph.nodes"]
+    assert [(n["source"], n["source_why"]) for n in nodes] == [
+        ("dot", "this torch has no CUDAGraph.get_graph_data (pytorch#183165)")]
