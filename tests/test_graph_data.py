@@ -201,6 +201,25 @@ def test_lifecycle_hooks_read_nodes_at_instantiate_without_forcing_keep_graph(
     assert graph.data_calls == 1
 
 
+def test_a_graph_captured_again_gets_its_own_nodes_once(tmp_path, monkeypatch, traced_with):
+    # torch keeps a graph's hooks across reset(): the first capture's hook must not write
+    # the second capture's nodes under the first gid
+    name, pack = _graph_module(tmp_path, monkeypatch, grid_dims=True, hooks=True)
+    graph_data.reset()
+    records = traced_with([pack])
+    mod = importlib.import_module(name)
+    graph = mod.Graph()
+    for _ in range(2):
+        graph.capture_begin()
+        graph.capture_end()
+    graph.instantiate()     # a re-instantiation: no third record
+    rows = records()
+    sys.modules.pop(name, None)
+    begins = [r["gid"] for r in rows if r["k"] == "graph.capture.begin"]
+    assert [r["gid"] for r in rows if r["k"] == "graph.nodes"] == begins
+    assert len(graph.hooks) == 2 and len(set(begins)) == 2
+
+
 def test_lifecycle_hooks_with_dot_when_no_grid_dims(tmp_path, monkeypatch, traced_with):
     name, pack = _graph_module(tmp_path, monkeypatch, grid_dims=False, hooks=True)
     [nodes], graph = _capture(traced_with, name, pack)

@@ -31,6 +31,7 @@ import warnings
 from typing import Any
 
 from mlatrace import record, settings
+from mlatrace.probe.handlers import GID_ATTR
 
 TORCH, DOT = "torch", "dot"
 NODES_DONE_ATTR = "_mlatrace_nodes_done"
@@ -168,6 +169,8 @@ def hook_instantiate(graph: Any, gid: int, runtime_fail: Any = None) -> bool:
         return False
 
     def on_instantiate(g: Any) -> None:
+        if getattr(g, GID_ATTR, None) != gid:
+            return   # a hook of an earlier capture of this graph object (reset, captured again)
         try:
             emit_nodes(g, gid, True)
         except Exception as exc:   # never break the program's instantiate()
