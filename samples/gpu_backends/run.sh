@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Re-make the GPU fixtures of samples/gpu_backends/ on a CUDA machine (one device call).
-# Before: python samples/gpu_backends/vendor.py /tmp/src .vendor (from the unzipped wheels);
+# Before: python samples/gpu_backends/vendor.py /tmp/src .vendor (from the unzipped wheels,
+# their *.dist-info too: without vllm's, vLLM's platform detection fails and drive.py exits 1);
 # for the PyPI engine, its wheel in .whl/ (pip download --no-deps gpuopt-runtime==0.1.1).
 # Usage, from the repo root:  OUT=/tmp/out bash samples/gpu_backends/run.sh [quick|extra|nopack]
 # (quick: only the traces of engines no pack knows; extra: only the capture cost and the
