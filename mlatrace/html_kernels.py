@@ -15,19 +15,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlatrace.analysis.kernels import GridRule, attention_like, ctas, device_sms, full_name
+from mlatrace.analysis.kernels import (
+    GridRule,
+    attention_launches,
+    attention_like,
+    ctas,
+    device_sms,
+    full_name,
+)
 
-_BY_NAME = GridRule()  # the page marks attention-like kernels by their default names
-_NONE_LAUNCHED: frozenset[str] = frozenset()
+_BY_NAME = GridRule()  # the page marks attention-like kernels as MLT008 does by default
 UNDERFILLED = _BY_NAME.underfill_fraction   # CTAs below this share of the SMs: mostly idle
 
 
 def kernel_rows(model: Any, unit: dict[str, Any]) -> dict[str, Any] | None:
     """The kernels the unit's graphs froze, with CTAs and CTAs/SMs; None without nodes.
 
-    {"sms": int|None, "sms_from": str, "total": nodes, "shown": [row], "largest": row|None}
+    {"sms": int|None, "sms_from": str, "total": nodes, "shown": [row], "largest": row|None,
+     "smallest": row|None}
     row: {"gid", "name", "short", "grid", "block", "smem", "ctas", "share", "attention",
-    "underfilled"}; `largest` is the attention-like kernel launching the most CTAs.
+    "underfilled"}; `largest` is the attention-like kernel launching the most CTAs (the
+    underfill test reads it), `smallest` the one launching the fewest (named first).
     """
     if model is None:
         return None
@@ -39,10 +47,11 @@ def kernel_rows(model: Any, unit: dict[str, Any]) -> dict[str, Any] | None:
     rows, total = [], 0
     for g in graphs:
         total += g.nodes_total
+        launched = attention_launches(model, g)
         for node in g.nodes:
             name = str(node.get("name", "?"))
             n = ctas(node.get("grid"))
-            attn = attention_like(name, _NONE_LAUNCHED, _BY_NAME) is not None
+            attn = attention_like(name, launched, _BY_NAME) is not None
             share = n / sms if (n is not None and sms) else None
             rows.append({"gid": g.gid, "name": name, "short": full_name(name),
                          "grid": node.get("grid"), "block": node.get("block"),
@@ -53,7 +62,9 @@ def kernel_rows(model: Any, unit: dict[str, Any]) -> dict[str, Any] | None:
         return None
     attn_rows = [r for r in rows if r["attention"] and r["ctas"] is not None]
     largest = max(attn_rows, key=lambda r: r["ctas"]) if attn_rows else None
-    return {"sms": sms, "sms_from": sms_from, "total": total, "shown": rows, "largest": largest}
+    smallest = min(attn_rows, key=lambda r: r["ctas"]) if attn_rows else None
+    return {"sms": sms, "sms_from": sms_from, "total": total, "shown": rows, "largest": largest,
+            "smallest": smallest}
 
 
 def explained_by_pack(model: Any, unit: dict[str, Any]) -> bool:

@@ -304,8 +304,13 @@ def _kernel_view(unit: dict[str, Any], model: Any, mine: list[dict[str, Any]]) -
     largest = view["largest"]
     lead = ""
     if largest is not None and largest["share"] is not None and largest["underfilled"]:
-        lead = (f'<p class="under">{esc(largest["short"])} launches {largest["ctas"]} CTAs on '
-                f'{sms} SMs: the capture froze a parallelism below a quarter of the GPU.</p>')
+        small = view["smallest"] or largest   # the frozen-smallest grid first, as MLT008
+        also = (f' ({esc(largest["short"])}, the largest, {largest["ctas"]})'
+                if small is not largest else "")
+        lead = (f'<p class="under">{esc(small["short"])} launches {small["ctas"]} '
+                f'CTA{"s" if small["ctas"] != 1 else ""} at grid {esc(_grid(small["grid"]))} '
+                f'on {sms} SMs{also}: the capture froze a parallelism below a quarter of the '
+                'GPU.</p>')
     head = ("No engine pack explains this graph: these are the kernels its capture froze"
             if unexplained else "Kernels the capture froze")
     more = (f"<p>... {len(view['shown']) - MAX_KERNELS} more distinct kernels</p>"

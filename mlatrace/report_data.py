@@ -61,6 +61,7 @@
                     "attention": [{"name", "short", "grid": [x, y, z], "ctas": int,
                                    "attention": true, "why": "name"|"attn.call"}],
                     "largest": {...}|null,   # the attention-like kernel with the most CTAs
+                    "smallest": {...}|null,  # ... with the fewest (MLT008 names it first)
                     "replay_gpu_ns": {"timed": int, "min": int|null, "max": int|null}}],
         "grids_differ": [{"kernel": short name,       # attention-like kernels launched with
                           "grids": [{"grid": [x, y, z], "graphs": ["pid:gid"]}]}]

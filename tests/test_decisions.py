@@ -125,8 +125,9 @@ def test_gpu_sglang_device_side_splits_stay_clean_of_decision_rules():
     # no pack-based rule: the split is chosen on device (its own accuracy check, .item()
     # between replays, is MLT004); at batch 1 the grid is capped at max_kv_splits = 16
     # CTAs on 132 SMs and the replays grow with the length: MLT008 (tests/test_kernels.py)
-    assert [f.id for f in found] == ["MLT004", "MLT008"]
-    assert "drive.py" in found[0].message and "item" in found[0].message
+    # (MLT008 is an error there: 45x growth; errors are listed first)
+    assert [f.id for f in found] == ["MLT008", "MLT004"]
+    assert "drive.py" in found[1].message and "item" in found[1].message
 
 
 def test_gpu_traces_have_the_triton_decode_launches():

@@ -71,19 +71,79 @@ def test_one_cta_attention_kernel_with_growing_replays_is_mlt008(tmp_path):
     result = analyze(open_trace(root))
     assert [f.id for f in result.findings] == ["MLT008"]
     f = result.findings[0]
-    assert f.severity == "warning" and f.name == "frozen-underfilled-grid"
+    # 10700 / 95 = 113x >= error_growth_factor (10): an error, so a default check fails
+    assert f.severity == "error" and f.name == "frozen-underfilled-grid"
     d = f.details
-    # the largest attention-like kernel is the combine (16 CTAs), not stage 1: both < 33
-    assert d["ctas"] == 16 and d["sms"] == 132 and d["grid"] == [1, 16, 1]
+    # the trigger reads the largest attention-like kernel (the combine, 16 CTAs < 33); the
+    # finding names the one frozen smallest (stage 1, 1 CTA) first, the combine after it
+    assert d["ctas"] == 1 and d["sms"] == 132 and d["grid"] == [1, 1, 1]
+    assert d["kernel"] == "_fwd_grouped_kernel"
+    assert d["largest"] == {"kernel": "_fwd_kernel_stage2", "grid": [1, 16, 1], "ctas": 16}
+    assert d["other_kernels"] == [{"kernel": "_fwd_kernel_stage2", "grid": [1, 16, 1],
+                                   "ctas": 16}]
     assert d["replay_gpu_ns_min"] == pytest.approx(95_000, rel=0.01)
     assert d["replay_gpu_ns_max"] == pytest.approx(10_700_000, rel=0.01)
-    assert "16 CTAs on 132 SMs" in f.message and "95 us" in f.message and "10.7 ms" in f.message
+    assert f.message.startswith("graph gid 1 froze _fwd_grouped_kernel at grid (1,1,1): 1 CTA "
+                                "on 132 SMs")
+    assert "95 us" in f.message and "10.7 ms" in f.message
+    assert f.message.index("_fwd_grouped_kernel") < f.message.index("_fwd_kernel_stage2 (1,16,1)")
     kinds = {e.kind for e in f.evidence}
     assert {"graph.nodes", "device", "graph.replay.time"} <= kinds
     lines = (root / "p101.jsonl").read_text().splitlines()
     for e in f.evidence:   # every evidence record is where it says
         assert f'"k":"{e.kind}"' in next(x for x in lines if f'"seq":{e.seq},' in x)
     assert f.cost is not None and f.cost["timed"] == 6
+    # one count: the message's timed replays are the cost line's, the first (upload) is
+    # only left out of the range
+    assert d["timed_replays"] == 6
+    assert "its 6 timed replays (the first, which uploads the graph, left out) grew" in f.message
+
+
+def test_severity_error_from_10x_growth_warning_from_4x_configurable(tmp_path):
+    nodes = [attn([1, 1, 1]), attn([1, 16, 1], "_fwd_kernel_stage2")]
+    launches = ("_fwd_grouped_kernel", "_fwd_kernel_stage2")
+    six = write_trace(tmp_path / "6x", nodes, [100, 200, 400, 600], launches=launches)
+    found = analyze(open_trace(six)).findings
+    assert [(f.id, f.severity) for f in found] == [("MLT008", "warning")]
+    assert found[0].details["growth"] == pytest.approx(6.0)
+    ten = write_trace(tmp_path / "10x", nodes, [100, 200, 400, 1000], launches=launches)
+    assert [f.severity for f in analyze(open_trace(ten)).findings] == ["error"]
+    cfg = config_from_dict({"error_growth_factor": 5})
+    assert [f.severity for f in analyze(open_trace(six), cfg).findings] == ["error"]
+    cfg = config_from_dict({"error_growth_factor": 200})
+    assert [f.severity for f in analyze(open_trace(ten), cfg).findings] == ["warning"]
+    with pytest.raises(ConfigError):
+        config_from_dict({"error_growth_factor": 0})
+    # the default check fails on the error, passes (exit 0) on the warning
+    for root, code in ((ten, 1), (six, 0)):
+        out = subprocess.run([sys.executable, "-m", "mlatrace", "check", str(root)],
+                             capture_output=True, text=True)
+        assert out.returncode == code, out.stdout
+        assert out.stdout.startswith("MLT008 ") and "_fwd_grouped_kernel at grid (1,1,1)" \
+            in out.stdout.splitlines()[0]
+
+
+def test_a_kernel_launched_with_a_split_constexpr_is_attention_like(tmp_path):
+    # vLLM's Triton MLA kernels carry no attention word in their names; without an engine
+    # pack (no attn.call) their NUM_KV_SPLITS constexpr says what they are
+    p = SynthProcess(tmp_path, 3, argv=["python", "engine.py"])
+    p.emit("device", index=0, name="NVIDIA H200", arch="sm_90", sms=132)
+    p.emit("graph.capture.begin", gid=1, parent=None, src="torch", key=None, mode=None, device=0)
+    for name, grid in (("_fwd_grouped_kernel_stage1", [1, 1, 1]),
+                       ("_fwd_kernel_stage2", [1, 16, 1])):
+        p.emit("kernel.launch", name=name, grid=grid, const={"NUM_KV_SPLITS": 1, "BLOCK_N": 32},
+               capturing=True, gid=1)
+    p.emit("graph.capture.end", gid=1, segments=1, eager_breaks=0, dur_ns=1)
+    p.emit("graph.nodes", gid=1, kernels=[RMS, attn([1, 1, 1], "_fwd_grouped_kernel_stage1"),
+                                          attn([1, 16, 1], "_fwd_kernel_stage2")], dump_ns=1)
+    for i, us in enumerate([80, 80, 300, 2000, 10000], start=1):
+        p.replay(1)
+        p.emit("graph.replay.time", gid=1, n=i, gpu_ns=us * 1000, via="cuda-event")
+    p.write()
+    found = analyze(open_trace(tmp_path)).findings
+    assert [(f.id, f.severity) for f in found] == [("MLT008", "error")]
+    assert found[0].details["kernel"] == "_fwd_grouped_kernel_stage1"
+    assert found[0].details["attention_like"] == "kernel.launch"
 
 
 def test_attention_like_by_name_without_any_probe(tmp_path):
@@ -189,6 +249,31 @@ def test_mlt008_is_evidence_of_mlt001_on_the_same_graph(tmp_path):
     assert [f.id for f in without] == ["MLT008"]
 
 
+def test_merged_into_an_mlt006_warning_the_finding_keeps_mlt008s_error(tmp_path):
+    p = SynthProcess(tmp_path, 8, argv=["python", "engine.py"])
+    p.emit("device", index=0, name="NVIDIA H200", arch="sm_90", sms=132)
+    p.emit("graph.capture.begin", gid=1, parent=None, src="torch", key=None, mode=None, device=0)
+    p.emit("host.decision", name="engine.decode_rows", value=64,
+           inputs={"seq_len_max": 1}, capturing=True, gid=1)
+    p.emit("attn.call", op="decode_attention_fwd", capturing=True, gid=1, hints={}, ptrs={})
+    p.emit("kernel.launch", name="_fwd_grouped_kernel", grid=[1, 1, 1], const={},
+           capturing=True, gid=1)
+    p.emit("graph.capture.end", gid=1, segments=1, eager_breaks=0, dur_ns=1)
+    p.emit("graph.nodes", gid=1, kernels=[attn([1, 1, 1])], dump_ns=1)
+    for i, us in enumerate([30, 30, 120, 900, 2700], start=1):
+        p.emit("attn.metadata", backend="x", num_reqs=1, seq_len_min=25000 * i,
+               seq_len_max=25000 * i, seq_len_sum=1, capturing=False, ptrs={})
+        p.replay(1)
+        p.emit("graph.replay.time", gid=1, n=i, gpu_ns=us * 1000, via="cuda-event")
+    p.write()
+    found = analyze(open_trace(tmp_path)).findings
+    assert [f.id for f in found] == ["MLT006"]
+    assert found[0].severity == "error", "MLT008 alone would be an error: merging keeps it"
+    assert found[0].details["underfilled_grid"]["growth"] == pytest.approx(90.0)
+    alone = analyze(open_trace(tmp_path), config_from_dict({"disable": ["MLT008"]})).findings
+    assert [(f.id, f.severity) for f in alone] == [("MLT006", "warning")]
+
+
 # -- names and the kernel view -------------------------------------------------------------
 def test_short_names():
     assert short_name("_fwd_grouped_kernel_stage1") == "_fwd_grouped_kernel_stage1"
@@ -253,6 +338,46 @@ def test_mlt004_output_readback_and_input_side_hints(tmp_path):
     assert "overlap" in found["tolist"].hint and "output readback" in found["tolist"].message
 
 
+def test_mlt004_a_timing_synchronize_after_a_replay_is_a_wait_not_a_readback(tmp_path):
+    # the reference serve loop's per-step torch.cuda.synchronize(device), on the H200
+    p = SynthProcess(tmp_path, 9, argv=["python", "-m", "mlatrace.reference.serve"])
+    p.emit("graph.capture.begin", gid=1, parent=None, src="torch", key=None, mode=None)
+    p.emit("graph.capture.end", gid=1, segments=1, eager_breaks=0, dur_ns=1)
+    for _ in range(3):
+        p.emit("attn.metadata", backend="x", num_reqs=1, seq_len_min=5, seq_len_max=5,
+               seq_len_sum=5, capturing=False, ptrs={})
+        p.replay(1)
+        p.emit("sync", op="synchronize", capturing=False, gid=None,
+               where="mlatrace/reference/serve.py:216")
+    p.write()
+    [f] = analyze(open_trace(tmp_path)).findings
+    assert f.details["side"] == "wait" and "readback" not in f.message
+    assert "reads nothing back" in f.message and "CUDA events" in f.hint
+    real = GPU / "reference_device_lengths"
+    if real.is_dir():   # the H200 trace: the same site, the same words
+        sites = [f for f in analyze(open_trace(real)).findings if f.id == "MLT004"]
+        assert sites and all(f.details["side"] == "wait" for f in sites)
+        assert all("output readback" not in f.message for f in sites)
+
+
+def test_mlt004_reading_a_graph_output_right_after_its_replay_is_a_readback_in_any_engine(
+        tmp_path):
+    # HF transformers continuous batching: `new_tokens = self.output_ids[...].tolist()` right
+    # after each replay, and no pack records the engine's set-up (no attn.metadata at all)
+    p = SynthProcess(tmp_path, 9, argv=["python", "hf_cb.py"])
+    p.emit("graph.capture.begin", gid=1, parent=None, src="torch", key=None, mode=None)
+    p.emit("graph.capture.end", gid=1, segments=1, eager_breaks=0, dur_ns=1)
+    for _ in range(3):
+        p.replay(1)
+        p.emit("sync", op="tolist", capturing=False, gid=None,
+               where="transformers/generation/continuous_batching/continuous_api.py:812")
+    p.write()
+    [f] = analyze(open_trace(tmp_path)).findings
+    assert f.details["side"] == "output"
+    assert "output readback" in f.message and "whatever the engine" in f.hint
+    assert "overlap" in f.hint
+
+
 # -- the real H200 traces (samples/gpu_backends) keep their verdicts -------------------------
 def _gpu(name: str) -> Path:
     root = GPU / name
@@ -272,19 +397,30 @@ def test_gpu_vllm_own_split_at_one_is_mlt001_carrying_mlt008_with_the_numbers():
     found = [f for f in analyze(open_trace(root)).findings if f.id != "MLT004"]
     assert [f.id for f in found] == ["MLT001"]
     grid = found[0].details["underfilled_grid"]
-    assert grid["sms"] == 132 and grid["ctas"] == 16 and grid["grid"] == [1, 16, 1]
-    assert grid["other_kernels"] == [{"kernel": "_fwd_grouped_kernel_stage1",
-                                      "grid": [1, 1, 1], "ctas": 1}]
+    assert grid["sms"] == 132 and grid["ctas"] == 1 and grid["grid"] == [1, 1, 1]
+    assert grid["kernel"] == "_fwd_grouped_kernel_stage1"
+    assert grid["other_kernels"] == [{"kernel": "_fwd_kernel_stage2",
+                                      "grid": [1, 16, 1], "ctas": 16}]
     # measured_h200.txt: 85 us at 824 tokens .. 10.77 ms at 100K, 20 replays a length
     assert 70_000 < grid["replay_gpu_ns_min"] < 100_000
     assert 10_000_000 < grid["replay_gpu_ns_max"] < 12_000_000
-    assert "MLT008: _fwd_kernel_stage2 grid (1,16,1) = 16 CTA(s), _fwd_grouped_kernel_stage1 " \
-           "(1,1,1) = 1 on 132 SMs" in found[0].message
+    assert "MLT008: _fwd_grouped_kernel_stage1 grid (1,1,1) = 1 CTA(s), _fwd_kernel_stage2 " \
+           "(1,16,1) = 16 on 132 SMs" in found[0].message
+    # a vLLM kernel seen only through its launch: no doubled gid, no "?" mode, no hint it
+    # does not take, no reference-engine policy names
+    message = found[0].message
+    assert message.startswith("graph gid 1 froze _fwd_grouped_kernel_stage1 at 1 KV split "
+                              "(NUM_KV_SPLITS=1, grid (1,1,1))")
+    for wrong in ("(gid 1", "?", "min_kv_seq_len=None", "legacy", "bucketed"):
+        assert wrong not in message, wrong
+    assert found[0].details["policies_at_replay_len"] is None
     alone = analyze(open_trace(root), config_from_dict({"disable": ["MLT001"]})).findings
     alone = [f for f in alone if f.id != "MLT004"]
-    assert [f.id for f in alone] == ["MLT008"]
+    assert [(f.id, f.severity) for f in alone] == [("MLT008", "error")]
     assert alone[0].details["growth"] > 100 and alone[0].cost["timed"] >= 150
-    assert "16 CTAs on 132 SMs" in alone[0].message
+    assert alone[0].details["timed_replays"] == alone[0].cost["timed"]
+    assert alone[0].message.startswith("graph gid 1 froze _fwd_grouped_kernel_stage1 at grid "
+                                       "(1,1,1): 1 CTA on 132 SMs")
 
 
 def test_gpu_vllm_own_split_per_bucket_is_clean():
@@ -297,6 +433,7 @@ def test_gpu_sglang_cap_at_batch_1_is_mlt008_and_batch_16_clean():
     flagged = [f for f in b1 if f.id == "MLT008"]
     assert len(flagged) == 1 and flagged[0].details["ctas"] == 16
     assert flagged[0].details["grid"] == [1, 1, 16]
+    assert flagged[0].severity == "error"    # 15 us to 677 us: 45x >= 10x
     b16 = analyze(open_trace(_gpu("sglang_triton_device_splits_b16"))).findings
     assert [f.id for f in b16 if f.id != "MLT004"] == []
 
@@ -389,3 +526,34 @@ def test_gpu_pypi_engine_no_pack_knows_has_no_false_mlt008():
     assert all(s["max"] < 1.5 * s["min"] for s in spans)           # flat inside a graph
     assert max(s["max"] for s in spans) > 4 * min(s["min"] for s in spans)   # not across
     assert all(g["largest"] and "sdpa" in g["largest"]["short"] for g in view["graphs"])
+
+
+@pytest.mark.parametrize("name", ["vllm_triton_mla_frozen_one",
+                                  "vllm_triton_mla_frozen_one_nopack"])
+def test_gpu_frozen_vllm_mla_fails_a_default_check_naming_stage1(name, tmp_path):
+    # with the vLLM pack (MLT001 from its decision probe) and without it (only the Triton
+    # launch probe and the graph see the split): exit 1, and the first line sends the user
+    # to the kernel frozen at one CTA
+    root = _gpu(name)
+    out = subprocess.run([sys.executable, "-m", "mlatrace", "check", str(root)],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 1, out.stdout
+    first = out.stdout.splitlines()[0]
+    assert first.split()[1] == "error"
+    assert "_fwd_grouped_kernel_stage1" in first and "(1,1,1)" in first, first
+
+
+def test_gpu_frozen_vllm_mla_without_the_vllm_pack_mlt008_alone_is_an_error():
+    root = _gpu("vllm_triton_mla_frozen_one_nopack")
+    text = "".join(p.read_text() for p in root.glob("p*.jsonl"))
+    assert '"k":"attn.call"' not in text and '"k":"host.decision"' not in text
+    alone = analyze(open_trace(root), config_from_dict({"disable": ["MLT001"]})).findings
+    assert [(f.id, f.severity) for f in alone] == [("MLT008", "error")]
+    f = alone[0]
+    assert f.details["kernel"] == "_fwd_grouped_kernel_stage1" and f.details["grid"] == [1, 1, 1]
+    assert f.details["attention_like"] == "kernel.launch" and f.details["growth"] > 100
+    # the H200's torch 2.11 has no get_graph_data: the record says DOT, and why
+    nodes = [r for p in open_trace(root).processes for r in p.records()
+             if r["k"] == "graph.nodes"]
+    assert [(n["source"], n["source_why"]) for n in nodes] == [
+        ("dot", "this torch has no CUDAGraph.get_graph_data (pytorch#183165)")]

@@ -95,8 +95,11 @@ class ProcessHandlers:
         elif tid in self.replaying:
             pending = self.pending_syncs.setdefault(tid, [])
             if len(pending) < MAX_SYNC_SITES:
+                # after the step's set-up: input; else it follows a replay: a synchronize
+                # reads nothing (a step timer, a barrier: wait), a tensor read reads what
+                # the graph wrote (output), whether or not the engine's set-up is probed
                 side = ("input" if tid in self.md_since_replay else
-                        "output" if tid in self.metadata else "unknown")
+                        "wait" if op == "synchronize" else "output")
                 pending.append((rec, side))
 
     def _flush_syncs(self, tid: Any) -> None:

@@ -16,6 +16,7 @@ Keys (all optional):
                                # attention, launches); see analysis/coverage.py
     underfill_fraction = 0.25  # MLT008: largest attention-like kernel < this x SMs CTAs
     growth_factor = 4          # MLT008: ... while the slowest timed replay >= this x fastest
+    error_growth_factor = 10   # MLT008: an error (not a warning) from this growth on
     min_timed_replays = 3      # MLT008: fewer timed replays say nothing about growth
     attention_names = ["attn", "attention", "mla", "fmha", "flash", "splitkv", "paged",
                        "decode"]   # MLT008: case-insensitive substrings of attention-like
@@ -131,7 +132,7 @@ def _check_allow(entries: list[dict], source: str | None) -> None:
 
 _INT_KEYS = ("long_len_factor", "default_block_n", "far_factor", "far_min_len")
 _KNOWN_KEYS = (*_INT_KEYS, "fail_on", "disable", "allow", "expect", "underfill_fraction",
-               "growth_factor", "min_timed_replays", "attention_names")
+               "growth_factor", "error_growth_factor", "min_timed_replays", "attention_names")
 
 
 def config_from_dict(table: dict, source: str | None = None) -> Config:
@@ -171,7 +172,7 @@ def config_from_dict(table: dict, source: str | None = None) -> Config:
                 except ExpectError as exc:
                     raise ConfigError(f"{source}: {exc}") from None
             cfg.expect = list(value)
-        elif key in ("underfill_fraction", "growth_factor"):
+        elif key in ("underfill_fraction", "growth_factor", "error_growth_factor"):
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0 \
                     or (key == "underfill_fraction" and value > 1):
                 raise ConfigError(f"{source}: {key} must be a positive number"

@@ -17,9 +17,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from mlatrace.analysis.findings import Evidence, Finding, make_finding
+from mlatrace.analysis.findings import SEVERITY_ORDER, Evidence, Finding, make_finding
 from mlatrace.analysis.model import GraphModel, Ref, TraceModel
-from mlatrace.kinds import ATTN_CALL, ATTN_METADATA, DEVICE, GRAPH_NODES
+from mlatrace.kinds import ATTN_CALL, ATTN_METADATA, DEVICE, GRAPH_NODES, KERNEL_LAUNCH
 
 ATTENTION_NAMES = ("attn", "attention", "mla", "fmha", "flash", "splitkv", "paged", "decode")
 
@@ -31,6 +31,9 @@ class GridRule:
     underfill_fraction: the largest attention-like kernel launches fewer CTAs than this
       fraction of the device's SMs (0.25: a quarter);
     growth_factor: the slowest timed replay is at least this many times the fastest;
+    error_growth_factor: from this growth on the finding is an error, not a warning (a
+      graph whose replays grew 10x is a broken deployment, not a tuning hint: the default
+      `check`, which fails on errors, must fail on it);
     min_timed_replays: fewer timed replays than this say nothing about growth;
     attention_names: case-insensitive substrings of a kernel's name (besides kernels the
       trace saw launched inside a probed attention call of the capture).
@@ -38,6 +41,7 @@ class GridRule:
 
     underfill_fraction: float = 0.25
     growth_factor: float = 4.0
+    error_growth_factor: float = 10.0
     min_timed_replays: int = 3
     attention_names: tuple[str, ...] = ATTENTION_NAMES
 
@@ -164,37 +168,46 @@ class KernelNode:
     grid: tuple[int, int, int]
     ctas: int
     attention: bool          # attention-like (see GridRule / attention_like)
-    why: str                 # "name" (matches GridRule.attention_names) or "attn.call"
+    why: str                 # "name" (GridRule.attention_names), "attn.call", "kernel.launch"
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "short": self.short, "grid": list(self.grid),
                 "ctas": self.ctas, "attention": self.attention, "why": self.why}
 
 
-def _attention_launches(model: TraceModel, graph: GraphModel) -> set[str]:
-    """Kernels the launch probes recorded inside this capture after one of its probed
-    attention calls on the way (the kernels an attention call launched)."""
+def attention_launches(model: TraceModel, graph: GraphModel) -> dict[str, str]:
+    """Kernels the launch probes recorded inside this capture that are attention by what
+    the trace saw: {name: why}. "attn.call": launched after one of the capture's probed
+    attention calls; "kernel.launch": launched with a KV-split constexpr (NUM_KV_SPLITS),
+    which only a split-KV attention kernel has (vLLM's Triton MLA stage 1 and its combine,
+    whatever their names)."""
     calls = [c.ref.seq for g in model.ancestors(graph) for c in g.calls]
-    if not calls:
-        return set()
-    first = min(calls)
-    return {la.name for g in model.subtree(graph) for la in g.launches
-            if la.ref.seq > first}
+    first = min(calls) if calls else None
+    out: dict[str, str] = {}
+    for g in model.subtree(graph):
+        for la in g.launches:
+            if first is not None and la.ref.seq > first:
+                out[la.name] = ATTN_CALL
+            elif la.num_kv_splits is not None:
+                out.setdefault(la.name, KERNEL_LAUNCH)
+    return out
 
 
-def attention_like(name: str, launched: set[str], rule: GridRule) -> str | None:
-    """Why a kernel counts as attention-like ("name" / "attn.call"), or None."""
+def attention_like(name: str, launched: Any, rule: GridRule) -> str | None:
+    """Why a kernel counts as attention-like ("name", "attn.call" or "kernel.launch"), or
+    None; `launched` is attention_launches' map (a plain set counts as "attn.call")."""
     lowered = name.lower()
     if any(word.lower() in lowered for word in rule.attention_names):
         return "name"
-    if name in launched or short_name(name, keep=1) in launched:
-        return ATTN_CALL
+    for key in (name, short_name(name, keep=1)):
+        if key in launched:
+            return launched[key] if isinstance(launched, dict) else ATTN_CALL
     return None
 
 
 def graph_kernels(model: TraceModel, graph: GraphModel, rule: GridRule) -> list[KernelNode]:
     """The graph's distinct kernel nodes (name, grid), attention-like ones marked."""
-    launched = _attention_launches(model, graph)
+    launched = attention_launches(model, graph)
     out = []
     for node in graph.nodes:
         name, grid = str(node.get("name")), node.get("grid")
@@ -217,15 +230,35 @@ def largest_attention(kernels: list[KernelNode]) -> KernelNode | None:
     return best
 
 
+def smallest_attention(kernels: list[KernelNode]) -> KernelNode | None:
+    """The attention-like kernel launching the fewest CTAs: the grid the capture froze
+    smallest (vLLM's Triton MLA stage 1 at one split: 1 CTA, beside its 16-CTA combine),
+    the kernel MLT008 names first; ties go to the first node."""
+    best = None
+    for k in kernels:
+        if k.attention and (best is None or k.ctas < best.ctas):
+            best = k
+    return best
+
+
 @dataclass(frozen=True)
 class ReplayRange:
-    """The fastest and slowest timed replays of a graph (ns, as the histogram keeps them)."""
+    """The fastest and slowest timed replays of a graph (ns, as the histogram keeps them).
+
+    `timed` counts every timed replay of the graph (the figure the cost line gives);
+    `first_left_out` says the range leaves the first of them out (it uploads the graph)."""
 
     timed: int
     fastest: int | None
     slowest: int | None
     fastest_ref: Ref | None = None
     slowest_ref: Ref | None = None
+    first_left_out: bool = False
+
+    @property
+    def ranged(self) -> int:
+        """Timed replays the range is taken over."""
+        return self.timed - self.first_left_out
 
     @property
     def growth(self) -> float | None:
@@ -239,18 +272,23 @@ def replay_range(graph: GraphModel) -> ReplayRange:
     replay it was (its time holds the graph's upload, not the work)."""
     stats = graph.replays
     by_n = stats.gpu_by_n
+    first_out = False
     if by_n:
         most = max(count for _ns, count in by_n.values())
         values = [ns for n, (ns, count) in by_n.items() if count == most and n != 1]
+        first_out = any(n == 1 and count == most and ns > 0
+                        for n, (ns, count) in by_n.items())
         if not values:
             values = [ns for ns, count in by_n.values() if count == most]
+            first_out = False
     else:
         values = [value for value, count in stats.gpu_hist.items() for _ in range(count)]
     values = [v for v in values if v > 0]
     if not values:
         return ReplayRange(0, None, None)
     lo_ref, hi_ref = stats.gpu_fastest_ref, stats.gpu_slowest_ref
-    return ReplayRange(len(values), min(values), max(values), lo_ref, hi_ref)
+    return ReplayRange(len(values) + first_out, min(values), max(values), lo_ref, hi_ref,
+                       first_out)
 
 
 def timed_graph(model: TraceModel, graph: GraphModel) -> GraphModel | None:
@@ -283,8 +321,11 @@ def kernel_view(model: TraceModel, rule: GridRule) -> dict[str, Any]:
             "key": model.effective_key(graph), "nodes": graph.nodes_total,
             "sms": device["sms"] if device else None,
             "device": device["name"] if device else None,
-            "attention": [k.to_dict() for k in kernels if k.attention],
+            # smallest grid first: the kernel a frozen split starves (as MLT008 names it)
+            "attention": [k.to_dict() for k in sorted(
+                (k for k in kernels if k.attention), key=lambda k: k.ctas)],
             "largest": (largest.to_dict() if (largest := largest_attention(kernels)) else None),
+            "smallest": (small.to_dict() if (small := smallest_attention(kernels)) else None),
             "replay_gpu_ns": {"timed": span.timed, "min": span.fastest, "max": span.slowest},
         })
     return {"graphs": graphs, "grids_differ": grids_differ(
@@ -310,7 +351,11 @@ def grids_differ(graphs: list[tuple[str, dict]]) -> list[dict[str, Any]]:
 # -- MLT008 frozen-underfilled-grid --------------------------------------------------
 def underfilled_grid(model: TraceModel, rule: GridRule) -> list[Finding]:
     """A graph whose largest attention-like kernel launches < underfill_fraction x SMs
-    CTAs while its timed replays grew growth_factor x or more (see docs)."""
+    CTAs while its timed replays grew growth_factor x or more (see docs).
+
+    The trigger reads the largest kernel (a small combine beside a split-KV kernel that
+    fills the GPU is healthy); the message names the smallest first (the frozen one), and
+    the finding is an error once the replays grew error_growth_factor x."""
     findings = []
     for graph in model.graphs.values():
         if not graph.nodes:
@@ -327,12 +372,23 @@ def underfilled_grid(model: TraceModel, rule: GridRule) -> list[Finding]:
         if timed is None:
             continue
         span = replay_range(timed)
-        if span.timed < rule.min_timed_replays or span.growth is None \
+        if span.ranged < rule.min_timed_replays or span.growth is None \
                 or span.growth < rule.growth_factor:
             continue
-        others = [k for k in kernels if k.attention and k is not largest]
-        findings.append(_finding(model, graph, timed, largest, device, span, rule, others))
+        frozen = smallest_attention(kernels) or largest
+        others = sorted((k for k in kernels if k.attention and k is not frozen),
+                        key=lambda k: k.ctas)
+        findings.append(_finding(model, graph, timed, frozen, device, span, rule, others,
+                                 largest))
     return findings
+
+
+def severity(span: ReplayRange, frozen: KernelNode, sms: int, rule: GridRule) -> str:
+    """error when the frozen (smallest) grid is under the underfill fraction of the SMs
+    and the replays grew error_growth_factor x or more; else warning."""
+    under = frozen.ctas < rule.underfill_fraction * sms
+    grown = span.growth is not None and span.growth >= rule.error_growth_factor
+    return "error" if under and grown else "warning"
 
 
 def _ns(ns: int | None) -> str:
@@ -349,14 +405,15 @@ def _grid_text(grid: tuple) -> str:
 
 def _finding(model: TraceModel, graph: GraphModel, timed: GraphModel, k: KernelNode,
              device: dict, span: ReplayRange, rule: GridRule,
-             others: list[KernelNode]) -> Finding:
+             others: list[KernelNode], largest: KernelNode) -> Finding:
     sms = device["sms"]
     key = model.effective_key(graph)
     where = f"graph {key} (gid {graph.gid})" if key is not None else f"graph gid {graph.gid}"
+    first = " (the first, which uploads the graph, left out)" if span.first_left_out else ""
     message = (f"{where} froze {k.short} at grid {_grid_text(k.grid)}: {k.ctas} "
                f"CTA{'s' if k.ctas != 1 else ''} on {sms} SMs (< {rule.underfill_fraction:g} "
                f"x SMs = {rule.underfill_fraction * sms:g}), while its {span.timed} timed "
-               f"replays grew {span.growth:.1f}x, from {_ns(span.fastest)} to "
+               f"replays{first} grew {span.growth:.1f}x, from {_ns(span.fastest)} to "
                f"{_ns(span.slowest)}: the capture froze a parallelism that does not grow "
                "with the work")
     if others:
@@ -391,10 +448,12 @@ def _finding(model: TraceModel, graph: GraphModel, timed: GraphModel, k: KernelN
                                  f"{stats.seq_len_max}"))
     return make_finding(
         "MLT008", message, hint, evidence, pid=graph.pid, rank=model.rank_of(graph.pid),
-        gid=graph.gid, details={
+        gid=graph.gid, severity=severity(span, k, sms, rule), details={
             "key": key, "captured_gid": graph.gid, "op": k.short, "kernel": k.name,
             "grid": list(k.grid), "ctas": k.ctas, "sms": sms, "device": device.get("name"),
             "attention_like": k.why, "timed_replays": span.timed,
+            "largest": {"kernel": largest.name, "grid": list(largest.grid),
+                        "ctas": largest.ctas},
             "other_kernels": [{"kernel": o.name, "grid": list(o.grid), "ctas": o.ctas}
                               for o in others],
             "replay_gpu_ns_min": span.fastest, "replay_gpu_ns_max": span.slowest,
@@ -426,6 +485,8 @@ def merge_into_explaining(model: TraceModel, findings: list[Finding]) -> list[Fi
             out.append(f)
             continue
         d = f.details
+        if SEVERITY_ORDER[f.severity] > SEVERITY_ORDER.get(host.severity, 0):
+            host.severity = f.severity   # merging never lowers what MLT008 alone would say
         host.details["underfilled_grid"] = {k: d[k] for k in (
             "kernel", "grid", "ctas", "sms", "timed_replays", "replay_gpu_ns_min",
             "replay_gpu_ns_max", "growth")}

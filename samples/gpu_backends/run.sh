@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Re-make the GPU fixtures of samples/gpu_backends/ on a CUDA machine (one device call).
-# Before: python samples/gpu_backends/vendor.py /tmp/src .vendor (from the unzipped wheels);
+# Before: python samples/gpu_backends/vendor.py /tmp/src .vendor (from the unzipped wheels,
+# their *.dist-info too: without vllm's, vLLM's platform detection fails and drive.py exits 1);
 # for the PyPI engine, its wheel in .whl/ (pip download --no-deps gpuopt-runtime==0.1.1).
-# Usage, from the repo root:  OUT=/tmp/out bash samples/gpu_backends/run.sh [quick|extra]
+# Usage, from the repo root:  OUT=/tmp/out bash samples/gpu_backends/run.sh [quick|extra|nopack]
 # (quick: only the traces of engines no pack knows; extra: only the capture cost and the
-# PyPI engine)
+# PyPI engine; nopack: only the frozen vLLM trace without the vLLM pack, the graph.nodes
+# sources on one capture and the GPU tests of both)
 # Writes $OUT/traces.tgz (re-packed after each trace, so a run cut short keeps what it
 # made) and $OUT/capture_cost.jsonl; the log is what it prints.
 set -u -o pipefail
@@ -24,8 +26,9 @@ report() {
 trace() {  # name vendor-dir driver-args...
   local name=$1 vendor=$2; shift 2
   echo "=== $name ($(date +%T))"
+  # RUN_OPTS: more `mlatrace run` options (e.g. --no-pack NAME)
   PYTHONPATH=$PWD:$MLATRACE_VENDOR/$vendor:$here timeout 90 python3 -m mlatrace run \
-    --out "$R/$name" --replay-sample 4 "${timing[@]}" --probes "$here/steps.toml" -- \
+    --out "$R/$name" --replay-sample 4 "${timing[@]}" ${RUN_OPTS:-} --probes "$here/steps.toml" -- \
     python3 "$here/drive.py" "$@"
   echo "=== $name rc=$?"
   report "$name"
@@ -41,6 +44,17 @@ serve() {  # name serve-args...
 nvidia-smi --query-gpu=name,driver_version --format=csv
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"
 stage=${1:-all}
+nopack() {  # the frozen trace without the vLLM pack: the Triton launch probe and the graph
+  RUN_OPTS="--no-pack vllm_triton_mla" trace vllm_triton_mla_frozen_one_nopack vllm vllm \
+    --capture one --decide own
+  echo "=== graph.nodes sources ($(date +%T))"
+  PYTHONPATH=$PWD python3 "$here/graph_sources.py" --json "$OUT/graph_sources.json"
+  echo "=== gpu tests ($(date +%T))"
+  PYTHONPATH=$PWD python3 -m pytest -q -rs -p no:cacheprovider -m gpu \
+    tests/test_graph_data_gpu.py tests/test_probe_gpu.py 2>&1 | tail -15
+  pack
+}
+if [ "$stage" = nopack ]; then nopack; exit 0; fi
 if [ "$stage" != extra ]; then
 # engines no pack knows: the split from the driver's own host code, no decision probe
 trace vllm_triton_mla_own_one vllm vllm --capture one --decide own
@@ -55,6 +69,7 @@ serve reference_device_lengths --policy device --lengths 1024,8192,32768,100000 
 trace vllm_triton_mla_frozen_one vllm vllm --capture one
 trace vllm_triton_mla_frozen_max vllm vllm --capture max
 trace vllm_triton_mla_bucketed vllm vllm --capture bucket
+nopack
 fi
 # what recording kernel nodes costs per capture (70 captures of 600 nodes, as a vLLM start-up)
 echo "=== capture cost ($(date +%T))"

@@ -94,11 +94,13 @@ def host_sync_in_decode(model: TraceModel, config: Config) -> list[Finding]:
         side = site.side
         what = {"input": "before a replay, after the step's set-up (an input-side sync)",
                 "output": "right after a replay, before the next step's set-up (an output "
-                          "readback of the step's results)",
+                          "readback: it reads what the graph wrote, e.g. the sampled tokens)",
+                "wait": "right after a replay, before the next step's set-up (a device-wide "
+                        "wait that reads nothing back: a step timer or a barrier)",
                 }.get(side, "between graph replays")
         message = (f"{site.count} host sync(s) {op} {what} on the decode step path"
                    + (f" at {_where(site.where)}" if site.where else ""))
-        hint = {"input": fix, "output": _FIX_READBACK}.get(side, _FIX_EITHER)
+        hint = {"input": fix, "output": _FIX_READBACK, "wait": _FIX_WAIT}.get(side, _FIX_EITHER)
         findings.append(make_finding(
             "MLT004", message, hint, ev(site.ref, f"{op} after replays began ({side})"),
             pid=pid, rank=model.rank_of(pid), gid=None,
@@ -107,11 +109,16 @@ def host_sync_in_decode(model: TraceModel, config: Config) -> list[Finding]:
     return findings
 
 
-_FIX_READBACK = ("this reads the step's results back (the sampled tokens) right after its "
-                 "replay, so the host waits for the GPU every step: overlap it (async "
+_FIX_READBACK = ("this reads the step's results back (a graph's output buffer, e.g. the "
+                 "sampled tokens) right after its replay, whatever the engine, so the host "
+                 "waits for the GPU every step: overlap it (async "
                  "scheduling that prepares step N+1 while step N runs, a non_blocking copy "
                  "into pinned memory on a side stream with an event queried later); host "
                  "copies of the inputs would not remove it")
+_FIX_WAIT = ("a synchronize every step drains the GPU's queue, so the host cannot prepare the "
+             "next step while this one runs: time steps with CUDA events recorded around them "
+             "and read after the loop (Event.query, elapsed_time), and drop the barrier; if a "
+             "read of the results follows it, that read is the readback to overlap")
 _FIX_EITHER = ("if it reads the step's inputs (sequence lengths, block tables), use the host "
                "copies the engine already has or decide on device; if it reads the step's "
                "results (sampled tokens), overlap the readback (async scheduling, a copy on a "

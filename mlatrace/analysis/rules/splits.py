@@ -24,6 +24,17 @@ from mlatrace.tables import plural
 
 
 # -- MLT001 frozen-one-split ---------------------------------------------------------
+def graph_label(model: TraceModel, graph: GraphModel, replayed: GraphModel) -> str:
+    """`graph KEY (gid N, MODE)`; without a key `graph gid N (MODE)`; no mode, no "?"."""
+    key = model.effective_key(graph)
+    mode = model.effective_mode(graph)
+    inner = [] if key is None else [f"gid {replayed.gid}"]
+    if mode:
+        inner.append(str(mode))
+    head = f"graph {key}" if key is not None else f"graph gid {replayed.gid}"
+    return head + (f" ({', '.join(inner)})" if inner else "")
+
+
 def frozen_one_split(model: TraceModel, config: Config) -> list[Finding]:
     """One KV split captured inside graph G, and G replayed at long KV lengths."""
     findings = []
@@ -94,28 +105,40 @@ def frozen_one_split(model: TraceModel, config: Config) -> list[Finding]:
             continue
         op = decision.op if decision else (decided.name if decided else
                                            (launch.name if launch else None))
-        key = key_text(model, graph)
         count = rg.replays.count
         at_replay = decision_at_replay(decided, rg) if decided is not None else {}
+        label = graph_label(model, graph, rg)
+        long_text = (f"(>= {config.long_len_factor * block_n} = {config.long_len_factor} x "
+                     f"BLOCK_N {block_n})")
+        # the reference engine's policies (AITER's host-hint formula and the seed's buckets)
+        # say what an AITER-style kernel would pick: only for a split that policy decides
+        # (a kernel.split record, or the min_kv_seq_len hint it takes), never for another
+        # engine's kernel whose split only a launch's constexpr shows
+        aiter_style = decision is not None or hint is not None
         if decided is not None:
             captured = inputs_text(decided.inputs) or "no inputs recorded"
             would = (f"; {known.known(decided.name).formula} gives {at_replay.get('hi')} at the "
                      "longest replay" if at_replay.get("hi") else "")
-            message = (f"graph {key} (gid {rg.gid}, {model.effective_mode(graph) or '?'}) froze "
-                       f"{decided.name} at 1 ({captured}) and was replayed {plural(count, 'time')} up to "
-                       f"seq_len {longest} (>= {config.long_len_factor * block_n} = "
-                       f"{config.long_len_factor} x BLOCK_N {block_n}){would}")
+            message = (f"{label} froze {decided.name} at 1 ({captured}) and was replayed "
+                       f"{plural(count, 'time')} up to seq_len {longest} {long_text}{would}")
+        elif aiter_style:
+            message = (f"{label} froze {op or 'the split-KV decode'} at 1 KV split (host hint "
+                       f"min_kv_seq_len={hint}) and was replayed {plural(count, 'time')} up to "
+                       f"seq_len {longest} {long_text}; given the real min_kv_seq_len {real_min} "
+                       f"the legacy policy would pick {legacy} splits, bucketed {bucketed}")
         else:
-            message = (f"graph {key} (gid {rg.gid}, {model.effective_mode(graph) or '?'}) froze "
-                       f"{op or 'the split-KV decode'} at 1 KV split (host hint min_kv_seq_len={hint}) "
-                       f"and was replayed {plural(count, 'time')} up to seq_len {longest} "
-                       f"(>= {config.long_len_factor * block_n} = {config.long_len_factor} x BLOCK_N {block_n}); "
-                       f"given the real min_kv_seq_len {real_min} the legacy policy would pick "
-                       f"{legacy} splits, bucketed {bucketed}")
+            grid = (f", grid {'(' + ','.join(map(str, launch.grid)) + ')'}"
+                    if launch is not None and launch.grid else "")
+            tiles = -(-longest // block_n)
+            message = (f"{label} froze {op or 'the split-KV decode'} at 1 KV split "
+                       f"(NUM_KV_SPLITS=1{grid}) and was replayed {plural(count, 'time')} up to "
+                       f"seq_len {longest} {long_text}: each of its CTAs walks all {tiles} KV "
+                       f"tiles of the longest replay alone")
         fix = ("pass a representative capture hint (e.g. min_kv_seq_len=16384), pick the split on "
                "device from the runtime length, or run the split-deciding call eagerly between "
                "graph segments / capture one graph per length bucket")
-        evidence = one_split_refs[:3] + ev(hint_ref, f"host hint min_kv_seq_len={hint}")
+        evidence = one_split_refs[:3] + (ev(hint_ref, f"host hint min_kv_seq_len={hint}")
+                                         if hint is not None else [])
         evidence += ev(graph.begin, f"capture of gid {graph.gid} begins")
         evidence += replay_evidence(rg)
         findings.append(make_finding(
@@ -126,7 +149,8 @@ def frozen_one_split(model: TraceModel, config: Config) -> list[Finding]:
                 "replays": count, "replay_seq_len_max": longest,
                 "threshold": config.long_len_factor * block_n,
                 "replay_min_kv_seq_len": real_min,
-                "policies_at_replay_len": {"legacy": legacy, "bucketed": bucketed},
+                "policies_at_replay_len": ({"legacy": legacy, "bucketed": bucketed}
+                                           if aiter_style else None),
                 "decision": decided.name if decided else None,
                 "decision_at_replay": at_replay or None}))
     return findings

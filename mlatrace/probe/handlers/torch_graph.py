@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
-import time
-import warnings
 from typing import Any
 
-from mlatrace import record, settings
-from mlatrace.probe import graphs, replay_timing, sampling
+from mlatrace import record
+from mlatrace.probe import graph_data, graphs, replay_timing, sampling
 from mlatrace.probe.handlers import (
     GID_ATTR,
     T0_ATTR,
@@ -43,6 +39,9 @@ class GraphCaptureBegin(Handler):
         gid, t0 = open_capture(self.src, key=None, mode=None)
         setattr(graph, GID_ATTR, gid)
         setattr(graph, T0_ATTR, t0)
+        if self.options.get("graph_nodes") and getattr(graph, USER_KEEP_ATTR, None) is None \
+                and _graph_nodes_enabled():
+            graph_data.hook_instantiate(graph, gid)   # torch with lifecycle hooks (#187749)
 
 
 class GraphCaptureEnd(Handler):
@@ -64,48 +63,18 @@ class GraphCaptureEnd(Handler):
 
 
 def dump_graph_nodes(graph: Any, gid: int, user_keep: bool) -> None:
-    """Write the graph's DOT dump, emit graph.nodes, then restore the user's keep_graph.
+    """Emit graph.nodes after capture_end (torch without lifecycle hooks), then restore the
+    user's keep_graph.
 
-    The graph was built with keep_graph=True so that its template survives capture
-    (torch writes nothing otherwise). A user who asked for keep_graph=False gets
-    the instantiation capture_end would have done, right here, so replay behaves
-    as before; the template stays alive (host memory, freed with the graph).
+    The graph was built with keep_graph=True so that its template survives capture. A user
+    who asked for keep_graph=False gets the instantiation capture_end would have done, here,
+    so replay behaves as before (and get_graph_data, which needs it, can be read); a user's
+    keep_graph=True graph is left to instantiate when they choose (DOT is read then). The
+    template stays alive (host memory, freed with the graph). See mlatrace.probe.graph_data.
     """
-    from mlatrace.probe.graph_nodes import parse_dot
-
-    t0 = time.perf_counter_ns()
-    kernels: list[dict] | None = None
-    error = None
-    fd, path = tempfile.mkstemp(prefix=f"mlatrace-g{gid}-", suffix=".dot")
-    os.close(fd)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")   # torch warns "DEBUG: calling debug_dump()"
-            graph.debug_dump(path)
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            text = handle.read()
-        kernels = parse_dot(text) if text else []
-        if not text:
-            error = "empty debug dump"
-        keep_dir = settings.current().keep_dot
-        if keep_dir and text:
-            os.makedirs(keep_dir, exist_ok=True)
-            with open(os.path.join(keep_dir, f"p{os.getpid()}-g{gid}.dot"), "w") as out:
-                out.write(text)
-    except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"[:200]
-    finally:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
     if not user_keep:
         graph.instantiate()
-    fields: dict[str, Any] = {"gid": gid, "kernels": kernels or [],
-                              "dump_ns": time.perf_counter_ns() - t0}
-    if error:
-        fields["error"] = error
-    record.emit("graph.nodes", **fields)
+    graph_data.emit_nodes(graph, gid, instantiated=not user_keep)
 
 
 class GraphReplay(Handler):
@@ -251,6 +220,9 @@ class TorchGraphKeep(Handler):
         cls = info.owner
         if not (_graph_nodes_enabled() and self.options.get("graph_nodes", True)):
             return info.raw
+        if graph_data.has_instantiate_hook(cls):
+            return info.raw   # nodes read from torch's post-instantiate hook: no keep_graph
+
         if "__init__" in cls.__dict__:
             raise RuntimeError(f"{cls.__qualname__} defines __init__ itself; node dump off")
         base_init = cls.__mro__[1].__init__
