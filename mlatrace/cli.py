@@ -310,7 +310,8 @@ def check(trace: tuple[str, ...], fail_on: str | None, rules: tuple[str, ...],
 @click.option("-o", "--out", "out", required=True, type=click.Path(file_okay=False),
               help="The directory to write (must not exist or be empty).")
 @click.option("--run", "run_id", default=None,
-              help="Of several runs under DIRS, this run_id (default: the newest).")
+              help="The run_id to copy; required when DIRS hold several runs (merge "
+                   "never picks one of them for you).")
 def merge(dirs: tuple[str, ...], out: str, run_id: str | None) -> None:
     """Copy one run's trace directories (one per host) into one directory, for archiving."""
     from mlatrace.trace import merge as merge_mod

@@ -141,6 +141,27 @@ def _unknown_packs(names: list[str], probes: list[str]) -> str | None:
     return None
 
 
+def pack_problems(probes: list[str]) -> list[str]:
+    """One line per --probes pack that will not install in the traced processes (it does
+    not load, a handler does not import, or its `versions` exclude the installed library):
+    said at start-up, not only by `report` and `check` once the run is over."""
+    from mlatrace.probe.packs import load_pack, version_problem
+
+    lines = []
+    for path in probes:
+        try:
+            pack = load_pack(path)
+        except Exception as exc:  # PackError ('file:line: reason') or anything unforeseen
+            why = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+            lines.append(f"--probes {path} does not load: {why}")
+            continue
+        why = version_problem(pack) or next(
+            (p.handler_error for p in pack.probes if getattr(p, "handler_error", None)), None)
+        if why:
+            lines.append(f"--probes {path} ({pack.name}) will not install: {why}")
+    return lines
+
+
 def _unusable_out_dir(out_dir: Path) -> str | None:
     """Create OUT and prove it takes files; None when usable, else why not (one line)."""
     if out_dir.exists() and not out_dir.is_dir():
@@ -238,6 +259,9 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
                     "graph_nodes": graph_nodes, "otlp": otlp, "replay_timing": replay_timing,
                     "step_aside": step_aside, "fold": fold, "max_mb": max_mb},
     }
+    for line in pack_problems(list(probes or [])):
+        print(f"mlatrace run: {line}; the command runs without it (report and check "
+              "will say BLIND)", file=sys.stderr)
     if max_mb == 0:
         print("mlatrace run: --max-mb 0: every process file keeps only captures, changes, "
               "errors, folds and process.end from the start", file=sys.stderr)
