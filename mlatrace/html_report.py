@@ -325,7 +325,9 @@ def _charts(unit: dict[str, Any], mine: list[dict[str, Any]], far_factor: int) -
     lengths = replays.get("lengths")
     captured = captured_length(unit, mine)
     regions = regions_of(mine, far_factor)
-    name = f"gid {unit['gid']}"
+    from mlatrace.report_text import gid_text
+
+    name = f"gid {gid_text(unit['gid'], unit.get('nested_gids', []))}"
     if lengths and lengths.get("buckets") and captured is not None and regions:
         past = sorted({r.rule + ": " + r.label for r in regions
                        if r.holds(lengths["max"]) or r.holds(lengths["min"])})
@@ -340,20 +342,33 @@ def _charts(unit: dict[str, Any], mine: list[dict[str, Any]], far_factor: int) -
                                 captured=captured, regions=regions, what="replay"))
     hist = replays.get("gpu_hist")
     gpu = replays.get("gpu_ns") or {}
+    clock = replay_clock(replays)
     if hist:
-        out.append(histogram_chart(hist, title=f"{name}: replay GPU time distribution",
+        out.append(histogram_chart(hist, title=f"{name}: replay {clock} distribution",
                                    marks={k: gpu.get(k) for k in ("p50", "p90", "max")},
-                                   width=HALF))
+                                   width=HALF, x_label=f"{clock} per replay"))
     times = replays.get("gpu_times")
     if times and times.get("buckets") and times["points"] > 1:
+        inner = (f" (timed on gid {times['gid']} inside it)" if times["gid"] != unit["gid"]
+                 else "")
         out.append(series_chart(times, kind="gpu-times",
-                                title=f"gid {times['gid']}: replay GPU time over time",
-                                y_label="GPU time",
+                                title=f"{name}: replay {clock} over time{inner}",
+                                y_label=clock.split(" (")[0],
                                 y_fmt=duration, what="timed replay", width=HALF))
     if not out:
         return ('<p class="sub">No replay with metadata or GPU time recorded: nothing to '
                 "chart.</p>")
     return '<div class="charts">' + "".join(out) + "</div>"
+
+
+# the replay lengths as the chart, its caption and the text report's sparkline give them
+LENGTHS_ROW = "replay length min..max (seq_len_max before each replay)"
+
+
+def replay_clock(replays: dict[str, Any]) -> str:
+    """What a unit's replay times are: GPU time, or the host clock of a CPU host graph
+    (the text report's words, report_text.cost_line)."""
+    return "host time (CPU host graph)" if replays.get("timed_via") == "host" else "GPU time"
 
 
 def _unit(unit: dict[str, Any], data: dict[str, Any], model: Any, far_factor: int,
@@ -366,10 +381,11 @@ def _unit(unit: dict[str, Any], data: dict[str, Any], model: Any, far_factor: in
                      f'{esc(f["id"])}</span>' for f in mine)
     r = unit["replays"]
     gpu = r.get("gpu_ns") or {}
+    lengths = r.get("lengths") or {}
     lens = ("-" if r.get("seq_len_max") is None
-            else f"{r.get('seq_len_min')}..{r.get('seq_len_max')}")
-    facts = [["replays", r["count"]], ["seq_len (min..max before replays)", lens],
-             ["GPU per replay p50 / p90 / max",
+            else f"{lengths.get('min', r.get('seq_len_max'))}..{r.get('seq_len_max')}")
+    facts = [["replays", r["count"]], [LENGTHS_ROW, lens],
+             [f"{replay_clock(r)} per replay p50 / p90 / max",
               " / ".join(duration(gpu[k]) for k in ("p50", "p90", "max"))
               + f" ({gpu.get('samples')} timed)" if gpu else "not timed"],
              ["static buffers stable", {True: "yes", False: "NO", None: "-"}[r.get("ptrs_stable")]]]

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import MLATRACE, SAMPLES
 
 
@@ -41,3 +44,84 @@ def test_merge_help_says_run_is_needed_for_several_runs() -> None:
     text = " ".join(proc.stdout.split())
     assert "default: the newest" not in text
     assert "required when DIRS hold several runs" in text
+
+
+# -- CPU runs of the reference engine: host-timed replays of a CPU host graph -----------
+
+@pytest.fixture(scope="module")
+def cpu_runs(tmp_path_factory) -> dict[str, Path]:
+    """legacy (MLT001) and device policy, every few replays timed by the host clock."""
+    root = tmp_path_factory.mktemp("cpu")
+    runs = {}
+    for policy in ("legacy", "device"):
+        out = root / policy
+        done = mlatrace("run", "--out", out, "--replay-timing", "2:3", "--", sys.executable,
+                        "-m", "mlatrace.reference.serve", "--device", "cpu", "--ctx", "512",
+                        "--steps", "7", "--layers", "1", "--policy", policy)
+        assert done.returncode == 0, done.stderr[-2000:]
+        runs[policy] = out
+    return runs
+
+
+def html_of(tmp_path: Path, trace: Path) -> str:
+    out = tmp_path / f"{trace.name}.html"
+    done = mlatrace("report", trace, "--html", out)
+    assert done.returncode == 0, done.stderr
+    return out.read_text()
+
+
+# -- 3: host-timed replays are never called GPU time ------------------------------------
+
+def test_host_timed_replays_are_not_labelled_gpu(tmp_path: Path, cpu_runs) -> None:
+    page = html_of(tmp_path, cpu_runs["legacy"])
+    assert "host time (CPU host graph) per replay p50 / p90 / max" in page
+    assert "replay host time (CPU host graph) distribution" in page
+    assert "GPU time" not in page and "GPU per replay" not in page
+    diff = mlatrace("diff", cpu_runs["legacy"], cpu_runs["device"], env=dict(
+        os.environ, COLUMNS="200"))
+    assert diff.returncode == 0, diff.stderr
+    assert "replay host time (CPU host graph) p50" in diff.stdout
+    assert "gpu p50" not in diff.stdout and " ns " not in diff.stdout
+    changes = [c for g in json.loads(mlatrace("diff", "--json", cpu_runs["legacy"],
+                                              cpu_runs["device"]).stdout)["graphs"]
+               for c in g["changes"] if c["field"] == "gpu p50 ns"]
+    assert changes and changes[0]["clock"] == ["host", "host"]
+
+
+def test_gpu_timed_replays_keep_their_gpu_label(tmp_path: Path) -> None:
+    page = html_of(tmp_path, SAMPLES / "gpu_serve_legacy_timed")
+    assert "GPU time per replay p50 / p90 / max" in page
+    assert "host time (CPU host graph)" not in page
+
+
+# -- 4: one definition of the replay length range ----------------------------------------
+
+def test_replay_length_range_is_the_same_in_table_caption_and_text(tmp_path: Path) -> None:
+    trace = SAMPLES / "gpu_serve_legacy_timed"
+    page = html_of(tmp_path, trace)
+    row = re.search(r"<td>replay length min\.\.max \(seq_len_max before each replay\)</td>"
+                    r"<td>(\d+)\.\.(\d+)</td>", page)
+    caption = re.search(r'frozen-headline">captured at seq_len_max \d+, replayed at '
+                        r"(\d+)\.\.(\d+)", page)
+    text = mlatrace("report", trace, env=dict(os.environ, COLUMNS="200")).stdout
+    spark = re.search(r"replayed .* (\d+)\.\.(\d+) \(", text)
+    assert row and caption and spark, (bool(row), bool(caption), text[-800:])
+    assert row.groups() == caption.groups() == spark.groups() == ("32768", "32831")
+    assert "seq_len (min..max before replays)" not in page
+
+
+# -- 10: nesting explained only where the trace nests, with its own numbers -------------
+
+def test_nesting_note_tells_the_traces_own_nesting() -> None:
+    wide = dict(os.environ, COLUMNS="250")
+    flat = mlatrace("report", SAMPLES / "capture_triton", env=wide).stdout
+    assert "encloses" not in flat and "nested)" not in flat
+    one = mlatrace("report", "-v", SAMPLES / "gpu_serve_legacy_timed", env=wide).stdout
+    assert "(gid 1>2: capture unit 1 (reference FULL) encloses the graph 2 it captured" in one
+    assert "vLLM's wrapper" not in one and "2 to 4" not in one
+    assert "graph.capture.begin 2 (1 capture unit, 1 nested)" in one
+    assert "capture of gid 2 begins" not in one
+    assert "capture of gid 1 begins (the split froze in gid 2, captured inside it)" in one
+    many = mlatrace("report", SAMPLES / "gpu_serve_bucketed_breakable", env=wide).stdout
+    assert ("gid 1>2-6: capture unit 1 (reference FULL, a breakable capture with 4 eager "
+            "breaks) encloses the graphs 2-6 it captured") in many

@@ -238,7 +238,8 @@ def series_chart(series: dict[str, Any], *, kind: str, title: str, y_label: str,
 
 
 def histogram_chart(hist: list[list[int]], *, title: str, marks: dict[str, int] | None = None,
-                    bins: int = 36, width: int = HALF) -> str:
+                    bins: int = 36, width: int = HALF,
+                    x_label: str = "GPU time per replay") -> str:
     """Counts of GPU times per replay (`gpu_hist`: [[ns, count]], values rounded to 8
     significant bits), in log-spaced bins; `marks` (p50, p90, max) as vertical lines."""
     values = [(v, c) for v, c in hist if c > 0]
@@ -301,7 +302,7 @@ def histogram_chart(hist: list[list[int]], *, title: str, marks: dict[str, int] 
     plot.add(f'<rect x="{LEFT}" y="{TOP}" width="{plot.w}" height="{plot.h}" fill="none" '
              f'stroke="{GREY}"/>')
     plot.add(f'<text x="{LEFT + plot.w / 2:.1f}" y="{bottom + 30}" text-anchor="middle" '
-             f'fill="{GREY}">GPU time per replay{" (log scale)" if log_x else ""}</text>')
+             f'fill="{GREY}">{esc(x_label)}{" (log scale)" if log_x else ""}</text>')
     total = sum(counts)
     return plot.svg("gpu-hist", f"{total} timed replays in {bins} bins (times kept to 8 "
                                 "significant bits, under 0.8% off)")
