@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import re
 import shlex
 import time
 from pathlib import Path
@@ -76,6 +77,8 @@ svg .rlabel,svg .caplabel,svg .plabel{font-size:11px;font-weight:600}
 .argv{color:#4a5568;word-break:break-all}.under{color:#c53030;font-weight:600}
 #page-errors{background:#fed7d7;color:#742a2a;padding:8px;white-space:pre-wrap}
 details>summary{cursor:pointer;color:#2b6cb0}
+section.run{border-top:3px solid #2d3748;margin-top:36px}.v-ok-text{color:#2f855a}
+.v-fail-text{color:#c53030}.v-blind-text{color:#b7791f}
 """
 
 
@@ -507,38 +510,134 @@ def render_html(data: dict[str, Any], model: Any = None, *, fail_on: str = "erro
                 generated: str | None = None) -> str:
     """The page for the report data of one run (`report_dict`) and its model (kernel view);
     `refresh_s`: the browser reloads it that often (watch snapshots)."""
-    from mlatrace import __version__
-
     generated = generated or time.strftime("%Y-%m-%d %H:%M:%S %Z")
     refresh = (f'<meta http-equiv="refresh" content="{max(1, int(refresh_s))}">'
                if refresh_s else "")
     body = "".join([
         _header(data, generated, refresh_s is not None),
         '<div id="page-errors" hidden></div>',
+        run_sections(data, model, fail_on, far_factor), _footer(),
+    ])
+    return _page(f"mlatrace report: {data['trace']}", body, refresh)
+
+
+def run_sections(data: dict[str, Any], model: Any, fail_on: str, far_factor: int) -> str:
+    """The sections of one run's page, from its verdict to how to open it in Perfetto."""
+    return "".join([
         _verdict(data, fail_on), _findings_table(data), _graphs(data, model, far_factor),
         _findings(data), _processes(data), _coverage(data), _attention(data), _marks_problems(data),
         _perfetto(data),
-        f'<footer class="sub">made by mlatrace {esc(__version__)}; charts are SVG drawn when '
-        "the report was made: this file needs no network</footer>",
     ])
+
+
+def _footer() -> str:
+    from mlatrace import __version__
+
+    return (f'<footer class="sub">made by mlatrace {esc(__version__)}; charts are SVG drawn '
+            "when the report was made: this file needs no network</footer>")
+
+
+def _page(title: str, body: str, head: str = "") -> str:
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f'<meta http-equiv="Content-Security-Policy" content="{_csp(PAGE_SCRIPT)}">'
             '<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"{refresh}<title>mlatrace report: {esc(data['trace'])}</title>"
+            f"{head}<title>{esc(title)}</title>"
             f"<style>{STYLE}</style><script>{PAGE_SCRIPT}</script></head>"
             f"<body><main>{body}</main></body></html>\n")
 
 
-def write_html(path: str | os.PathLike, data: dict[str, Any], model: Any = None,
-               **options: Any) -> int:
-    """Write the page atomically (a reader never sees half a file); returns its bytes."""
-    text = render_html(data, model, **options).encode("utf-8")
+_VERDICT_OF_EXIT = {0: ("v-ok", "OK"), 1: ("v-fail", "FAILED"), 2: ("v-fail", "UNUSABLE"),
+                    3: ("v-blind", "BLIND")}
+_ID = re.compile(r'((?<![\w-])id="|href="#)')
+
+
+def render_collection(where: str, runs: list[dict[str, Any]], code: int, *,
+                      fail_on: str = "error", generated: str | None = None) -> str:
+    """`check DIR --html` where DIR holds several runs: the collection's verdict (the worst
+    exit), a table of the runs, and one section per run, named by its run id as `check`
+    prints it, with that run's verdict, findings, graphs and coverage. Each of `runs`:
+    {"run_id", "dirs", "code", "data" (report_dict, None when unusable), "result"}."""
+    from mlatrace.report_data import summary_line
+
+    generated = generated or time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    cls, word = _VERDICT_OF_EXIT.get(code, ("v-fail", "?"))
+    rows, sections = [], []
+    for i, run in enumerate(runs):
+        anchor = f"run-{i + 1}"
+        run_cls, run_word = _VERDICT_OF_EXIT.get(run["code"], ("v-fail", "?"))
+        data = run["data"]
+        counts = data["summary"]["findings"] if data else None
+        rows.append([("html", f'<a href="#{anchor}">{esc(run["run_id"])}</a>'),
+                     ", ".join(map(str, run["dirs"])),
+                     ("html", f'<span class="{run_cls}-text">{esc(run_word)}</span>'),
+                     run["code"], "-" if counts is None else counts["error"],
+                     "-" if counts is None else counts["warning"]])
+        if data is None:
+            body = (f'<section class="verdict {run_cls}" data-exit="{run["code"]}">'
+                    f"<b>{esc(run_word)}</b><p class=\"sub\">the trace of this run cannot be "
+                    "read (mlatrace check says why)</p></section>")
+        else:
+            result = run["result"]
+            far = getattr(getattr(result, "config", None), "far_factor", 8)
+            body = run_sections(data, getattr(result, "model", None), fail_on,
+                                far if isinstance(far, int) else 8)
+            body = _ID.sub(rf"\g<1>r{i + 1}-", body)  # ids unique per run
+            body = f'<p class="sub">{esc(summary_line(data))}</p>' + body
+        sections.append(f'<section class="run" id="{anchor}" data-run="{esc(run["run_id"])}" '
+                        f'data-exit="{run["code"]}"><h2 class="run-head">run '
+                        f"{esc(run['run_id'])} <span class=\"sub\">"
+                        f"({esc(', '.join(map(str, run['dirs'])))})</span></h2>{body}</section>")
+    head = (f"<header><h1>mlatrace check: {len(runs)} runs</h1>"
+            f'<p class="sub">collection <code>{esc(where)}</code>, made {esc(generated)}; '
+            "every run is judged and the exit is the worst (2, then 1, then 3, then 0)</p>"
+            "</header>")
+    each = ", ".join(f"run {r['run_id']}: {_VERDICT_OF_EXIT.get(r['code'], ('', '?'))[1]}"
+                     for r in runs)
+    verdict = (f'<section id="verdict" class="verdict {cls}" data-exit="{code}">'
+               f"<b>{esc(word)}: collection of {len(runs)} runs, exit {code}</b>"
+               f'<p class="sub">{esc(each)} (--fail-on {esc(fail_on)})</p></section>')
+    table = ('<section id="runs"><h2>Runs</h2>'
+             + _table(["run", "directories", "verdict", "exit", "errors", "warnings"], rows,
+                      {3, 4, 5}) + "</section>")
+    body = "".join([head, '<div id="page-errors" hidden></div>', verdict, table, *sections,
+                    _footer()])
+    return _page(f"mlatrace check: {len(runs)} runs in {where}", body)
+
+
+def write_collection(path: str, where: str, runs: list[dict[str, Any]], code: int,
+                     err: Any, fail_on: str = "error") -> bool:
+    """`check DIR --html FILE` of a collection: write its page (atomically), say so on
+    stderr; False (the error said) when it cannot be written."""
+    return _save_text(path, render_collection(where, runs, code, fail_on=fail_on), err)
+
+
+def _save_text(path: str, text: str, err: Any) -> bool:
+    try:
+        size = _write_atomic(path, text.encode("utf-8"))
+    except OSError as exc:
+        from rich.markup import escape
+
+        err.print(f"[red]error:[/] cannot write {escape(path)}: {exc.strerror or exc}",
+                  highlight=False, soft_wrap=True)
+        return False
+    err.print(f"wrote {path} ({size / 1024:.0f} KiB)", highlight=False, soft_wrap=True,
+              markup=False)
+    return True
+
+
+def _write_atomic(path: str | os.PathLike, text: bytes) -> int:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     tmp.write_bytes(text)
     os.replace(tmp, target)
     return len(text)
+
+
+def write_html(path: str | os.PathLike, data: dict[str, Any], model: Any = None,
+               **options: Any) -> int:
+    """Write the page atomically (a reader never sees half a file); returns its bytes."""
+    return _write_atomic(path, render_html(data, model, **options).encode("utf-8"))
 
 
 def write_report(path: str, data: dict[str, Any], result: Any, **options: Any) -> int:

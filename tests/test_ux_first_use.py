@@ -125,3 +125,38 @@ def test_nesting_note_tells_the_traces_own_nesting() -> None:
     many = mlatrace("report", SAMPLES / "gpu_serve_bucketed_breakable", env=wide).stdout
     assert ("gid 1>2-6: capture unit 1 (reference FULL, a breakable capture with 4 eager "
             "breaks) encloses the graphs 2-6 it captured") in many
+
+
+# -- 1: check DIR --html on a collection shows every run ---------------------------------
+
+def test_check_html_of_a_collection_shows_every_run(tmp_path: Path) -> None:
+    import shutil
+
+    from test_html_report import CHROMIUM, chromium
+
+    root = tmp_path / "runs"
+    for name in ("gpu_serve_legacy", "gpu_serve_device", "gpu_serve_bucketed_breakable"):
+        shutil.copytree(SAMPLES / name, root / name)
+    page = tmp_path / "ci.html"
+    done = mlatrace("check", root, "--html", page)
+    assert done.returncode == 1, done.stderr
+    verdicts = dict(re.findall(r"^run (\S+): (\w+) \(exit \d\)$", done.stdout, re.M))
+    assert len(verdicts) == 3 and sorted(verdicts.values()) == ["FAILED", "OK", "OK"]
+    html = page.read_text()
+    assert 'id="verdict" class="verdict v-fail" data-exit="1"' in html
+    assert "collection of 3 runs, exit 1" in html
+    sections = re.findall(r'<section class="run" id="run-\d" data-run="([^"]+)" '
+                          r'data-exit="(\d)">(.*?)(?=<section class="run"|<footer)', html, re.S)
+    assert {run: int(code) for run, code, _ in sections} == {
+        run: 1 if v == "FAILED" else 0 for run, v in verdicts.items()}
+    for run, code, body in sections:
+        assert f"run {run} " in body and 'class="verdict' in body   # named, with its verdict
+        assert 'data-id="MLT004"' in body                            # and its findings
+        assert ('data-id="MLT001"' in body) is (code == "1")
+    ids = re.findall(r'(?<![\w-])id="([^"]+)"', html)
+    assert len(ids) == len(set(ids)), "an id twice: links would jump to another run"
+    if CHROMIUM:
+        dom = chromium(tmp_path, page, "--dump-dom")
+        assert 'data-loaded="1"' in dom and 'data-errors="0"' in dom
+        assert dom.count('<section class="run"') == 3
+        assert dom.count('<svg class="chart chart-lengths"') == 3
