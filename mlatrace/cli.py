@@ -274,7 +274,8 @@ def whatif(trace: str, device: str, save: bool, lengths: list[int] | None, repla
 @click.option("--run", "run_id", default=None,
               help="Of several runs under TRACE, this run_id (default: the newest).")
 @click.option("--html", "html", type=click.Path(dir_okay=False), default=None,
-              help="Also write the HTML report here (one self-contained file, for CI).")
+              help="Also write the HTML report here (one self-contained file, for CI; "
+                   "of several runs, one page with a section per run).")
 def check(trace: tuple[str, ...], fail_on: str | None, rules: tuple[str, ...],
           config: str | None, junit: str | None, expect: tuple[str, ...],
           run_id: str | None, html: str | None) -> None:
