@@ -160,3 +160,31 @@ def test_check_html_of_a_collection_shows_every_run(tmp_path: Path) -> None:
         assert 'data-loaded="1"' in dom and 'data-errors="0"' in dom
         assert dom.count('<section class="run"') == 3
         assert dom.count('<svg class="chart chart-lengths"') == 3
+
+
+# -- 2: watch's "first seen" is when the evidence was recorded ---------------------------
+
+def test_watch_once_dates_a_finding_by_its_evidence(cpu_runs) -> None:
+    import time
+
+    trace = cpu_runs["legacy"]
+    run = json.loads((trace / "run.json").read_text())
+    time.sleep(max(0.0, run["end_ns"] / 1e9 + 2 - time.time()))  # the watch comes later
+    snap = json.loads(mlatrace("watch", "--once", "--json", trace).stdout)
+    (finding,) = [f for f in snap["findings"] if f["id"] == "MLT001"]
+    assert run["start_ns"] / 1e9 <= finding["first_seen"] <= run["end_ns"] / 1e9, (finding, run)
+    text = mlatrace("watch", "--once", trace, env=dict(os.environ, COLUMNS="200")).stdout
+    row = next(line for line in text.splitlines() if "MLT001" in line)
+    after = re.search(r"\(\+(\d+)s\)", row)
+    assert after and int(after.group(1)) <= (run["end_ns"] - run["start_ns"]) / 1e9 + 1, row
+
+
+def test_record_at_finds_every_record_of_a_file(tmp_path: Path) -> None:
+    from mlatrace.trace.seek import record_at
+
+    path = tmp_path / "p1.jsonl"
+    path.write_text("".join(json.dumps({"k": "x", "seq": i * 2, "t": i, "pad": "y" * (i % 300)})
+                            + "\n" for i in range(5000)) + '{"k": "x", "seq": 10000, "t"')
+    assert all(record_at(path, i * 2)["t"] == i for i in range(0, 5000, 7))
+    assert record_at(path, 3) is None and record_at(path, 10000) is None
+    assert record_at(tmp_path / "missing.jsonl", 0) is None
