@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import MLATRACE, SAMPLES
+from conftest import MLATRACE, REPO, SAMPLES
 
 
 def mlatrace(*args: object, timeout: int = 300, **kw) -> subprocess.CompletedProcess:
@@ -130,8 +131,6 @@ def test_nesting_note_tells_the_traces_own_nesting() -> None:
 # -- 1: check DIR --html on a collection shows every run ---------------------------------
 
 def test_check_html_of_a_collection_shows_every_run(tmp_path: Path) -> None:
-    import shutil
-
     from test_html_report import CHROMIUM, chromium
 
     root = tmp_path / "runs"
@@ -188,3 +187,64 @@ def test_record_at_finds_every_record_of_a_file(tmp_path: Path) -> None:
     assert all(record_at(path, i * 2)["t"] == i for i in range(0, 5000, 7))
     assert record_at(path, 3) is None and record_at(path, 10000) is None
     assert record_at(tmp_path / "missing.jsonl", 0) is None
+
+
+# -- 11: run --watch at 80x24 keeps severity and the graphs rows on the screen ------------
+
+def _tmux(*args: str) -> str:
+    return subprocess.run(["tmux", *args], capture_output=True, text=True, timeout=30,
+                          check=True).stdout
+
+
+def _until(check, timeout_s: float = 180.0):  # noqa: ANN001, ANN202
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.5)
+    raise AssertionError("timed out")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_run_watch_at_80x24_keeps_severity_and_graphs_on_screen(tmp_path: Path) -> None:
+    out = tmp_path / "trace"      # fits a line, not after the words before it
+    session = f"mlatrace-h39-{os.getpid()}"
+    script = tmp_path / "w.sh"
+    script.write_text(
+        f"cd {tmp_path}\nexport PYTHONPATH={REPO} PYTHONUNBUFFERED=1\n"
+        f"{sys.executable} -m mlatrace run --watch --out {out} -- {sys.executable} -m "
+        "mlatrace.reference.serve --policy legacy --graph full --device cpu --ctx 2048 "
+        "--batch 1 --layers 1 --steps 60 --step-delay 0.2\necho RUN-EXIT $?\nsleep 60\n")
+    _tmux("new-session", "-d", "-s", session, "-x", "80", "-y", "24", f"bash {script}")
+    try:
+        _tmux("set-option", "-t", session, "window-size", "manual")
+        _tmux("resize-window", "-t", session, "-x", "80", "-y", "24")
+
+        def screen() -> str:   # what is on the 24 lines now
+            return _tmux("capture-pane", "-p", "-t", session)
+
+        def showing() -> str | None:
+            s = screen()
+            return s if "MLT001" in s and "1>2" in s and "running for" in s else None
+
+        def ended() -> str | None:
+            s = _tmux("capture-pane", "-p", "-t", session, "-S", "-")
+            return s if "RUN-EXIT" in s else None
+
+        live = _until(showing)
+        lines = live.splitlines()
+        assert len(lines) <= 24
+        assert "severity" in live and "not shown at 80 columns: severity" not in live, live
+        assert re.search(r"MLT001\s+│\s+error", live), live
+        assert "pid " in next(line for line in lines if "1>2" in line)  # the graphs row
+        done = _until(ended)
+        assert "RUN-EXIT 0" in done, done[-2000:]
+        tail = done[done.index("exited with code 0"):].splitlines()
+        assert f"  {out}" in tail, done[-1500:]        # where the trace is: one piece
+        assert f"  {out}" in tail[2:] or f"  mlatrace report {out}" in tail, done[-1500:]
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, timeout=30)

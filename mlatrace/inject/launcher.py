@@ -342,9 +342,8 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
     if quiet:
         return exit_code
     if files:
-        print(f"mlatrace: {ended}; trace of {len(files)} "
-              f"{'process' if len(files) == 1 else 'processes'} in {out_dir}\n"
-              f"mlatrace: look at it with: mlatrace report {out_dir}", file=sys.stderr)
+        what = f"trace of {len(files)} {'process' if len(files) == 1 else 'processes'} in"
+        print(_closing_lines(f"mlatrace: {ended}; {what}", str(out_dir)), file=sys.stderr)
     else:
         print(f"mlatrace: {ended}; no Python process ran under it: nothing was traced "
               f"(run.json in {out_dir})", file=sys.stderr)
@@ -352,6 +351,23 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
 
 
 LOG_TAIL_LINES = 20
+
+
+def _closing_lines(ended: str, out_dir: str) -> str:
+    """Where the trace is and the command to read it, fitted to the terminal: a path that
+    does not fit after its words goes on a line of its own (a terminal breaks a long line
+    anywhere, inside the path too), the command kept copyable (a shell continuation)."""
+    import shutil
+
+    width = shutil.get_terminal_size((160, 24)).columns
+    first = (f"{ended} {out_dir}" if len(ended) + 1 + len(out_dir) <= width
+             else f"{ended}\n  {out_dir}")
+    command = f"mlatrace report {out_dir}"
+    head = "mlatrace: look at it with:"
+    second = (f"{head} {command}" if len(head) + 1 + len(command) <= width
+              else f"{head}\n  {command}" if 2 + len(command) <= width
+              else f"{head} mlatrace report \\\n  {out_dir}")
+    return f"{first}\n{second}"
 
 
 def _print_log_tail(log: Path, lines: int = LOG_TAIL_LINES) -> None:
