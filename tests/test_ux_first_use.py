@@ -248,3 +248,44 @@ def test_run_watch_at_80x24_keeps_severity_and_graphs_on_screen(tmp_path: Path) 
         assert f"  {out}" in tail[2:] or f"  mlatrace report {out}" in tail, done[-1500:]
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, timeout=30)
+
+
+# -- 12: run --watch's view does not stall for a fold interval ---------------------------
+
+@pytest.mark.slow
+def test_run_watch_view_sees_steady_replays_while_the_run_goes_on(tmp_path: Path) -> None:
+    import time
+
+    from mlatrace.watch import LiveRun
+
+    out = tmp_path / "trace"
+    proc = subprocess.Popen(
+        [*MLATRACE, "run", "--watch", "--out", str(out), "--", sys.executable, "-m",
+         "mlatrace.reference.serve", "--policy", "legacy", "--graph", "full", "--device", "cpu",
+         "--ctx", "2048", "--batch", "1", "--layers", "1", "--steps", "50", "--step-delay",
+         "0.1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=dict(os.environ, PYTHONPATH=str(REPO)))
+    try:
+        _until(lambda: list(out.glob("p*.jsonl")), 120)
+        live = LiveRun([out])
+        seen: list[tuple[float, int]] = []     # (when, replays the view counts)
+        while proc.poll() is None:
+            live.poll()
+            model = live.refresh().model
+            seen.append((time.monotonic(), sum(g.replays.count for g in model.graphs.values()
+                                               if g.parent is None)))
+            time.sleep(0.25)
+        assert proc.returncode == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    header = json.loads(next(out.glob("p*.jsonl")).open().readline())
+    assert header["fold_s"] == 1.0          # run --watch folds every second
+    steady = [json.loads(line) for line in next(out.glob("p*.jsonl")).open()
+              if '"k":"steady"' in line.replace(" ", "")]
+    assert len(steady) >= 3, "the steady stretch was not folded"
+    moving = [(t, n) for t, n in seen if 0 < n]
+    changes = [t for (t, n), (_t0, n0) in zip(moving[1:], moving, strict=False) if n != n0]
+    assert len(changes) >= 5, seen
+    gaps = [b - a for a, b in zip(changes, changes[1:], strict=False)]
+    assert max(gaps) < 4.0, gaps            # never frozen for a 10 s fold

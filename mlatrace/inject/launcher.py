@@ -232,6 +232,13 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
     unknown = _unknown_packs(no_packs or [], probes or [])
     if unknown:
         raise MlatraceError(f"mlatrace run: {unknown}")
+    if watch and fold is None:
+        # the view shows a steady stretch when its fold closes: close folds every
+        # WATCH_FOLD_S, not every 10 s (a steady record per graph and second: the trace
+        # stays small, and no reader has to peek into the recorder's open fold)
+        from mlatrace.settings import WATCH_FOLD_S
+
+        fold = WATCH_FOLD_S
     out_dir = (Path(out) if out else default_out_dir(run_id)).resolve()
     if out_dir.exists() and any(out_dir.glob("p*.jsonl")):
         raise MlatraceError(f"mlatrace run: {out_dir} already holds a trace; choose another "

@@ -178,10 +178,25 @@ def _graphs(live: LiveRun, width: int = DEFAULT_PIPE_WIDTH) -> Any:
                      str(stats.count), "-" if rate is None else f"{rate:.1f}",
                      _span(latest.get("seq_len_min"), latest.get("seq_len_max")),
                      _fmt(stats.seq_len_max)])
-    caption = (f"the last {MAX_ROWS} of {len(roots)} captures" if len(roots) > MAX_ROWS
-               else None)
+    notes = [f"the last {MAX_ROWS} of {len(roots)} captures"] if len(roots) > MAX_ROWS else []
+    lag = fold_lag(live)
+    if lag:
+        notes.append(f"steady steps arrive folded, every {lag:g} s (`run --watch` folds "
+                     "every second)")
+    caption = "; ".join(notes) or None
     return _fitted("graphs captured (frozen at capture / replays)", GRAPH_COLUMNS, rows,
                    width, caption)
+
+
+def fold_lag(live: LiveRun) -> float | None:
+    """The fold interval of a running process whose folds close more slowly than `run
+    --watch` makes them (the view's counts of its steady steps move that often)."""
+    from mlatrace.settings import WATCH_FOLD_S
+
+    running = {ps.proc.name for ps in live.processes() if ps.state == "running"}
+    lags = [p.fold_s for p in live.model.processes
+            if p.file in running and p.fold_s and p.fold_s > WATCH_FOLD_S]
+    return max(lags) if lags else None
 
 
 ATTENTION_COLUMNS = [Column("pid", priority=2, justify="right"),
