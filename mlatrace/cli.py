@@ -131,7 +131,7 @@ def main() -> None:
               help="Dump each captured graph's kernel nodes (capture-time cost only).")
 @click.option("--fold", "fold", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="Fold steady decode steps into one `steady` record per graph and SECONDS "
-                   "(default 10; 0: write every step's records).")
+                   "(default 10, 1 with --watch; 0: write every step's records).")
 @click.option("--max-mb", "max_mb", type=click.FloatRange(min=0), default=None, metavar="N",
               help="Per process file: past N MB keep only captures, changes, errors, folds "
                    "and process.end (default: no cap).")
