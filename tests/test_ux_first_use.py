@@ -289,3 +289,39 @@ def test_run_watch_view_sees_steady_replays_while_the_run_goes_on(tmp_path: Path
     assert len(changes) >= 5, seen
     gaps = [b - a for a, b in zip(changes, changes[1:], strict=False)]
     assert max(gaps) < 4.0, gaps            # never frozen for a 10 s fold
+
+
+# -- 9: the charts: titled for their unit, notes that match the axes, even ticks ---------
+
+def _charts(page: str) -> list[tuple[str, str, list[str], list[str], str]]:
+    """(kind, title, x tick labels, y tick labels, note) of every chart of a page."""
+    out = []
+    for kind, body in re.findall(r'<svg class="chart chart-([\w-]+)"(.*?)</svg>', page, re.S):
+        title = re.search(r'class="ctitle">([^<]*)<', body).group(1)
+        xs = re.findall(r'<text x="[\d.]+" y="202" text-anchor="(?:middle|start|end)">([^<]*)<',
+                        body)
+        ys = re.findall(r'<text x="56" y="[\d.]+" text-anchor="end">([^<]*)<', body)
+        notes = " ".join(re.findall(r'class="cnote">([^<]*)<', body))
+        out.append((kind, title, xs, ys, notes))
+    return out
+
+
+def test_html_charts_read_right(tmp_path: Path) -> None:
+    legacy = _charts(html_of(tmp_path, SAMPLES / "gpu_serve_legacy_timed"))
+    # the unit 1>2's charts are all titled for it, the torch graph that was timed named
+    assert {c[1].split(":")[0] for c in legacy} == {"gid 1&gt;2"}, [c[1] for c in legacy]
+    assert any("(timed on gid 2 inside it)" in c[1] for c in legacy if c[0] == "gpu-times")
+    pages = [legacy] + [_charts(html_of(tmp_path, SAMPLES / "gpu_backends" / name))
+                        for name in ("vllm_triton_mla_bucketed", "sglang_triton_device_splits",
+                                     "vllm_triton_mla_frozen_one")]
+    charts = [c for page in pages for c in page]
+    assert {c[0] for c in charts} >= {"lengths", "gpu-hist", "gpu-times"}
+    for kind, title, xs, ys, note in charts:
+        assert "time buckets of" not in note, note      # a slice of the axis, said so
+        if kind != "gpu-hist" and "not downsampled" not in note:
+            assert "slice of the time axis" in note, note
+        if kind == "gpu-hist":                           # counts of replays: whole numbers
+            assert ys and all(y.isdigit() for y in ys), (title, ys)
+        if kind != "gpu-hist" or "log scale" not in " ".join([title, note]):
+            decimals = {len(x.split()[0].rstrip("KMG").partition(".")[2]) for x in xs}
+            assert len(decimals) == 1 and len(set(xs)) == len(xs), (title, xs)
