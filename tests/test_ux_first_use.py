@@ -325,3 +325,95 @@ def test_html_charts_read_right(tmp_path: Path) -> None:
         if kind != "gpu-hist" or "log scale" not in " ".join([title, note]):
             decimals = {len(x.split()[0].rstrip("KMG").partition(".")[2]) for x in xs}
             assert len(decimals) == 1 and len(set(xs)) == len(xs), (title, xs)
+
+
+# -- 5, 6: field paths that resolve to nothing are reported; kind and handler documented -
+
+KV = '''class Attn:
+    block_n = 64
+
+    def plan(self, seq_len):
+        return seq_len // self.block_n
+'''
+KV_PACK = '''[pack]
+name = "kv"
+
+[[probe]]
+name = "plan"
+targets = ["kv:Attn.plan"]
+params = ["self", "seq_len"]
+kind = "kv.plan"
+when = "return"
+[probe.fields]
+block_n = "{path}"
+seq_len = "args.seq_len"
+splits = "result"
+'''
+CALLS = "import kv\na = kv.Attn()\nfor i in range(20): a.plan(100 + i)\n"
+
+
+def _kv(tmp_path: Path, path: str) -> tuple[Path, dict[str, str]]:
+    (tmp_path / "kv.py").write_text(KV)
+    pack = tmp_path / f"kv-{len(path)}.toml"
+    pack.write_text(KV_PACK.format(path=path))
+    return pack, dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)]),
+                      COLUMNS="250")
+
+
+def test_args_self_of_a_method_is_a_bad_field_for_doctor_and_run(tmp_path: Path) -> None:
+    pack, env = _kv(tmp_path, "args.self.block_n")
+    doctor = mlatrace("probes", "doctor", "--probes", pack, env=env, cwd=tmp_path)
+    assert doctor.returncode == 1, doctor.stdout[-2000:]
+    line = next(x for x in doctor.stdout.splitlines() if "kv:Attn.plan" in x and "BAD" in x)
+    assert "BAD FIELD" in line and "args.self" in line and "self.<attr>" in line
+    out = tmp_path / "t"
+    run = mlatrace("run", "--out", out, "--probes", pack, "--", sys.executable, "-c", CALLS,
+                   env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    check = mlatrace("check", out, env=env)
+    assert check.returncode == 3 and "bad field path" in check.stdout, check.stdout
+
+
+def test_a_field_null_on_every_call_is_a_probe_problem_in_the_coverage(tmp_path: Path) -> None:
+    pack, env = _kv(tmp_path, "self.blokc_n")      # a typo: the attribute is block_n
+    doctor = mlatrace("probes", "doctor", "--probes", pack, env=env, cwd=tmp_path)
+    assert "BAD FIELD" not in doctor.stdout       # nothing doctor can tell without a call
+    out = tmp_path / "t"
+    assert mlatrace("run", "--out", out, "--probes", pack, "--", sys.executable, "-c", CALLS,
+                    env=env, cwd=tmp_path).returncode == 0
+    for command in ("report", "check"):
+        text = mlatrace(command, out, env=env).stdout
+        assert ("probe problem: kv.plan records: field(s) block_n null in all 20: their "
+                "paths resolve to nothing") in text, text
+        assert "seq_len" not in text.split("probe problem")[1].split("\n")[0]
+    data = json.loads(mlatrace("report", "--json", out, env=env).stdout)
+    assert any("block_n null in all 20" in n for n in data["coverage"]["notes"])
+
+
+def test_probes_doc_has_the_path_language_and_says_when_a_handler_is_needed(
+        tmp_path: Path) -> None:
+    from mlatrace.probe.packs import PackError, load_pack
+    from mlatrace.probe.pathlang.parser import FUNCS
+
+    doc = (REPO / "docs" / "probes.md").read_text()
+    paths = doc[doc.index("### Field paths"):]
+    for func in FUNCS:
+        assert f"`{func}(" in paths, func
+    for root in ("`args.NAME`", "`self`", "`result`", "`A \\| B`"):
+        assert root in paths, root
+    assert "never `args.self`" in paths
+    kinds = doc[doc.index("### `kind` and `handler`"):doc.index("### Field paths")]
+    assert "Every probe needs a `kind` or a `handler`" in kinds
+    assert "optionally a\nhandler" not in doc
+    # what the page says holds: neither does not load, a kind alone records
+    neither = tmp_path / "neither.toml"
+    neither.write_text('[pack]\nname = "n"\n[[probe]]\nname = "plan"\ntargets = ["kv:f"]\n')
+    with pytest.raises(PackError, match=r"needs a kind \(or a handler\)"):
+        load_pack(neither)
+    pack, env = _kv(tmp_path, "self.block_n")
+    out = tmp_path / "t"
+    assert mlatrace("run", "--out", out, "--probes", pack, "--", sys.executable, "-c", CALLS,
+                    env=env, cwd=tmp_path).returncode == 0
+    recs = [json.loads(x) for x in next(out.glob("p*.jsonl")).read_text().splitlines()]
+    plans = [r for r in recs if r["k"] == "kv.plan"]
+    assert len(plans) == 20 and all(r["block_n"] == 64 for r in plans)
