@@ -181,7 +181,10 @@ def _coverage(data: dict[str, Any]) -> str:
     for e in cov.get("expect", []):
         parts.append(f"<p>expect {esc(e['what'])}: {esc(e['records'])} record(s), "
                      + ("met" if e["met"] else "<b class=\"sev-error\">not met</b>") + "</p>")
-    records = [[k, n] for k, n in (cov.get("records") or {}).items()]
+    from mlatrace.report_text import units_note
+
+    records = [[k, f"{n}{units_note(k, n, data['summary'])}"]
+               for k, n in (cov.get("records") or {}).items()]
     if records:
         parts.append("<details><summary>records per kind</summary>"
                      + _table(["kind", "records"], records, {1}) + "</details>")

@@ -31,6 +31,7 @@ from mlatrace.report_text import (
     hex_text,
     problem_text,
     rank_text,
+    units_note,
 )
 from mlatrace.tables import Column, make_console, plural, print_line, print_table, shorten
 
@@ -149,19 +150,6 @@ PROCESS_COLUMNS = [
 ]
 
 
-def _units_of(kind: str, n: int, data: dict[str, Any]) -> str:
-    """` (1 capture unit, 1 graph nested in it)` after the capture records' count when
-    graphs nest: one wrapper capture and the torch capture it triggers are 2 begins, 1 graph
-    to the user."""
-    if kind not in ("graph.capture.begin", "graph.capture.end"):
-        return ""
-    units, total = data["summary"].get("graphs"), data["summary"].get("graphs_total")
-    if not isinstance(units, int) or not isinstance(total, int) or total <= units \
-            or n != total:
-        return ""
-    return f" ({plural(units, 'capture unit')}, {total - units} nested)"
-
-
 def render_coverage(console: Any, data: dict[str, Any], verbose: bool) -> None:
     """What the probes saw: blind reasons, records per kind, packs and targets per process.
 
@@ -203,7 +191,7 @@ def render_coverage(console: Any, data: dict[str, Any], verbose: bool) -> None:
     for e in cov["expect"]:
         state = "met" if e["met"] else "[red]NOT met[/]"
         say(f"  expect {escape(e['what'])}: {e['records']} record(s), {state}")
-    records = ", ".join(f"{kind} {n}" + _units_of(kind, n, data)
+    records = ", ".join(f"{kind} {n}" + units_note(kind, n, data["summary"])
                         for kind, n in cov["records"].items()
                         if kind not in ("process", "process.end"))
     say(f"  records: {escape(records) or 'none beyond headers'}")

@@ -62,6 +62,18 @@ def gid_note(graphs: list[dict], total: int | None = None) -> str | None:
             f"encloses {inner} it captured{counted}")
 
 
+def units_note(kind: str, n: int, summary: dict[str, Any]) -> str:
+    """` (1 capture unit, 1 nested)` after the capture records' count where graphs nest:
+    a wrapper capture and the torch capture it triggers are 2 begins, 1 graph to a user."""
+    if kind not in ("graph.capture.begin", "graph.capture.end"):
+        return ""
+    units, total = summary.get("graphs"), summary.get("graphs_total")
+    if not isinstance(units, int) or not isinstance(total, int) or total <= units \
+            or n != total:
+        return ""
+    return f" ({plural(units, 'capture unit')}, {total - units} nested)"
+
+
 def gpu_time(ns: Any) -> str:
     """A GPU time in ns as a short string: us, ms, s, or minutes and seconds from a minute."""
     if not isinstance(ns, (int, float)) or isinstance(ns, bool):

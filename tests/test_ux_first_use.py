@@ -113,7 +113,7 @@ def test_replay_length_range_is_the_same_in_table_caption_and_text(tmp_path: Pat
 
 # -- 10: nesting explained only where the trace nests, with its own numbers -------------
 
-def test_nesting_note_tells_the_traces_own_nesting() -> None:
+def test_nesting_note_tells_the_traces_own_nesting(tmp_path: Path) -> None:
     wide = dict(os.environ, COLUMNS="250")
     flat = mlatrace("report", SAMPLES / "capture_triton", env=wide).stdout
     assert "encloses" not in flat and "nested)" not in flat
@@ -123,6 +123,8 @@ def test_nesting_note_tells_the_traces_own_nesting() -> None:
     assert "graph.capture.begin 2 (1 capture unit, 1 nested)" in one
     assert "capture of gid 2 begins" not in one
     assert "capture of gid 1 begins (the split froze in gid 2, captured inside it)" in one
+    assert "graph.capture.begin</td><td class=\"num\">2 (1 capture unit, 1 nested)" in \
+        html_of(tmp_path, SAMPLES / "gpu_serve_legacy_timed")
     many = mlatrace("report", SAMPLES / "gpu_serve_bucketed_breakable", env=wide).stdout
     assert ("gid 1>2-6: capture unit 1 (reference FULL, a breakable capture with 4 eager "
             "breaks) encloses the graphs 2-6 it captured") in many
