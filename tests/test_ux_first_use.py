@@ -419,3 +419,40 @@ def test_probes_doc_has_the_path_language_and_says_when_a_handler_is_needed(
     recs = [json.loads(x) for x in next(out.glob("p*.jsonl")).read_text().splitlines()]
     plans = [r for r in recs if r["k"] == "kv.plan"]
     assert len(plans) == 20 and all(r["block_n"] == 64 for r in plans)
+
+
+@pytest.mark.slow
+def test_a_watch_apart_from_the_run_says_how_often_folds_arrive(tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from mlatrace.watch import LiveRun
+    from mlatrace.watch.view import render
+
+    out = tmp_path / "trace"
+    proc = subprocess.Popen(
+        [*MLATRACE, "run", "--out", str(out), "--", sys.executable, "-m",
+         "mlatrace.reference.serve", "--policy", "legacy", "--graph", "full", "--device", "cpu",
+         "--ctx", "2048", "--batch", "1", "--layers", "1", "--steps", "400", "--step-delay",
+         "0.1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=dict(os.environ, PYTHONPATH=str(REPO)), start_new_session=True)
+    try:
+        live = LiveRun([out])
+
+        def caption() -> str | None:
+            live.poll()
+            live.refresh()
+            if not live.model.graphs:
+                return None
+            buf = io.StringIO()
+            Console(file=buf, width=200).print(render(live, None, 200))
+            return buf.getvalue()
+
+        text = _until(caption, 120)
+        assert "steady steps arrive folded, every 10 s" in text, text
+    finally:
+        import signal
+
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(60)
