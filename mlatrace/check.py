@@ -116,8 +116,9 @@ def main(trace: str | list[str], fail_on: str | None = "error", rules: list[str]
          html: str | None = None) -> int:
     """Analyse TRACE and return an ExitCode: 0 clean, 1 findings at/above fail_on,
     2 unusable, 3 blind. `html`: also write the report's page there (mlatrace.html_report),
-    its verdict judged at fail_on; for a collection, the page of its last run listed. TRACE holding several runs (a collection): every run is judged,
-    one verdict line each, and the exit is the worst (`worst`)."""
+    its verdict judged at fail_on; for a collection, one page with every run (a section
+    each) and the collection's verdict. TRACE holding several runs (a collection): every
+    run is judged, one verdict line each, and the exit is the worst (`worst`)."""
     if run_id is None:
         from mlatrace.trace import TraceError
         from mlatrace.trace.runs import find_runs
@@ -139,15 +140,26 @@ def _check_collection(paths: list[str], runs: list[Any], fail_on: str | None,
     out = make_console()
     out.print(f"{' '.join(paths)} holds {len(runs)} runs: judging each", highlight=False,
               soft_wrap=True)
-    codes, suites = [], []
+    codes, suites, pages = [], [], []   # pages: what --html shows of each run
     for run in runs:
         dirs = ", ".join(str(d) for d in run.dirs)
         out.print(f"== run {run.run_id} ({dirs})", highlight=False, soft_wrap=True)
+        shown: list[dict] = []
         code = check_run(paths, fail_on, rules, config, None, expect, run.run_id,
                          junit_suites=suites if junit else None,
-                         html=html if run is runs[-1] else None)
+                         pages=shown if html else None)
         codes.append(code)
+        pages.append(shown[0] if shown else {"data": None, "result": None})
+        pages[-1].update(run_id=str(run.run_id), dirs=run.dirs, code=code)
     code = worst(codes)
+    if html:
+        from mlatrace.html_report import write_collection
+
+        err = make_console(stderr=True)
+        if not write_collection(html, " ".join(paths), pages, code, err,
+                                fail_on=next((p["fail_on"] for p in pages if p.get("fail_on")),
+                                             fail_on or "error")):
+            return ExitCode.UNUSABLE
     if junit and suites:
         root = ET.Element("testsuites", name="mlatrace")
         root.extend(suites)
@@ -175,9 +187,10 @@ def check_run(trace: str | list[str], fail_on: str | None = "error",
               rules: list[str] | None = None, config: str | None = None,
               junit: str | None = None, expect: list[str] | None = None,
               run_id: str | None = None, junit_suites: list | None = None,
-              html: str | None = None) -> int:
+              html: str | None = None, pages: list | None = None) -> int:
     """`check` of one run (TRACE's newest, or `run_id`): its ExitCode. `junit_suites`:
-    append the run's JUnit testsuite there instead of writing `junit`."""
+    append the run's JUnit testsuite there instead of writing `junit`; `pages`: append
+    {"data", "result", "fail_on"} there for the collection's page (`html` is not written)."""
     err = make_console(stderr=True)
     paths, trace = trace, trace if isinstance(trace, str) else " ".join(trace)
     try:
@@ -221,6 +234,8 @@ def check_run(trace: str | list[str], fail_on: str | None = "error",
             err.print(f"[red]error:[/] cannot write {junit}: {exc.strerror or exc}", soft_wrap=True)
             return ExitCode.UNUSABLE
     data = report_dict(trace, result, run=opened.run)
+    if pages is not None:
+        pages.append({"data": data, "result": result, "fail_on": fail_on})
     if html:
         from mlatrace.html_report import save
 

@@ -131,7 +131,7 @@ def main() -> None:
               help="Dump each captured graph's kernel nodes (capture-time cost only).")
 @click.option("--fold", "fold", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="Fold steady decode steps into one `steady` record per graph and SECONDS "
-                   "(default 10; 0: write every step's records).")
+                   "(default 10, 1 with --watch; 0: write every step's records).")
 @click.option("--max-mb", "max_mb", type=click.FloatRange(min=0), default=None, metavar="N",
               help="Per process file: past N MB keep only captures, changes, errors, folds "
                    "and process.end (default: no cap).")
@@ -274,7 +274,8 @@ def whatif(trace: str, device: str, save: bool, lengths: list[int] | None, repla
 @click.option("--run", "run_id", default=None,
               help="Of several runs under TRACE, this run_id (default: the newest).")
 @click.option("--html", "html", type=click.Path(dir_okay=False), default=None,
-              help="Also write the HTML report here (one self-contained file, for CI).")
+              help="Also write the HTML report here (one self-contained file, for CI; "
+                   "of several runs, one page with a section per run).")
 def check(trace: tuple[str, ...], fail_on: str | None, rules: tuple[str, ...],
           config: str | None, junit: str | None, expect: tuple[str, ...],
           run_id: str | None, html: str | None) -> None:
@@ -310,7 +311,8 @@ def check(trace: tuple[str, ...], fail_on: str | None, rules: tuple[str, ...],
 @click.option("-o", "--out", "out", required=True, type=click.Path(file_okay=False),
               help="The directory to write (must not exist or be empty).")
 @click.option("--run", "run_id", default=None,
-              help="Of several runs under DIRS, this run_id (default: the newest).")
+              help="The run_id to copy; required when DIRS hold several runs (merge "
+                   "never picks one of them for you).")
 def merge(dirs: tuple[str, ...], out: str, run_id: str | None) -> None:
     """Copy one run's trace directories (one per host) into one directory, for archiving."""
     from mlatrace.trace import merge as merge_mod

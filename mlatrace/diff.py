@@ -17,6 +17,8 @@ Exit codes: 0 the diff was made (differences or not), 2 either trace is unusable
      "graphs": [{"rank",                     # null for a process without a rank
                  "key", "src", "status": "changed"|"same"|"only_a"|"only_b",
                  "changes": [{"field": str, "a": value, "b": value}]}],
+     # fields "gpu p50|p90|max ns" (values in ns) also carry "clock": [A's, B's], each
+     # "gpu", "host" (a CPU host graph's host clock) or null
      # field num_kv_splits: the frozen split counts, or {"eager": [int]} for a breakable
      # capture that froze none: the counts its eager calls chose at run time
      "findings": {"added": [finding], "removed": [finding]},   # finding as in report --json
@@ -101,6 +103,8 @@ def compare_units(a: dict, b: dict) -> list[dict]:
     for q in ("p50", "p90", "max"):
         if ga.get(q) is not None or gb.get(q) is not None:
             cmp(f"gpu {q} ns", ga.get(q), gb.get(q))
+            if changes and changes[-1]["field"] == f"gpu {q} ns":
+                changes[-1]["clock"] = [ra.get("timed_via"), rb.get("timed_via")]
     return changes
 
 
@@ -194,6 +198,16 @@ def _ratio(a: Any, b: Any) -> str:
     return ""
 
 
+def replay_time_label(quantile: str, clocks: list) -> str:
+    """`replay GPU time p50`, or `replay host time (CPU host graph) p50` where the replays
+    ran on the CPU host graph (the report's words; the value is shown in ms or us)."""
+    names = {"host": "host time (CPU host graph)", "gpu": "GPU time"}
+    seen = [names[c] for c in clocks if c in names]
+    if len(set(seen)) > 1:
+        return f"replay time {quantile} (A {seen[0]}, B {seen[1]})"
+    return f"replay {seen[0] if seen else 'GPU time'} {quantile}"
+
+
 def render(console: Any, data: dict[str, Any]) -> None:
     s = data["summary"]
     console.print(f"[bold]{plural(s['matched'], 'graph')} matched, {s['changed']} changed, "
@@ -213,10 +227,12 @@ def render(console: Any, data: dict[str, Any]) -> None:
         for i, c in enumerate(g["changes"]):
             first = i == 0
             va, vb = _fmt(c["a"]), _fmt(c["b"])
-            if c["field"].startswith("gpu "):
+            what = c["field"]
+            if what.startswith("gpu "):
                 va, vb = gpu_time(c["a"]), gpu_time(c["b"]) + _ratio(c["a"], c["b"])
+                what = replay_time_label(what.split()[1], c.get("clock") or [])
             rows.append([rank_text(g["rank"]) if first else "", _fmt(g["key"]) if first else "",
-                         _fmt(g["src"]) if first else "", c["field"], va, vb])
+                         _fmt(g["src"]) if first else "", what, va, vb])
     if rows:
         print_table(console, DIFF_COLUMNS, rows)
     for k in data.get("kernels", ()):

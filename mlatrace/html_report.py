@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import re
 import shlex
 import time
 from pathlib import Path
@@ -76,6 +77,8 @@ svg .rlabel,svg .caplabel,svg .plabel{font-size:11px;font-weight:600}
 .argv{color:#4a5568;word-break:break-all}.under{color:#c53030;font-weight:600}
 #page-errors{background:#fed7d7;color:#742a2a;padding:8px;white-space:pre-wrap}
 details>summary{cursor:pointer;color:#2b6cb0}
+section.run{border-top:3px solid #2d3748;margin-top:36px}.v-ok-text{color:#2f855a}
+.v-fail-text{color:#c53030}.v-blind-text{color:#b7791f}
 """
 
 
@@ -178,7 +181,10 @@ def _coverage(data: dict[str, Any]) -> str:
     for e in cov.get("expect", []):
         parts.append(f"<p>expect {esc(e['what'])}: {esc(e['records'])} record(s), "
                      + ("met" if e["met"] else "<b class=\"sev-error\">not met</b>") + "</p>")
-    records = [[k, n] for k, n in (cov.get("records") or {}).items()]
+    from mlatrace.report_text import units_note
+
+    records = [[k, f"{n}{units_note(k, n, data['summary'])}"]
+               for k, n in (cov.get("records") or {}).items()]
     if records:
         parts.append("<details><summary>records per kind</summary>"
                      + _table(["kind", "records"], records, {1}) + "</details>")
@@ -330,7 +336,9 @@ def _charts(unit: dict[str, Any], mine: list[dict[str, Any]], far_factor: int) -
     lengths = replays.get("lengths")
     captured = captured_length(unit, mine)
     regions = regions_of(mine, far_factor)
-    name = f"gid {unit['gid']}"
+    from mlatrace.report_text import gid_text
+
+    name = f"gid {gid_text(unit['gid'], unit.get('nested_gids', []))}"
     if lengths and lengths.get("buckets") and captured is not None and regions:
         past = sorted({r.rule + ": " + r.label for r in regions
                        if r.holds(lengths["max"]) or r.holds(lengths["min"])})
@@ -345,20 +353,33 @@ def _charts(unit: dict[str, Any], mine: list[dict[str, Any]], far_factor: int) -
                                 captured=captured, regions=regions, what="replay"))
     hist = replays.get("gpu_hist")
     gpu = replays.get("gpu_ns") or {}
+    clock = replay_clock(replays)
     if hist:
-        out.append(histogram_chart(hist, title=f"{name}: replay GPU time distribution",
+        out.append(histogram_chart(hist, title=f"{name}: replay {clock} distribution",
                                    marks={k: gpu.get(k) for k in ("p50", "p90", "max")},
-                                   width=HALF))
+                                   width=HALF, x_label=f"{clock} per replay"))
     times = replays.get("gpu_times")
     if times and times.get("buckets") and times["points"] > 1:
+        inner = (f" (timed on gid {times['gid']} inside it)" if times["gid"] != unit["gid"]
+                 else "")
         out.append(series_chart(times, kind="gpu-times",
-                                title=f"gid {times['gid']}: replay GPU time over time",
-                                y_label="GPU time",
+                                title=f"{name}: replay {clock} over time{inner}",
+                                y_label=clock.split(" (")[0],
                                 y_fmt=duration, what="timed replay", width=HALF))
     if not out:
         return ('<p class="sub">No replay with metadata or GPU time recorded: nothing to '
                 "chart.</p>")
     return '<div class="charts">' + "".join(out) + "</div>"
+
+
+# the replay lengths as the chart, its caption and the text report's sparkline give them
+LENGTHS_ROW = "replay length min..max (seq_len_max before each replay)"
+
+
+def replay_clock(replays: dict[str, Any]) -> str:
+    """What a unit's replay times are: GPU time, or the host clock of a CPU host graph
+    (the text report's words, report_text.cost_line)."""
+    return "host time (CPU host graph)" if replays.get("timed_via") == "host" else "GPU time"
 
 
 def _unit(unit: dict[str, Any], data: dict[str, Any], model: Any, far_factor: int,
@@ -371,10 +392,11 @@ def _unit(unit: dict[str, Any], data: dict[str, Any], model: Any, far_factor: in
                      f'{esc(f["id"])}</span>' for f in mine)
     r = unit["replays"]
     gpu = r.get("gpu_ns") or {}
+    lengths = r.get("lengths") or {}
     lens = ("-" if r.get("seq_len_max") is None
-            else f"{r.get('seq_len_min')}..{r.get('seq_len_max')}")
-    facts = [["replays", r["count"]], ["seq_len (min..max before replays)", lens],
-             ["GPU per replay p50 / p90 / max",
+            else f"{lengths.get('min', r.get('seq_len_max'))}..{r.get('seq_len_max')}")
+    facts = [["replays", r["count"]], [LENGTHS_ROW, lens],
+             [f"{replay_clock(r)} per replay p50 / p90 / max",
               " / ".join(duration(gpu[k]) for k in ("p50", "p90", "max"))
               + f" ({gpu.get('samples')} timed)" if gpu else "not timed"],
              ["static buffers stable", {True: "yes", False: "NO", None: "-"}[r.get("ptrs_stable")]]]
@@ -496,38 +518,134 @@ def render_html(data: dict[str, Any], model: Any = None, *, fail_on: str = "erro
                 generated: str | None = None) -> str:
     """The page for the report data of one run (`report_dict`) and its model (kernel view);
     `refresh_s`: the browser reloads it that often (watch snapshots)."""
-    from mlatrace import __version__
-
     generated = generated or time.strftime("%Y-%m-%d %H:%M:%S %Z")
     refresh = (f'<meta http-equiv="refresh" content="{max(1, int(refresh_s))}">'
                if refresh_s else "")
     body = "".join([
         _header(data, generated, refresh_s is not None),
         '<div id="page-errors" hidden></div>',
+        run_sections(data, model, fail_on, far_factor), _footer(),
+    ])
+    return _page(f"mlatrace report: {data['trace']}", body, refresh)
+
+
+def run_sections(data: dict[str, Any], model: Any, fail_on: str, far_factor: int) -> str:
+    """The sections of one run's page, from its verdict to how to open it in Perfetto."""
+    return "".join([
         _verdict(data, fail_on), _findings_table(data), _graphs(data, model, far_factor),
         _findings(data), _processes(data), _coverage(data), _attention(data), _marks_problems(data),
         _perfetto(data),
-        f'<footer class="sub">made by mlatrace {esc(__version__)}; charts are SVG drawn when '
-        "the report was made: this file needs no network</footer>",
     ])
+
+
+def _footer() -> str:
+    from mlatrace import __version__
+
+    return (f'<footer class="sub">made by mlatrace {esc(__version__)}; charts are SVG drawn '
+            "when the report was made: this file needs no network</footer>")
+
+
+def _page(title: str, body: str, head: str = "") -> str:
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f'<meta http-equiv="Content-Security-Policy" content="{_csp(PAGE_SCRIPT)}">'
             '<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"{refresh}<title>mlatrace report: {esc(data['trace'])}</title>"
+            f"{head}<title>{esc(title)}</title>"
             f"<style>{STYLE}</style><script>{PAGE_SCRIPT}</script></head>"
             f"<body><main>{body}</main></body></html>\n")
 
 
-def write_html(path: str | os.PathLike, data: dict[str, Any], model: Any = None,
-               **options: Any) -> int:
-    """Write the page atomically (a reader never sees half a file); returns its bytes."""
-    text = render_html(data, model, **options).encode("utf-8")
+_VERDICT_OF_EXIT = {0: ("v-ok", "OK"), 1: ("v-fail", "FAILED"), 2: ("v-fail", "UNUSABLE"),
+                    3: ("v-blind", "BLIND")}
+_ID = re.compile(r'((?<![\w-])id="|href="#)')
+
+
+def render_collection(where: str, runs: list[dict[str, Any]], code: int, *,
+                      fail_on: str = "error", generated: str | None = None) -> str:
+    """`check DIR --html` where DIR holds several runs: the collection's verdict (the worst
+    exit), a table of the runs, and one section per run, named by its run id as `check`
+    prints it, with that run's verdict, findings, graphs and coverage. Each of `runs`:
+    {"run_id", "dirs", "code", "data" (report_dict, None when unusable), "result"}."""
+    from mlatrace.report_data import summary_line
+
+    generated = generated or time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    cls, word = _VERDICT_OF_EXIT.get(code, ("v-fail", "?"))
+    rows, sections = [], []
+    for i, run in enumerate(runs):
+        anchor = f"run-{i + 1}"
+        run_cls, run_word = _VERDICT_OF_EXIT.get(run["code"], ("v-fail", "?"))
+        data = run["data"]
+        counts = data["summary"]["findings"] if data else None
+        rows.append([("html", f'<a href="#{anchor}">{esc(run["run_id"])}</a>'),
+                     ", ".join(map(str, run["dirs"])),
+                     ("html", f'<span class="{run_cls}-text">{esc(run_word)}</span>'),
+                     run["code"], "-" if counts is None else counts["error"],
+                     "-" if counts is None else counts["warning"]])
+        if data is None:
+            body = (f'<section class="verdict {run_cls}" data-exit="{run["code"]}">'
+                    f"<b>{esc(run_word)}</b><p class=\"sub\">the trace of this run cannot be "
+                    "read (mlatrace check says why)</p></section>")
+        else:
+            result = run["result"]
+            far = getattr(getattr(result, "config", None), "far_factor", 8)
+            body = run_sections(data, getattr(result, "model", None), fail_on,
+                                far if isinstance(far, int) else 8)
+            body = _ID.sub(rf"\g<1>r{i + 1}-", body)  # ids unique per run
+            body = f'<p class="sub">{esc(summary_line(data))}</p>' + body
+        sections.append(f'<section class="run" id="{anchor}" data-run="{esc(run["run_id"])}" '
+                        f'data-exit="{run["code"]}"><h2 class="run-head">run '
+                        f"{esc(run['run_id'])} <span class=\"sub\">"
+                        f"({esc(', '.join(map(str, run['dirs'])))})</span></h2>{body}</section>")
+    head = (f"<header><h1>mlatrace check: {len(runs)} runs</h1>"
+            f'<p class="sub">collection <code>{esc(where)}</code>, made {esc(generated)}; '
+            "every run is judged and the exit is the worst (2, then 1, then 3, then 0)</p>"
+            "</header>")
+    each = ", ".join(f"run {r['run_id']}: {_VERDICT_OF_EXIT.get(r['code'], ('', '?'))[1]}"
+                     for r in runs)
+    verdict = (f'<section id="verdict" class="verdict {cls}" data-exit="{code}">'
+               f"<b>{esc(word)}: collection of {len(runs)} runs, exit {code}</b>"
+               f'<p class="sub">{esc(each)} (--fail-on {esc(fail_on)})</p></section>')
+    table = ('<section id="runs"><h2>Runs</h2>'
+             + _table(["run", "directories", "verdict", "exit", "errors", "warnings"], rows,
+                      {3, 4, 5}) + "</section>")
+    body = "".join([head, '<div id="page-errors" hidden></div>', verdict, table, *sections,
+                    _footer()])
+    return _page(f"mlatrace check: {len(runs)} runs in {where}", body)
+
+
+def write_collection(path: str, where: str, runs: list[dict[str, Any]], code: int,
+                     err: Any, fail_on: str = "error") -> bool:
+    """`check DIR --html FILE` of a collection: write its page (atomically), say so on
+    stderr; False (the error said) when it cannot be written."""
+    return _save_text(path, render_collection(where, runs, code, fail_on=fail_on), err)
+
+
+def _save_text(path: str, text: str, err: Any) -> bool:
+    try:
+        size = _write_atomic(path, text.encode("utf-8"))
+    except OSError as exc:
+        from rich.markup import escape
+
+        err.print(f"[red]error:[/] cannot write {escape(path)}: {exc.strerror or exc}",
+                  highlight=False, soft_wrap=True)
+        return False
+    err.print(f"wrote {path} ({size / 1024:.0f} KiB)", highlight=False, soft_wrap=True,
+              markup=False)
+    return True
+
+
+def _write_atomic(path: str | os.PathLike, text: bytes) -> int:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     tmp.write_bytes(text)
     os.replace(tmp, target)
     return len(text)
+
+
+def write_html(path: str | os.PathLike, data: dict[str, Any], model: Any = None,
+               **options: Any) -> int:
+    """Write the page atomically (a reader never sees half a file); returns its bytes."""
+    return _write_atomic(path, render_html(data, model, **options).encode("utf-8"))
 
 
 def write_report(path: str, data: dict[str, Any], result: Any, **options: Any) -> int:

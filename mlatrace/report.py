@@ -22,19 +22,20 @@ from mlatrace.analysis.model import MAX_MARKS
 from mlatrace.exitcodes import ExitCode
 from mlatrace.report_data import REPORT_SCHEMA, problems_of, report_dict, summary_line
 from mlatrace.report_text import (
-    GID_NOTE,
     cost_line,
     fmt,
+    gid_note,
     gid_text,
     gpu_cell,
     gpu_time,
     hex_text,
     problem_text,
     rank_text,
+    units_note,
 )
 from mlatrace.tables import Column, make_console, plural, print_line, print_table, shorten
 
-__all__ = ["REPORT_SCHEMA", "GID_NOTE", "Unusable", "cost_line", "gid_text", "gpu_time", "load",
+__all__ = ["REPORT_SCHEMA", "gid_note", "Unusable", "cost_line", "gid_text", "gpu_time", "load",
            "main", "make_console", "plural", "problem_text", "problems_of", "rank_text", "render",
            "report_dict", "resolve_config", "summary_line"]
 
@@ -190,7 +191,8 @@ def render_coverage(console: Any, data: dict[str, Any], verbose: bool) -> None:
     for e in cov["expect"]:
         state = "met" if e["met"] else "[red]NOT met[/]"
         say(f"  expect {escape(e['what'])}: {e['records']} record(s), {state}")
-    records = ", ".join(f"{kind} {n}" for kind, n in cov["records"].items()
+    records = ", ".join(f"{kind} {n}" + units_note(kind, n, data["summary"])
+                        for kind, n in cov["records"].items()
                         if kind not in ("process", "process.end"))
     say(f"  records: {escape(records) or 'none beyond headers'}")
     quiet = 0
@@ -272,8 +274,9 @@ def render_graphs(console: Any, data: dict[str, Any], verbose: bool) -> None:
         return
     print_rank_rows(console, GRAPH_COLUMNS, graph_rows(graphs), verbose,
                     "graphs (what capture froze / what replays saw)")
-    if any(g["nested_gids"] for g in graphs):
-        console.print(f"({GID_NOTE})", highlight=False)
+    note = gid_note(graphs, data["summary"].get("graphs_total"))
+    if note:
+        console.print(f"({note})", highlight=False, soft_wrap=False)
     from mlatrace.charts.spark import sparkline_lines
 
     spark = sparkline_lines(data, None if verbose else MAX_GRAPH_ROWS)

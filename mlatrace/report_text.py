@@ -43,9 +43,35 @@ def gid_text(gid: int, nested: list[int]) -> str:
     return f"{gid}>{','.join(parts)}"
 
 
-GID_NOTE = ("gid 1>2-4: capture unit 1 (vLLM's wrapper graph, a breakable capture) encloses "
-            "the torch graphs 2 to 4 it captured; the summary counts units (--json: graphs), "
-            "graphs_total counts every graph")
+def gid_note(graphs: list[dict], total: int | None = None) -> str | None:
+    """What `1>2` means, told with the trace's own first nested unit; None when no unit of
+    the trace encloses another graph (nothing to explain)."""
+    unit = next((g for g in graphs if g.get("nested_gids")), None)
+    if unit is None:
+        return None
+    nested = unit["nested_gids"]
+    inner = (f"the graph {nested[0]}" if len(nested) == 1 else
+             f"the graphs {gid_text(unit['gid'], nested).partition('>')[2]}")
+    what = " ".join(str(v) for v in (unit.get("src") or "?", unit.get("mode")) if v)
+    breaks = unit.get("eager_breaks")
+    if breaks:
+        what += f", a breakable capture with {plural(breaks, 'eager break')}"
+    counted = (f"; the summary counts {plural(len(graphs), 'capture unit')} (--json: graphs), "
+               f"graphs_total {total} counts every graph" if total is not None else "")
+    return (f"gid {gid_text(unit['gid'], nested)}: capture unit {unit['gid']} ({what}) "
+            f"encloses {inner} it captured{counted}")
+
+
+def units_note(kind: str, n: int, summary: dict[str, Any]) -> str:
+    """` (1 capture unit, 1 nested)` after the capture records' count where graphs nest:
+    a wrapper capture and the torch capture it triggers are 2 begins, 1 graph to a user."""
+    if kind not in ("graph.capture.begin", "graph.capture.end"):
+        return ""
+    units, total = summary.get("graphs"), summary.get("graphs_total")
+    if not isinstance(units, int) or not isinstance(total, int) or total <= units \
+            or n != total:
+        return ""
+    return f" ({plural(units, 'capture unit')}, {total - units} nested)"
 
 
 def gpu_time(ns: Any) -> str:

@@ -22,6 +22,7 @@ DEFAULT_SAMPLE = 1
 DEFAULT_STEP_ASIDE = (8, 64)
 DEFAULT_REPLAY_TIMING = (8, 64)   # time the first 8 replays of each graph, then 1 in 64
 DEFAULT_FOLD_S = 10.0             # steady steps folded per graph and this many seconds
+WATCH_FOLD_S = 1.0                # ... under `run --watch` (no --fold): the live view's lag
 PREFIX = "MLATRACE_"
 
 

@@ -153,7 +153,7 @@ def test_diff_compares_replay_timing():
     for q in ("p50", "p90", "max"):
         assert changes[f"gpu {q} ns"]["b"] < changes[f"gpu {q} ns"]["a"]
     text = mlatrace("diff", str(LEGACY), str(DEVICE)).stdout
-    assert "gpu p50 ns" in text and "(x0." in text
+    assert "replay GPU time p50" in text and "(x0." in text and "gpu p50 ns" not in text
 
 
 def test_perfetto_puts_timed_replays_on_a_gpu_track_at_their_replay(tmp_path):

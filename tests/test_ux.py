@@ -184,8 +184,8 @@ def test_rank_is_printed_one_way() -> None:
 
 def test_gid_notation_and_graph_counts_are_explained() -> None:
     text = cli("report", SAMPLES / "gpu_serve_bucketed_breakable").output
-    assert "1>2-6" in text and "gid 1>2-4: capture unit 1" in text
-    assert "graphs_total counts every graph" in text
+    assert "1>2-6" in text and "gid 1>2-6: capture unit 1" in text   # its own nesting
+    assert "graphs_total 6 counts every graph" in text
     help_text = cli("report", "--help").output
     assert "graphs_total" in help_text and "1>2-4" in help_text
     data = json.loads(cli("report", "--json", SAMPLES / "gpu_serve_bucketed_breakable").stdout)

@@ -366,4 +366,29 @@ def judge(model: TraceModel, expect: list[str] | tuple[str, ...] = ()) -> Covera
         reasons.append(f"rank(s) {missing} of world size {cov.ranks['world_size']} missing "
                        f"(ranks seen: {', '.join(map(str, cov.ranks['seen'])) or 'none'})")
     cov.reasons = reasons
+    cov.notes += null_fields(model)
     return cov
+
+
+NULL_AFTER = 8   # records of a probe's own kind before a field always null is called out
+
+
+def null_fields(model: TraceModel) -> list[str]:
+    """A probe problem per field of a user pack's own record kind that was null in every
+    one of at least NULL_AFTER records: its path resolves to nothing (a typo, `args.x` of
+    a parameter the target does not have as named, an attribute the object lacks)."""
+    totals: dict[str, list] = {}
+    for proc in model.processes:
+        for kind, (n, nulls) in proc.custom_nulls.items():
+            entry = totals.setdefault(kind, [0, {}])
+            entry[0] += n
+            for name, k in nulls.items():
+                entry[1][name] = entry[1].get(name, 0) + k
+    out = []
+    for kind, (n, nulls) in sorted(totals.items()):
+        empty = sorted(name for name, k in nulls.items() if k == n)
+        if n >= NULL_AFTER and empty:
+            out.append(f"probe problem: {kind} records: field(s) {', '.join(empty)} null in "
+                       f"all {n}: their paths resolve to nothing on the calls seen (check "
+                       "them against the target: docs/probes.md, field paths)")
+    return out

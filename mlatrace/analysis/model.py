@@ -109,6 +109,9 @@ class ProcessModel(Unpickled):
     probe_errors: list[dict] = field(default_factory=list)  # probe.error records (+file, seq)
     marks: list[dict] = field(default_factory=list)   # {seq, t, name, attrs}, the first MAX_MARKS
     marks_total: int = 0
+    # records of kinds mlatrace does not know (a user pack's probe `kind`): kind ->
+    # [records, {field: how many of them held null}] (a path that resolves to nothing)
+    custom_nulls: dict[str, list] = field(default_factory=dict)
 
 
 @dataclass

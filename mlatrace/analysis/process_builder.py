@@ -46,6 +46,8 @@ from mlatrace.kinds import (
     SYNC,
 )
 
+CUSTOM_SKIPPED = frozenset(("k", "t", "seq", "tid", "repeat"))  # not probe fields
+
 
 class ProcessBuilder(CaptureHandlers, ReplayHandlers, AttentionHandlers, ProcessHandlers, Unpickled):
     """Streams one process file into the model (per-thread host state, capture stacks)."""
@@ -111,6 +113,18 @@ class ProcessBuilder(CaptureHandlers, ReplayHandlers, AttentionHandlers, Process
         return None
 
     # -- records -------------------------------------------------------------
+    def custom_record(self, kind: str, rec: Any) -> None:
+        """A record of a kind mlatrace does not know (a user pack's `kind`): count, per
+        field, the records in which it was null (coverage: a path that resolves to nothing)."""
+        entry = self.proc.custom_nulls.get(kind)
+        if entry is None:
+            entry = self.proc.custom_nulls[kind] = [0, {}]
+        entry[0] += 1
+        nulls = entry[1]
+        for name, value in rec.items():
+            if name not in CUSTOM_SKIPPED:
+                nulls[name] = nulls.get(name, 0) + (value is None)
+
     def handlers(self) -> dict[str, Any]:
         """Kind -> handler; dispatch, probe.error and unknown kinds need nothing here."""
         return {

@@ -8,6 +8,7 @@ from typing import Any
 
 from mlatrace.analysis.model import ProcessModel, TraceModel
 from mlatrace.analysis.process_builder import ProcessBuilder
+from mlatrace.kinds import ALL
 from mlatrace.trace import Problem, RecordChunk
 from mlatrace.trace.typed import TYPED_KINDS, to_record
 
@@ -25,6 +26,10 @@ def feed_records(builder: ProcessBuilder, handlers: dict[str, Any], records: Ite
         return feed_each(builder, handlers, records, problems)
     kinds, counts = records.kinds, records.counts  # the reader read their kinds already
     builder.proc.kinds.update(counts)
+    if not ALL.issuperset(counts):  # a user probe's own kind: are its fields ever set?
+        for kind, rec in zip(kinds, records, strict=True):
+            if kind not in ALL:
+                builder.custom_record(kind, rec)
     for handler, rec in zip(map(handlers.get, kinds), records, strict=True):
         if handler is not None:
             try:
@@ -50,6 +55,8 @@ def feed_each(builder: ProcessBuilder, handlers: dict[str, Any], records: Iterab
             handler = handlers.get(kind)
             if handler is not None:
                 handler(rec)
+            elif kind not in ALL and type(kind) is str:
+                builder.custom_record(kind, rec)
         except (AttributeError, TypeError, ValueError, KeyError) as exc:
             problems.append(bad_record(builder, rec, exc))
     return count

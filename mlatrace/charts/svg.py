@@ -45,13 +45,35 @@ def duration(ns: float) -> str:
     return f"{ns:.3g} ns"
 
 
-def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
-    """Round tick values covering [low, high] (linear)."""
+def even_labels(values: list[float], fmt: Any) -> list[str]:
+    """The labels of a linear axis's ticks, every one with the same unit and decimals
+    (3.58, 3.59, 3.60 ms; 14.1002, 14.1004 s), so equal steps read as equal: `fmt` is
+    `duration` (ns), `compact` (lengths, counts) or any other formatter (plain numbers)."""
+    top = max((abs(v) for v in values), default=0)
+    if fmt is duration:
+        scale, unit = next(((f, u) for f, u in ((1e9, " s"), (1e6, " ms"), (1e3, " us"))
+                            if top >= f), (1, " ns"))
+    elif fmt is compact:
+        scale, unit = next(((f, u) for f, u in ((1e9, "G"), (1e6, "M"), (1e3, "K"))
+                            if top >= f), (1, ""))
+    else:
+        scale, unit = 1, ""
+    scaled = [v / scale for v in values]
+    decimals = next((d for d in range(7) if all(
+        abs(round(x, d) - x) <= 1e-9 * max(1.0, abs(x)) for x in scaled)), 6)
+    return [f"{x:.{decimals}f}{unit}" for x in scaled]
+
+
+def nice_ticks(low: float, high: float, count: int = 5, integer: bool = False) -> list[float]:
+    """Round tick values covering [low, high] (linear); `integer`: whole numbers only
+    (an axis of counts)."""
     if high <= low:
         return [low]
     raw = (high - low) / count
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    if integer:
+        step = max(1, math.ceil(step))
     first = math.ceil(low / step) * step
     ticks, v = [], first
     while v <= high + step * 1e-9:
@@ -113,18 +135,20 @@ class Plot:
     def axes(self, x_label: str, y_label: str, x_fmt: Any, y_fmt: Any) -> None:
         bottom = TOP + self.h
         ticks = _log_ticks(self.y0, self.y1) if self.log else nice_ticks(self.y0, self.y1, 4)
-        for v in ticks:
+        labels = [y_fmt(v) for v in ticks] if self.log else even_labels(ticks, y_fmt)
+        for v, label in zip(ticks, labels, strict=True):
             yy = self.y(v)
             self.add(f'<line x1="{LEFT}" x2="{LEFT + self.w}" y1="{yy:.1f}" y2="{yy:.1f}" '
                      'stroke="#e2e8f0"/>')
             self.add(f'<text x="{LEFT - 6}" y="{yy + 4:.1f}" text-anchor="end">'
-                     f'{esc(y_fmt(v))}</text>')
-        for v in nice_ticks(self.x0, self.x1, 6):
+                     f'{esc(label)}</text>')
+        ticks = nice_ticks(self.x0, self.x1, 6)
+        for v, label in zip(ticks, even_labels(ticks, x_fmt), strict=True):
             xx = self.x(v)
             self.add(f'<line x1="{xx:.1f}" x2="{xx:.1f}" y1="{bottom}" y2="{bottom + 4}" '
                      f'stroke="{GREY}"/>')
             self.add(f'<text x="{xx:.1f}" y="{bottom + 16}" text-anchor="middle">'
-                     f'{esc(x_fmt(v))}</text>')
+                     f'{esc(label)}</text>')
         self.add(f'<rect x="{LEFT}" y="{TOP}" width="{self.w}" height="{self.h}" fill="none" '
                  f'stroke="{GREY}"/>')
         self.add(f'<text x="{LEFT + self.w / 2:.1f}" y="{bottom + 30}" text-anchor="middle" '
@@ -227,9 +251,9 @@ def series_chart(series: dict[str, Any], *, kind: str, title: str, y_label: str,
     of = f" (of {count}: the others were not recorded)" if count and count > points else ""
     held = max(b[3] for b in buckets)
     if held > 1:
-        note = (f"{points} {what}s{of} in {len(buckets)} time buckets of "
-                f"{duration(width_ns)}: downsampled, each bar spans its bucket's min..max "
-                f"(up to {held} {what}s a bar); every extreme is kept")
+        note = (f"{points} {what}s{of} as {len(buckets)} bars, each the min..max of the "
+                f"{what}s in a {duration(width_ns)} slice of the time axis (up to {held} a "
+                "bar): downsampled, every extreme kept")
     else:
         note = f"{points} {what}s{of}, each one drawn (not downsampled)"
     if plot.log:
@@ -238,7 +262,8 @@ def series_chart(series: dict[str, Any], *, kind: str, title: str, y_label: str,
 
 
 def histogram_chart(hist: list[list[int]], *, title: str, marks: dict[str, int] | None = None,
-                    bins: int = 36, width: int = HALF) -> str:
+                    bins: int = 36, width: int = HALF,
+                    x_label: str = "GPU time per replay") -> str:
     """Counts of GPU times per replay (`gpu_hist`: [[ns, count]], values rounded to 8
     significant bits), in log-spaced bins; `marks` (p50, p90, max) as vertical lines."""
     values = [(v, c) for v, c in hist if c > 0]
@@ -266,11 +291,12 @@ def histogram_chart(hist: list[list[int]], *, title: str, marks: dict[str, int] 
         return (v - x_lo) / (x_hi - x_lo)
 
     bottom = TOP + plot.h
-    for v in nice_ticks(0, max(counts), 4):
+    counted = nice_ticks(0, max(counts), 4, integer=True)   # replays: whole numbers
+    for v, label in zip(counted, even_labels(counted, compact), strict=True):
         yy = plot.y(v)
         plot.add(f'<line x1="{LEFT}" x2="{LEFT + plot.w}" y1="{yy:.1f}" y2="{yy:.1f}" '
                  'stroke="#e2e8f0"/>')
-        plot.add(f'<text x="{LEFT - 6}" y="{yy + 4:.1f}" text-anchor="end">{esc(compact(v))}</text>')
+        plot.add(f'<text x="{LEFT - 6}" y="{yy + 4:.1f}" text-anchor="end">{esc(label)}</text>')
     for i, c in enumerate(counts):
         if not c:
             continue
@@ -280,14 +306,17 @@ def histogram_chart(hist: list[list[int]], *, title: str, marks: dict[str, int] 
                  f'height="{bottom - yy:.1f}" fill="{BLUE}"><title>{esc(duration(edges[i]))}..'
                  f'{esc(duration(edges[i + 1]))}: {c} replays</title></rect>')
     tick_values = _log_ticks(x_lo, x_hi) if log_x else nice_ticks(x_lo, x_hi, 5)
-    if len(tick_values) < 2:
-        tick_values = [x_lo, x_hi]
-    for v in tick_values:
+    if len(tick_values) < 2:   # a range within one 1-2-5 step: linear ticks inside it
+        tick_values = [v for v in nice_ticks(x_lo, x_hi, 4) if x_lo <= v <= x_hi] \
+            or [x_lo, x_hi]
+    tick_labels = ([duration(v) for v in tick_values] if log_x
+                   else even_labels(tick_values, duration))
+    for v, label in zip(tick_values, tick_labels, strict=True):
         xx = plot.x(fx(v))
         anchor = ("end" if xx > LEFT + plot.w * 0.95 else
                   "start" if xx < LEFT + plot.w * 0.05 else "middle")
         plot.add(f'<text x="{xx:.1f}" y="{bottom + 16}" text-anchor="{anchor}">'
-                 f'{esc(duration(v))}</text>')
+                 f'{esc(label)}</text>')
     for n, (name, v) in enumerate((marks or {}).items()):
         if not isinstance(v, (int, float)):
             continue
@@ -301,7 +330,7 @@ def histogram_chart(hist: list[list[int]], *, title: str, marks: dict[str, int] 
     plot.add(f'<rect x="{LEFT}" y="{TOP}" width="{plot.w}" height="{plot.h}" fill="none" '
              f'stroke="{GREY}"/>')
     plot.add(f'<text x="{LEFT + plot.w / 2:.1f}" y="{bottom + 30}" text-anchor="middle" '
-             f'fill="{GREY}">GPU time per replay{" (log scale)" if log_x else ""}</text>')
+             f'fill="{GREY}">{esc(x_label)}{" (log scale)" if log_x else ""}</text>')
     total = sum(counts)
     return plot.svg("gpu-hist", f"{total} timed replays in {bins} bins (times kept to 8 "
                                 "significant bits, under 0.8% off)")

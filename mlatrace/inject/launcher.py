@@ -141,6 +141,27 @@ def _unknown_packs(names: list[str], probes: list[str]) -> str | None:
     return None
 
 
+def pack_problems(probes: list[str]) -> list[str]:
+    """One line per --probes pack that will not install in the traced processes (it does
+    not load, a handler does not import, or its `versions` exclude the installed library):
+    said at start-up, not only by `report` and `check` once the run is over."""
+    from mlatrace.probe.packs import load_pack, version_problem
+
+    lines = []
+    for path in probes:
+        try:
+            pack = load_pack(path)
+        except Exception as exc:  # PackError ('file:line: reason') or anything unforeseen
+            why = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+            lines.append(f"--probes {path} does not load: {why}")
+            continue
+        why = version_problem(pack) or next(
+            (p.handler_error for p in pack.probes if getattr(p, "handler_error", None)), None)
+        if why:
+            lines.append(f"--probes {path} ({pack.name}) will not install: {why}")
+    return lines
+
+
 def _unusable_out_dir(out_dir: Path) -> str | None:
     """Create OUT and prove it takes files; None when usable, else why not (one line)."""
     if out_dir.exists() and not out_dir.is_dir():
@@ -211,6 +232,13 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
     unknown = _unknown_packs(no_packs or [], probes or [])
     if unknown:
         raise MlatraceError(f"mlatrace run: {unknown}")
+    if watch and fold is None:
+        # the view shows a steady stretch when its fold closes: close folds every
+        # WATCH_FOLD_S, not every 10 s (a steady record per graph and second: the trace
+        # stays small, and no reader has to peek into the recorder's open fold)
+        from mlatrace.settings import WATCH_FOLD_S
+
+        fold = WATCH_FOLD_S
     out_dir = (Path(out) if out else default_out_dir(run_id)).resolve()
     if out_dir.exists() and any(out_dir.glob("p*.jsonl")):
         raise MlatraceError(f"mlatrace run: {out_dir} already holds a trace; choose another "
@@ -238,6 +266,9 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
                     "graph_nodes": graph_nodes, "otlp": otlp, "replay_timing": replay_timing,
                     "step_aside": step_aside, "fold": fold, "max_mb": max_mb},
     }
+    for line in pack_problems(list(probes or [])):
+        print(f"mlatrace run: {line}; the command runs without it (report and check "
+              "will say BLIND)", file=sys.stderr)
     if max_mb == 0:
         print("mlatrace run: --max-mb 0: every process file keeps only captures, changes, "
               "errors, folds and process.end from the start", file=sys.stderr)
@@ -318,9 +349,8 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
     if quiet:
         return exit_code
     if files:
-        print(f"mlatrace: {ended}; trace of {len(files)} "
-              f"{'process' if len(files) == 1 else 'processes'} in {out_dir}\n"
-              f"mlatrace: look at it with: mlatrace report {out_dir}", file=sys.stderr)
+        what = f"trace of {len(files)} {'process' if len(files) == 1 else 'processes'} in"
+        print(_closing_lines(f"mlatrace: {ended}; {what}", str(out_dir)), file=sys.stderr)
     else:
         print(f"mlatrace: {ended}; no Python process ran under it: nothing was traced "
               f"(run.json in {out_dir})", file=sys.stderr)
@@ -328,6 +358,23 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
 
 
 LOG_TAIL_LINES = 20
+
+
+def _closing_lines(ended: str, out_dir: str) -> str:
+    """Where the trace is and the command to read it, fitted to the terminal: a path that
+    does not fit after its words goes on a line of its own (a terminal breaks a long line
+    anywhere, inside the path too), the command kept copyable (a shell continuation)."""
+    import shutil
+
+    width = shutil.get_terminal_size((160, 24)).columns
+    first = (f"{ended} {out_dir}" if len(ended) + 1 + len(out_dir) <= width
+             else f"{ended}\n  {out_dir}")
+    command = f"mlatrace report {out_dir}"
+    head = "mlatrace: look at it with:"
+    second = (f"{head} {command}" if len(head) + 1 + len(command) <= width
+              else f"{head}\n  {command}" if 2 + len(command) <= width
+              else f"{head} mlatrace report \\\n  {out_dir}")
+    return f"{first}\n{second}"
 
 
 def _print_log_tail(log: Path, lines: int = LOG_TAIL_LINES) -> None:

@@ -51,6 +51,7 @@ from mlatrace.probe.packs import (
     load_pack,
     version_problem,
 )
+from mlatrace.probe.targets import FieldPathError
 from mlatrace.settings import Settings
 
 
@@ -61,7 +62,8 @@ class TargetStatus:
     pack: str
     probe: str
     target: str
-    status: str      # ok | inherited | not installed | not found | not importable | absent | drift
+    status: str      # ok | inherited | not installed | not found | not importable | absent
+                     # | drift | bad field
     detail: str = ""
 
 
@@ -219,6 +221,8 @@ def check(packs: list[Pack], skip: dict[str, str] | None = None,
                         status, detail = "ok", ""
                     except InheritedError as exc:
                         status, detail = "inherited", str(exc).split(": ", 1)[-1]
+                    except FieldPathError as exc:
+                        status, detail = "bad field", str(exc).split(": ", 1)[-1]
                     except Drift as exc:
                         status, detail = "drift", str(exc).split(": ", 1)[-1]
                     except LookupError as exc:
@@ -381,7 +385,7 @@ def doctor(extra: list[str] | None = None, source: str | None = None) -> int:
         counts[result.status] = counts.get(result.status, 0) + 1
     drift = counts.get("drift", 0)
     problems += [f"{r.pack}.{r.probe}: target {r.target}: {r.detail}"
-                 for r in results if r.status == "not found"]
+                 for r in results if r.status in ("not found", "bad field")]
     summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
     verdicts = ([f"DRIFT in {drift} target{'' if drift == 1 else 's'}"] if drift else []) \
         + ([f"{len(problems)} pack problem{'' if len(problems) == 1 else 's'}"]
@@ -412,7 +416,7 @@ def doctor(extra: list[str] | None = None, source: str | None = None) -> int:
         print(f"\n{pack.name}: {installed}{applies}{off}{checked}")
         for result in (r for r in results if r.pack == pack.name):
             mark = result.status.upper() if result.status in ("drift", "bad handler",
-                                                              "not found") \
+                                                              "not found", "bad field") \
                 else result.status
             detail = f"  ({result.detail})" if result.detail else ""
             print(f"  {mark:<15} {result.probe:<22} {result.target}{detail}")

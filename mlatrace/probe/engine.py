@@ -44,7 +44,15 @@ from mlatrace.probe import graphs, sampling
 from mlatrace.probe.packs import Pack
 from mlatrace.probe.plain_probes import make_function
 from mlatrace.probe.runtime import STATE, HandlerError, ProbeRuntime, load_handler
-from mlatrace.probe.targets import Drift, InheritedError, Patch, TargetInfo, resolve, split_target
+from mlatrace.probe.targets import (
+    Drift,
+    FieldPathError,
+    InheritedError,
+    Patch,
+    TargetInfo,
+    resolve,
+    split_target,
+)
 from mlatrace.probe.wrapt_probes import make_wrapper
 
 __all__ = ["MARK", "STATE", "Drift", "Engine", "HandlerError", "InheritedError", "Patch",
@@ -129,6 +137,10 @@ class Engine:
                                runtime.spec.inherited)
             except InheritedError as exc:
                 runtime.skipped[target] = f"inherited: {exc}"
+                return
+            except FieldPathError as exc:
+                runtime.skipped[target] = f"bad field: {exc}"
+                runtime.report(target, f"bad field path: {exc}", "field")
                 return
             except Drift as exc:
                 runtime.skipped[target] = f"drift: {exc}"

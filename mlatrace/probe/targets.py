@@ -9,12 +9,17 @@ from typing import Any
 
 import wrapt
 
-__all__ = ["Drift", "InheritedError", "Patch", "TargetInfo", "is_method", "param_names",
+__all__ = ["Drift", "FieldPathError", "InheritedError", "Patch", "TargetInfo", "is_method", "param_names",
            "resolve", "split_target"]
 
 
 class Drift(Exception):
     """The installed target does not have the declared parameters."""
+
+
+class FieldPathError(Drift):
+    """A field path that cannot resolve on this target, whatever the call: `args.self`
+    of a method (the instance is `self`, not an argument)."""
 
 
 @dataclass
@@ -107,6 +112,11 @@ def resolve(target: str, module: Any, declared: list[str],
     if attr == "__new__":
         bound = False   # __new__ is a staticmethod called with cls explicitly
     offset = 1 if bound else 0
+    if bound and names and not names[0].startswith("*") and names[0] in (reads or []):
+        raise FieldPathError(f"{target}: a field reads args.{names[0]}, the instance the "
+                             f"method is called on, which is no argument: it resolves to "
+                             f"nothing on every call; write self.<attr> "
+                             f"(args.{names[0]}.x -> self.x)")
     positions = {}
     for index, name in enumerate(names):
         if name.startswith("*"):

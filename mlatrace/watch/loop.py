@@ -68,8 +68,8 @@ def follow(live: LiveRun, console: Any, log_path: str | None = None,
     live.refresh()
     last = time.monotonic()
     try:
-        with Live(render(live, log_path, console.width), console=console, auto_refresh=False,
-                  redirect_stdout=False, redirect_stderr=False) as view:
+        with Live(render(live, log_path, console.width, console.height), console=console,
+                  auto_refresh=False, redirect_stdout=False, redirect_stderr=False) as view:
             unseen = False  # records read since the last refresh
             while True:
                 unseen = bool(live.poll()) or unseen
@@ -77,7 +77,8 @@ def follow(live: LiveRun, console: Any, log_path: str | None = None,
                 now = time.monotonic()
                 if over or refresh_due(live, unseen, now - last):
                     live.refresh()
-                    view.update(render(live, log_path, console.width), refresh=True)
+                    view.update(render(live, log_path, console.width, console.height),
+                                refresh=True)
                     if page is not None:
                         page.update(live)
                     last, unseen = now, False

@@ -65,7 +65,9 @@ class LoggedFinding:
     """A finding as the watch saw it: when it appeared, whether it still holds."""
 
     finding: Finding
-    first_seen: float               # wall clock (time.time()) of the refresh that found it
+    # wall clock (s since the epoch) of the latest record its evidence points at when it
+    # first appeared (`evidence_time`); of the refresh that found it where none is dated
+    first_seen: float
     resolved_at: float | None = None
     resolved_why: str | None = None
 
@@ -149,7 +151,7 @@ class LiveRun:
         for key, finding in current.items():
             logged = self.log.get(key)
             if logged is None:
-                self.log[key] = LoggedFinding(finding, now)
+                self.log[key] = LoggedFinding(finding, self.evidence_time(finding) or now)
             else:
                 logged.finding = finding
                 logged.resolved_at = logged.resolved_why = None
@@ -166,6 +168,25 @@ class LiveRun:
                 logged.resolved_why = f"captured again as gid {newer[0].gid}, without it"
         self._count_replays(now, model)
         return self.analysis
+
+    def evidence_time(self, finding: Finding) -> float | None:
+        """When the finding's evidence was recorded: the wall clock of the latest record it
+        points at (the header's wall_ns + the record's t), None where none can be dated.
+        Read from the files (trace.seek: a few reads each), once per new finding."""
+        from mlatrace.trace.seek import record_at
+
+        files = {p.name: p for p in self.tail.processes()}
+        latest = None
+        for e in finding.evidence:
+            proc = files.get(e.file)
+            wall = (proc.header or {}).get("wall_ns") if proc is not None else None
+            if type(wall) is not int:
+                continue
+            rec = record_at(proc.path, e.seq)
+            t = rec.get("t") if rec is not None else None
+            if type(t) is int and (latest is None or wall + t > latest):
+                latest = wall + t
+        return None if latest is None else latest / 1e9
 
     def _count_replays(self, now: float, model: TraceModel) -> None:
         self._counts.append((now, {g_key(g): g.replays.count for g in model.graphs.values()}))

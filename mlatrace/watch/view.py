@@ -49,16 +49,24 @@ def _elapsed(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
-def render(live: LiveRun, log_path: str | None = None, width: int | None = None) -> Any:
+NARROW = 100   # below this many columns a finding shows its id without its name
+
+
+def render(live: LiveRun, log_path: str | None = None, width: int | None = None,
+           height: int | None = None) -> Any:
     """The whole screen for the current state of `live` (call after `live.refresh()`), its
     tables fitted to `width` (the console's) as `report`'s are: the least important columns
-    left out, never a word split inside a cell."""
+    left out, never a word split inside a cell. `height` (a live terminal's): as many
+    findings as leave the graphs rows on the screen below them."""
     from rich.console import Group
 
     width = width or DEFAULT_PIPE_WIDTH
-    # findings first: a terminal too short for the whole view crops the bottom
-    parts = [_run_lines(live, log_path, width), _coverage(live), _findings(live, width),
-             _processes(live, width), _graphs(live, width), _attention(live, width)]
+    # about 3 lines a finding; the run, coverage and graphs take some 16 lines
+    rows = MAX_ROWS if height is None else max(1, min(MAX_ROWS, (height - 16) // 3))
+    # findings, then graphs, first: a terminal too short for the whole view crops the
+    # bottom (at 80x24 the processes and attention tables are the ones cut)
+    parts = [_run_lines(live, log_path, width), _coverage(live), _findings(live, width, rows),
+             _graphs(live, width), _processes(live, width), _attention(live, width)]
     return Group(*[p for p in parts if p is not None])
 
 
@@ -98,10 +106,13 @@ def _run_lines(live: LiveRun, log_path: str | None, width: int = DEFAULT_PIPE_WI
         text.append(f" (run {run['run_id']})")
     text.append(f": {state}, {live.records} records read\n")
     if run.get("argv"):
+        lines = 1 if width < NARROW else 2
         text.append("command: " + shorten(" ".join(str(a) for a in run["argv"]),
-                                          max(20, 2 * width - 10)) + "\n")
-    if log_path:
-        text.append(f"command output: {log_path}\n")
+                                          max(20, lines * width - 10)) + "\n")
+    if log_path:  # a path is never broken by the wrap: on its own line when it is long
+        head = "command output:"
+        text.append(f"{head} {log_path}\n" if len(head) + 1 + len(log_path) <= width
+                    else f"{head}\n  {log_path}\n")
     problems = live.model.problems
     if problems:
         text.append(f"{len(problems)} problem(s): " + "; ".join(str(p) for p in problems[:3])
@@ -167,10 +178,25 @@ def _graphs(live: LiveRun, width: int = DEFAULT_PIPE_WIDTH) -> Any:
                      str(stats.count), "-" if rate is None else f"{rate:.1f}",
                      _span(latest.get("seq_len_min"), latest.get("seq_len_max")),
                      _fmt(stats.seq_len_max)])
-    caption = (f"the last {MAX_ROWS} of {len(roots)} captures" if len(roots) > MAX_ROWS
-               else None)
+    notes = [f"the last {MAX_ROWS} of {len(roots)} captures"] if len(roots) > MAX_ROWS else []
+    lag = fold_lag(live)
+    if lag:
+        notes.append(f"steady steps arrive folded, every {lag:g} s (`run --watch` folds "
+                     "every second)")
+    caption = "; ".join(notes) or None
     return _fitted("graphs captured (frozen at capture / replays)", GRAPH_COLUMNS, rows,
                    width, caption)
+
+
+def fold_lag(live: LiveRun) -> float | None:
+    """The fold interval of a running process whose folds close more slowly than `run
+    --watch` makes them (the view's counts of its steady steps move that often)."""
+    from mlatrace.settings import WATCH_FOLD_S
+
+    running = {ps.proc.name for ps in live.processes() if ps.state == "running"}
+    lags = [p.fold_s for p in live.model.processes
+            if p.file in running and p.fold_s and p.fold_s > WATCH_FOLD_S]
+    return max(lags) if lags else None
 
 
 ATTENTION_COLUMNS = [Column("pid", priority=2, justify="right"),
@@ -248,13 +274,14 @@ def coverage_packs(cov: Coverage) -> dict[str, list[str] | None]:
             if recorded else None}
 
 
-FINDING_COLUMNS = [Column("id", wrap=True), Column("severity", priority=3),
+# severity is the column a user needs: never left out (status and first seen go first)
+FINDING_COLUMNS = [Column("id", wrap=True), Column("severity"),
                    Column("status", priority=2, wrap=True),
-                   Column("first seen", priority=4, wrap=True),
-                   Column("message", wrap=True, want=40)]
+                   Column("first seen", priority=3, wrap=True),
+                   Column("message", wrap=True, want=30)]
 
 
-def _findings(live: LiveRun, width: int = DEFAULT_PIPE_WIDTH) -> Any:
+def _findings(live: LiveRun, width: int = DEFAULT_PIPE_WIDTH, max_rows: int = MAX_ROWS) -> Any:
     from rich.text import Text
 
     logged = live.findings()
@@ -265,7 +292,7 @@ def _findings(live: LiveRun, width: int = DEFAULT_PIPE_WIDTH) -> Any:
     run = live.run_json() or {}
     start = run.get("start_ns")
     began = start / 1e9 if isinstance(start, int) else None
-    for lf in logged[:MAX_ROWS]:
+    for lf in logged[:max_rows]:
         f = lf.finding
         sev = "[red]error[/]" if f.severity == "error" else "[yellow]warning[/]"
         status = "active" if lf.active else f"resolved ({lf.resolved_why})"
@@ -273,11 +300,14 @@ def _findings(live: LiveRun, width: int = DEFAULT_PIPE_WIDTH) -> Any:
         seen = _clock(lf.first_seen) + (f" (+{_elapsed(after)})"
                                         if after is not None and 0 <= after < 86400 else "")
         where = f"rank {f.rank}: " if f.rank is not None else ""
-        rows.append([f"{f.id} {f.name}", sev, status, seen,
-                     shorten(where + f.message, MESSAGE_CHARS)])
+        # narrow: the id alone and a message of about two lines of what is left for it
+        narrow = width < NARROW
+        rows.append([f.id if narrow else f"{f.id} {f.name}", sev, status, seen,
+                     shorten(where + f.message,
+                             max(40, 2 * (width - 50)) if narrow else MESSAGE_CHARS)])
     return _fitted("findings", FINDING_COLUMNS, rows, width,
-                   f"{len(logged) - MAX_ROWS} more: see the final report"
-                   if len(logged) > MAX_ROWS else None)
+                   f"{len(logged) - max_rows} more: see the final report"
+                   if len(logged) > max_rows else None)
 
 
 def latest_metadata(live: LiveRun, proc_file: Any) -> dict[str, dict]:

@@ -139,7 +139,11 @@ def frozen_one_split(model: TraceModel, config: Config) -> list[Finding]:
                "graph segments / capture one graph per length bucket")
         evidence = one_split_refs[:3] + (ev(hint_ref, f"host hint min_kv_seq_len={hint}")
                                          if hint is not None else [])
-        evidence += ev(graph.begin, f"capture of gid {graph.gid} begins")
+        if graph.gid == rg.gid or rg.begin is None:
+            evidence += ev(graph.begin, f"capture of gid {graph.gid} begins")
+        else:  # the finding is on the replayed unit: its capture, and where the split froze
+            evidence += ev(rg.begin, f"capture of gid {rg.gid} begins (the split froze in "
+                                     f"gid {graph.gid}, captured inside it)")
         evidence += replay_evidence(rg)
         findings.append(make_finding(
             "MLT001", message, fix, evidence, pid=graph.pid, rank=model.rank_of(graph.pid),
