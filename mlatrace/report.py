@@ -110,7 +110,8 @@ MAX_PROBLEM_LINES = 50
 def print_warnings(console: Any, problems: list[dict[str, Any]]) -> None:
     """One `warning:` line per problem (problems_of), never wrapped: CI logs grep them."""
     for p in problems[:MAX_PROBLEM_LINES]:
-        console.print(f"[yellow]warning:[/] {problem_text(p)}", highlight=False, soft_wrap=True)
+        console.print(f"[yellow]warning:[/] {escape(problem_text(p))}", highlight=False,
+                      soft_wrap=True)
     if len(problems) > MAX_PROBLEM_LINES:
         console.print(f"[yellow]warning:[/] ... {len(problems) - MAX_PROBLEM_LINES} more "
                       "problems (--json lists them all)", highlight=False, soft_wrap=True)
@@ -191,8 +192,15 @@ def render_coverage(console: Any, data: dict[str, Any], verbose: bool) -> None:
         state = "met" if e["met"] else "[red]NOT met[/]"
         say(f"  expect {escape(e['what'])}: {e['records']} record(s), {state}")
     records = ", ".join(f"{kind} {n}" for kind, n in cov["records"].items()
-                        if kind not in ("process", "process.end"))
+                        if kind not in ("process", "process.end", "steady"))
     say(f"  records: {escape(records) or 'none beyond headers'}")
+    folds = cov["records"].get("steady")
+    if folds:   # the counts above are the records the folds stand for (docs/folding.md)
+        written = sum(p.get("written", p["records"]) for p in data["processes"])
+        stood = sum(p["records"] for p in data["processes"])
+        say(f"  folded: {plural(folds, 'steady record')} stand for "
+            f"{plural(stood - written + folds, 'record')} of these (the files hold "
+            f"{plural(written, 'record')})")
     quiet = 0
     for p in cov["processes"]:
         t = p["targets"]
