@@ -133,7 +133,7 @@ def _processes(live: LiveRun, width: int = DEFAULT_PIPE_WIDTH) -> Any:
     return _fitted("processes", PROCESS_COLUMNS, rows, width)
 
 
-GRAPH_COLUMNS = [Column("rank"), Column("gid"), Column("key", wrap=True),
+GRAPH_COLUMNS = [Column("process"), Column("gid"), Column("key", wrap=True),
                  Column("mode", priority=3), Column("splits"), Column("stage-1 grid", priority=2),
                  Column("stage 2", priority=4), Column("replays", justify="right"),
                  Column("rate/s", priority=5, justify="right"),
@@ -158,8 +158,8 @@ def _graphs(live: LiveRun, width: int = DEFAULT_PIPE_WIDTH) -> Any:
         latest = stats.latest_md or {}
         rate = live.replay_rate(replayed)
         nested = [g.gid for g in model.subtree(root) if g is not root]
-        rows.append([_fmt(model.rank_of(root.pid)) if model.rank_of(root.pid) is not None
-                     else f"pid {root.pid}",
+        rank = model.rank_of(root.pid)   # the process: its rank, or its pid without one
+        rows.append([f"rank {rank}" if rank is not None else f"pid {root.pid}",
                      str(root.gid) + (">" + ",".join(map(str, sorted(nested))) if nested else ""),
                      _fmt(model.effective_key(root)), _fmt(model.effective_mode(root)),
                      _fmt(topo["num_kv_splits"]),
