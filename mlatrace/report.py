@@ -564,7 +564,7 @@ def argv_text(argv: list[str], shared: int = 0) -> str:
         return text
     if 0 < shared < len(argv):
         differs = shared - 1 if argv[shared - 1].startswith("-") else shared  # its option too
-        head = " ".join(argv[:min(differs, 3)])
-        return f"{shorten(head, 30)} … {' '.join(argv[differs:])}"
+        head = " ".join([argv[0].rsplit("/", 1)[-1], *argv[1:min(differs, 3)]])
+        return f"{shorten(head, 30).removesuffix('…')} … {' '.join(argv[differs:])}"
     return shorten(text, ARGV_CHARS)
 

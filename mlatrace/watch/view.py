@@ -15,6 +15,7 @@ from typing import Any
 
 from mlatrace.analysis.coverage import Coverage
 from mlatrace.analysis.summary import root_graphs, topology
+from mlatrace.report_data import records_stood_for
 from mlatrace.tables import DEFAULT_PIPE_WIDTH, Column, fit_table, shorten
 from mlatrace.watch.state import LiveRun
 
@@ -127,7 +128,8 @@ def _processes(live: LiveRun, width: int = DEFAULT_PIPE_WIDTH) -> Any:
         style = "green" if ps.state == "running" else ("" if ps.state.startswith("ended")
                                                         else "yellow")
         rows.append([p.file, _fmt(p.pid), _fmt(p.rank), p.role,
-                     f"[{style}]{ps.state}[/]" if style else ps.state, str(p.records)])
+                     f"[{style}]{ps.state}[/]" if style else ps.state,
+                     str(records_stood_for(p))])
     if len(states) > MAX_ROWS:
         rows.append([f"+{len(states) - MAX_ROWS} more", "", "", "", "", ""])
     return _fitted("processes", PROCESS_COLUMNS, rows, width)
@@ -317,7 +319,7 @@ def snapshot_dict(live: LiveRun, log_path: str | None = None) -> dict[str, Any]:
         p = by_file.get(ps.proc.name)
         processes.append({"file": ps.proc.name, "pid": p.pid if p else ps.proc.pid,
                           "rank": p.rank if p else None, "role": p.role if p else "starting",
-                          "state": ps.state, "records": p.records if p else 0})
+                          "state": ps.state, "records": records_stood_for(p) if p else 0})
     findings = [{"id": lf.finding.id, "name": lf.finding.name, "severity": lf.finding.severity,
                  "pid": lf.finding.pid, "rank": lf.finding.rank, "gid": lf.finding.gid,
                  "message": lf.finding.message, "status": "active" if lf.active else "resolved",
