@@ -371,7 +371,7 @@ def probes_doctor(extra: tuple[str, ...], source: str | None) -> None:
 
 @main.group()
 def bench() -> None:
-    """Benchmarks whose results the README records."""
+    """Benchmarks; their commands and figures are in docs/benchmarks.md."""
 
 
 @bench.command("record")
