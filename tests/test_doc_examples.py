@@ -188,6 +188,13 @@ def test_each_backend_case_shown_by_a_trace_names_the_findings_its_trace_gives()
     assert not wrong, wrong
 
 
+def test_the_testing_page_says_how_long_the_default_run_takes():
+    text = (ROOT / "docs" / "testing.md").read_text()
+    m = re.search(r"default run \(`time pytest -q`\) took (\d+) s, (\d+) passed", text)
+    assert m, "docs/testing.md: how long the default test run takes, and on what machine"
+    assert "2-core" in text[max(0, m.start() - 200):m.end()]
+
+
 def write() -> None:
     """Re-make every marked block in place."""
     for doc in DOCS:
