@@ -13,6 +13,7 @@ torch is not installed (`pip install 'mlatrace[reference]'`).
 from __future__ import annotations
 
 import collections
+import contextlib
 import importlib.util
 import json
 import os
@@ -112,20 +113,25 @@ def relay(cmd: list[str], quiet_s: float = QUIET_S, out: TextIO | None = None) -
     threading.Thread(target=read, daemon=True).start()
     started = time.monotonic()
     serving = False
-    while True:
-        try:
-            line = lines.get(timeout=quiet_s)
-        except queue.Empty:
-            what = ("decoding" if serving else
-                    "the traced program starts: Python, torch, the engine, its graph capture")
-            print(f"demo: still working ({time.monotonic() - started:.0f} s; {what})",
-                  file=out, flush=True)
-            continue
-        if line is None:
-            break
-        serving = serving or line.startswith("mlatrace reference serve:")
-        out.write(line)
-        out.flush()
+    try:
+        while True:
+            try:
+                line = lines.get(timeout=quiet_s)
+            except queue.Empty:
+                what = ("decoding" if serving else
+                        "the traced program starts: Python, torch, the engine, its capture")
+                print(f"demo: still working ({time.monotonic() - started:.0f} s; {what})",
+                      file=out, flush=True)
+                continue
+            if line is None:
+                break
+            serving = serving or line.startswith("mlatrace reference serve:")
+            out.write(line)
+            out.flush()
+    except KeyboardInterrupt:   # the run had the same Ctrl-C: let it write its trace
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=30)
+        raise
     return proc.wait()
 
 
