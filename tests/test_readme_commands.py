@@ -85,6 +85,41 @@ def test_every_command_and_option_in_the_readme_table_is_real():
     assert not wrong, wrong
 
 
+def readme_commands() -> list[str]:
+    """Every `mlatrace ...` the README shows: in inline code and in code blocks, each cut
+    at ` -- ` (what follows is the traced command's) and at a `#` comment."""
+    text = (ROOT / "README.md").read_text()
+    spans = re.findall(r"`(mlatrace [^`]+)`", text)
+    spans += [m.group(1) for m in re.finditer(r"^(?:\$ )?(mlatrace [^\n]+)$", text, re.M)]
+    # the run options listed in the tour ("Options: `--out DIR`, ... (`mlatrace run --help`")
+    listed = text.split("Options: `--out DIR`", 1)[1].split("(`mlatrace run --help`", 1)[0]
+    spans += [f"mlatrace run {opt}" for opt in ["--out", *re.findall(r"`(--[\w-]+)", listed)]]
+    out = []
+    for span in spans:
+        span = span.replace("\\|", "|").split(" -- ", 1)[0].split("  #", 1)[0]
+        out.append(span.rstrip("\\ ").strip())
+    return out
+
+
+def test_every_command_and_option_the_readme_shows_is_real():
+    commands = leaf_commands()
+    groups = {path[0] for path in commands if len(path) > 1}
+    wrong = []
+    for shown in readme_commands():
+        words = shown.split()
+        path = tuple(words[1:3]) if words[1] in groups and len(words) > 2 else (words[1],)
+        cmd = commands.get(path)
+        if cmd is None:
+            if path[0] not in groups:
+                wrong.append(f"`{shown}`: no command {' '.join(path)}")
+            continue
+        known = {"-h", "--help"} | {opt for p in cmd.params
+                                   for opt in (*p.opts, *p.secondary_opts)}
+        wrong += [f"`{shown}`: {' '.join(path)} has no option {o}"
+                  for o in re.findall(r"(?<![\w-])(--?[a-z][\w-]*)", shown) if o not in known]
+    assert not wrong, wrong
+
+
 def test_every_command_has_a_row_in_the_readme_table():
     named = {path for cell in table_rows() for path, _ in mentioned(cell)}
     missing = [" ".join(path) for path in leaf_commands() if path not in named]
