@@ -96,7 +96,8 @@ def junit_xml(result: Analysis, fail_on: str, rules: list[str], trace: str) -> E
 
 
 def _finding_text(f: Finding) -> str:
-    lines = [f"[{f.severity}] {f.message}", f"pid {f.pid} rank {rank_text(f.rank)} gid {f.gid}"]
+    graph = f" gid {f.gid}" if f.gid is not None else ""   # a finding of no one graph
+    lines = [f"[{f.severity}] {f.message}", f"pid {f.pid} rank {rank_text(f.rank)}{graph}"]
     lines += [f"  {e.file}:seq {e.seq} ({e.kind}) {e.what}" for e in f.evidence]
     lines.append(f"fix: {f.hint}")
     return "\n".join(lines)

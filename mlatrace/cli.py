@@ -373,7 +373,7 @@ def probes_doctor(extra: tuple[str, ...], source: str | None) -> None:
 
 @main.group()
 def bench() -> None:
-    """Benchmarks whose results the README records."""
+    """Benchmarks; their commands and figures are in docs/benchmarks.md."""
 
 
 @bench.command("record")
@@ -482,7 +482,7 @@ def bench_overhead(steps: int, graph_modes: list[str], rounds: int, sample: int 
                    "frozen at capture: MLT001), bucketed, or device (derived on the GPU: "
                    "no finding).")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
-              show_default="a temporary directory",
+              show_default="a temporary directory, removed at the end",
               help="Keep the trace in this directory.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
               show_default=True, help="Where the reference decode runs (auto: CUDA if available).")

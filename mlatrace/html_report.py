@@ -246,7 +246,8 @@ def _findings(data: dict[str, Any]) -> str:
     parts = ['<section id="finding-details"><h2>Findings: evidence, fix, cost</h2>']
     for i, f in enumerate(findings[:MAX_FINDINGS]):
         sev = "error" if f["severity"] == "error" else "warning"
-        where = f"rank {_rank(f.get('rank'))}, pid {f.get('pid')}, gid {f.get('gid')}"
+        where = f"rank {_rank(f.get('rank'))}, pid {f.get('pid')}" + (
+            f", gid {f.get('gid')}" if f.get("gid") is not None else "")
         link = (f' (<a href="#{_anchor(f["pid"], f["gid"])}">graph</a>)'
                 if f.get("gid") is not None else "")
         evidence = "".join(f"<li><code>{esc(e['file'])}:seq {esc(e['seq'])}</code> "

@@ -111,7 +111,8 @@ MAX_PROBLEM_LINES = 50
 def print_warnings(console: Any, problems: list[dict[str, Any]]) -> None:
     """One `warning:` line per problem (problems_of), never wrapped: CI logs grep them."""
     for p in problems[:MAX_PROBLEM_LINES]:
-        console.print(f"[yellow]warning:[/] {problem_text(p)}", highlight=False, soft_wrap=True)
+        console.print(f"[yellow]warning:[/] {escape(problem_text(p))}", highlight=False,
+                      soft_wrap=True)
     if len(problems) > MAX_PROBLEM_LINES:
         console.print(f"[yellow]warning:[/] ... {len(problems) - MAX_PROBLEM_LINES} more "
                       "problems (--json lists them all)", highlight=False, soft_wrap=True)
@@ -193,8 +194,15 @@ def render_coverage(console: Any, data: dict[str, Any], verbose: bool) -> None:
         say(f"  expect {escape(e['what'])}: {e['records']} record(s), {state}")
     records = ", ".join(f"{kind} {n}" + units_note(kind, n, data["summary"])
                         for kind, n in cov["records"].items()
-                        if kind not in ("process", "process.end"))
+                        if kind not in ("process", "process.end", "steady"))
     say(f"  records: {escape(records) or 'none beyond headers'}")
+    folds = cov["records"].get("steady")
+    if folds:   # the counts above are the records the folds stand for (docs/folding.md)
+        written = sum(p.get("written", p["records"]) for p in data["processes"])
+        stood = sum(p["records"] for p in data["processes"])
+        say(f"  folded: {plural(folds, 'steady record')} stand for "
+            f"{plural(stood - written + folds, 'record')} of these (the files hold "
+            f"{plural(written, 'record')})")
     quiet = 0
     for p in cov["processes"]:
         t = p["targets"]
@@ -530,8 +538,39 @@ def print_runs(paths: str | list[str], as_json: bool = False) -> int:
         sys.stdout.write(json.dumps({"schema": "mlatrace.runs/1",
                                      "runs": [r.to_dict() for r in runs]}, indent=1) + "\n")
         return 0
-    rows = [[str(r.run_id), describe_start(r.start_ns), shorten(" ".join(r.argv), 60),
+    shared = _shared_args([r.argv for r in runs])
+    rows = [[str(r.run_id), describe_start(r.start_ns), argv_text(r.argv, shared),
              ", ".join(r.hosts) or "-", str(r.processes), ", ".join(str(d) for d in r.dirs)]
             for r in runs]
     print_table(make_console(), RUN_COLUMNS, rows, title=f"{len(runs)} run(s), oldest first")
     return 0
+
+
+ARGV_CHARS = 60
+
+
+def _shared_args(argvs: list[list[str]]) -> int:
+    """How many leading arguments every one of several runs' argvs shares (0 for one run)."""
+    if len(argvs) < 2:
+        return 0
+    n = 0
+    for column in zip(*argvs, strict=False):
+        if any(arg != column[0] for arg in column):
+            break
+        n += 1
+    return n
+
+
+def argv_text(argv: list[str], shared: int = 0) -> str:
+    """A run's command in about ARGV_CHARS: when runs share leading arguments, the command's
+    first ones, then the arguments where this run differs from the others (a cut in the
+    middle, never where the runs differ)."""
+    text = " ".join(argv)
+    if len(text) <= ARGV_CHARS:
+        return text
+    if 0 < shared < len(argv):
+        differs = shared - 1 if argv[shared - 1].startswith("-") else shared  # its option too
+        head = " ".join([argv[0].rsplit("/", 1)[-1], *argv[1:min(differs, 3)]])
+        return f"{shorten(head, 30).removesuffix('…')} … {' '.join(argv[differs:])}"
+    return shorten(text, ARGV_CHARS)
+

@@ -21,7 +21,9 @@
                   "probes_errored": int,                # distinct probes with a probe.error
                   "blind": bool},                       # coverage.blind
       "processes": [{"file", "pid", "ppid", "rank", "root", "world_size", "role", "argv",
-                     "schema", "records", "dropped", "gaps", "end_reason"}],
+                     "schema", "records", "written", "dropped", "gaps", "end_reason"}],
+                                  # records: what the file stands for (a steady record as the
+                                  # records it folded); written: the records it holds
       "graphs": [{"pid", "rank", "file", "gid", "nested_gids": [int], "src", "key", "mode",
                   "segments", "eager_breaks", "capture_seq",
                   "capture_error": str|null,   # the capture raised (graph.capture.end)
@@ -96,6 +98,7 @@ from typing import Any
 from mlatrace.analysis import Analysis
 from mlatrace.analysis.kernels import kernel_view
 from mlatrace.analysis.summary import root_graphs, units
+from mlatrace.kinds import STEADY
 from mlatrace.tables import plural
 
 REPORT_SCHEMA = "mlatrace.report/1"
@@ -126,9 +129,39 @@ def problems_of(model: Any) -> list[dict[str, Any]]:
                 f"size cap of {cap.get('max_mb')} MB reached: "
                 f"{plural(sum(v for v in left.values() if isinstance(v, int)), 'record')} "
                 "left out after it (" + (", ".join(f"{k} {v}" for k, v in left.items())
-                                         or "none") + "); captures, changes, errors and "
-                "folds kept")})
+                                         or "none") + "); " + cap_kept_text(cap))})
     return out
+
+
+CAP_KEPT_WORDS = (
+    (("graph.capture.begin", "graph.capture.end", "graph.nodes", "device"), "captures"),
+    (("sync",), "syncs"), (("graph.eager_break",), "eager breaks"), (("mark",), "marks"),
+    (("probe.error", "record.error", "kernel.skip"), "errors"), (("steady",), "folds"),
+    (("graph.replay", "attn.metadata", "dispatch"), "the steps folding writes in full"),
+)
+"""What the size cap keeps (process.end `cap.kept`), in words, in the order said."""
+
+
+def cap_kept_text(cap: dict[str, Any]) -> str:
+    """What the cap kept, from the kinds its process.end lists: without folding (`--fold
+    0`) there are no folds, so no step record is kept after the cap."""
+    kept = cap.get("kept")
+    if not isinstance(kept, list):
+        return "captures, errors and folds kept"   # an older trace: its recorder's rule
+    folded = "graph.replay" in kept   # the recorder folded: its folds and full steps kept
+    words = [word for kinds, word in CAP_KEPT_WORDS
+             if set(kinds) & set(kept) and (folded or "steady" not in kinds)]
+    text = (", ".join(words[:-1]) + " and " + words[-1]) if len(words) > 1 else "".join(words)
+    return (text or "only process records") + " kept" + (
+        "" if folded else " (no folding: no replay, metadata or call record after the cap)")
+
+
+def records_stood_for(proc: Any) -> int:
+    """The records a process file stands for: a `steady` record counts as the records it
+    folded, not as one, so the figure is the same with folding on and off (and equals the
+    sum of its kinds in the coverage's records line)."""
+    kinds = proc.kinds
+    return sum(kinds.values()) - kinds.get(STEADY, 0) if kinds else proc.records
 
 
 def report_dict(trace_path: str, result: Analysis,
@@ -160,7 +193,8 @@ def report_dict(trace_path: str, result: Analysis,
             "file": p.file, "pid": p.pid, "ppid": p.ppid, "rank": p.rank,
             "root": p.ppid not in {q.pid for q in model.processes},
             "world_size": p.world_size, "role": p.role, "argv": p.argv, "schema": p.schema,
-            "records": p.records, "dropped": p.dropped, "gaps": p.gaps,
+            "records": records_stood_for(p), "written": p.records,
+            "dropped": p.dropped, "gaps": p.gaps,
             "end_reason": (p.end or {}).get("reason"),
         } for p in model.processes],
         "graphs": units(model),

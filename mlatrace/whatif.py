@@ -212,7 +212,8 @@ def render(data: dict, out: Any = sys.stdout) -> None:
     for g in data["graphs"]:
         lens = (f"{g['replay_len_min']}..{g['replay_len_max']}" if g["replay_len_min"]
                 else str(g["replay_len_max"]))
-        print(f"\ngraph gid {g['gid']} (pid {g['pid']}, rank {g['rank']}, key {g['key']}, "
+        rank = "-" if g["rank"] is None else g["rank"]
+        print(f"\ngraph gid {g['gid']} (pid {g['pid']}, rank {rank}, key {g['key']}, "
               f"{g['finding']}): batch {g['batch']}, {g['heads']} heads, {g['dtype']}, "
               f"{g['layers']} layers, frozen NUM_KV_SPLITS {g['frozen_splits']}, "
               f"replay lengths {lens}", file=out)

@@ -108,7 +108,8 @@ class IncrementalBuilder:
             "runtime_eager": {k: v for k, v in model.runtime_eager.items() if k[0] in pids},
             "runtime_splits": {k: v for k, v in model.runtime_splits.items() if k in pids},
             "files": {id(f): (f.gaps, f.dropped, f.records_read, f._last_seq, f.end,
-                              f.lines_checked, f.header, f._header_line_ok, f._header_problem)
+                              f.lines_checked, f.header, f._header_line_ok, f._header_problem,
+                              f._captured)
                       for f in proc_files},
             "reader_problems": proc_files[0].problems[reader_from:] if proc_files else [],
             "problems": self.problems[own_from:],
@@ -144,7 +145,7 @@ class IncrementalBuilder:
                 (proc_file.gaps, proc_file.dropped, proc_file.records_read,
                  proc_file._last_seq, proc_file.end, proc_file.lines_checked,
                  proc_file.header, proc_file._header_line_ok,
-                 proc_file._header_problem) = state["files"][id(proc_file)]
+                 proc_file._header_problem, proc_file._captured) = state["files"][id(proc_file)]
         if proc_files:
             proc_files[0].problems.extend(state["reader_problems"])
         self.problems.extend(state["problems"])

@@ -13,6 +13,8 @@ The run is **blind** (`check` exits 3) when:
 - no probe attached in any process of the run, or a pack given with `--probes` none of
   whose targets attached, or that attached and was never called;
 - a process ended without `process.end` (killed): its coverage is unknown;
+- the size cap (`--max-mb`) left out records a rule reads (replays, metadata, calls,
+  decisions, splits, launches): what happened after it was not judged;
 - an expectation (`--expect`, `expect = [...]` in the config) was not met;
 - ranks of the world size are missing (ranks left out with `--ranks`, recorded in the
   headers' `ranks_kept`, are not missing).
@@ -81,6 +83,10 @@ KNOWN_KINDS = (
 """The record kinds of schema mlatrace/1 (docs/trace-format.md)."""
 
 MAX_REASONS_PER_CAUSE = 10
+
+CAP_BLINDING = (REPLAY, ATTN_METADATA, DISPATCH, ATTN_CALL, HOST_DECISION, KERNEL_SPLIT,
+                KERNEL_LAUNCH)
+"""Kinds the rules read: a size cap that left any of them out leaves the run unjudged."""
 
 STATUS_WORDS = {"missing": "target missing", "drift": "signature drift",
                 "load": "load error", "patch": "patch failed"}
@@ -309,6 +315,28 @@ def _nothing_attached(cov: Coverage) -> list[str]:
     return out
 
 
+def _capped(proc: ProcessModel) -> tuple[str | None, str | None]:
+    """A blind reason for the records a rule reads that the size cap left out of this
+    process, and a note for the replay times it left out (costs, MLT008), or None."""
+    cap = (proc.end or {}).get("cap") if isinstance(proc.end, dict) else None
+    if not isinstance(cap, dict) or not cap.get("reached"):
+        return None, None
+    left = cap.get("left_out") if isinstance(cap.get("left_out"), dict) else {}
+    read = [(kind, n) for kind, n in left.items()
+            if kind in CAP_BLINDING and isinstance(n, int) and n > 0]
+    reason = note = None
+    where = f"{proc.file} (pid {proc.pid}): size cap of {cap.get('max_mb')} MB reached"
+    if read:
+        reason = (f"{where}, the records rules read after it were left out ("
+                  + ", ".join(f"{kind} {n}" for kind, n in read)
+                  + "): the verdict covers only what came before the cap")
+    timed = left.get(REPLAY_TIME)
+    if isinstance(timed, int) and timed > 0:
+        note = (f"{where}: {plural(timed, 'replay time')} left out after it; costs and "
+                "MLT008 see only the replays timed before the cap")
+    return reason, note
+
+
 def judge(model: TraceModel, expect: list[str] | tuple[str, ...] = ()) -> Coverage:
     """The run's coverage and why it is blind (reasons), if it is."""
     cov = Coverage(processes=[process_coverage(p) for p in model.processes])
@@ -359,6 +387,15 @@ def judge(model: TraceModel, expect: list[str] | tuple[str, ...] = ()) -> Covera
         lines = [f"process killed: coverage unknown ({p.file}, pid {p.pid}: no process.end, "
                  "the process ended without writing it)" for p in killed]
         reasons += _limited(lines)
+
+    lines = []
+    for proc in model.processes:
+        line, note = _capped(proc)
+        if line:
+            lines.append(line)
+        if note:
+            cov.notes.append(note)
+    reasons += _limited(lines)
 
     cov.ranks = _ranks(model)
     if cov.ranks["missing"]:

@@ -270,8 +270,14 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
         print(f"mlatrace run: {line}; the command runs without it (report and check "
               "will say BLIND)", file=sys.stderr)
     if max_mb == 0:
-        print("mlatrace run: --max-mb 0: every process file keeps only captures, changes, "
-              "errors, folds and process.end from the start", file=sys.stderr)
+        unfolded = fold == 0 or (fold is None and os.environ.get("MLATRACE_FOLD", "").strip()
+                                 in ("0", "0.0"))
+        kept = ("captures, syncs, eager breaks, marks, errors and process.end (no folding: "
+                "no replay, metadata or call record)" if unfolded else
+                "captures, syncs, eager breaks, marks, errors, folds, the steps folding "
+                "writes in full and process.end")
+        print(f"mlatrace run: --max-mb 0: every process file keeps only {kept} from the start",
+              file=sys.stderr)
     run_json = out_dir / "run.json"
     while not fixed_dir and not _claim(run_json, info):
         out_dir = default_out_dir().resolve()  # the same second as another run: the next name

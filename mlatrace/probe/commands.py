@@ -398,12 +398,14 @@ def doctor(extra: list[str] | None = None, source: str | None = None) -> int:
         print(f"  PROBLEM {problem}")
     for pack in packs:
         version = installed_version(pack.library)
-        installed = f"{pack.library} {version}" if version else f"{pack.library} not installed"
+        installed = (f"{pack.library} {version}" if version else
+                     f"{pack.library} not installed" if pack.library else
+                     "no library named (its targets' modules decide)")
         if source is not None:
             installed = f"static read of {source}"
         applies = ""
         if pack.versions:
-            verdict = "ok"
+            verdict = "ok" if version else "not checked"   # (nothing installed to check)
             if pack.name in mismatched:
                 verdict = ("other version: run leaves it out" if is_shipped(pack.path)
                            else "MISMATCH: run leaves it out")

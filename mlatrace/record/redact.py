@@ -7,6 +7,7 @@ allow-list of environment variables is recorded at all.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping, Sequence
 
@@ -66,9 +67,25 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
 
 
 def allowed_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The environment variables a trace may record: an allow-list, minus secret names."""
+    """The environment variables a trace may record: an allow-list, minus secret names;
+    a path below the working directory as a path relative to it (`relative_to_cwd`)."""
     kept: dict[str, str] = {}
     for name, value in environ.items():
         if name in _ALLOWED_ENV_EXACT or name.startswith(_ALLOWED_ENV_PREFIXES):
-            kept[name] = REDACTED if is_secret_name(name) or _SECRET_VALUE.match(value) else value
+            kept[name] = (REDACTED if is_secret_name(name) or _SECRET_VALUE.match(value)
+                          else relative_to_cwd(value))
     return kept
+
+
+def relative_to_cwd(value: str, cwd: str | None = None) -> str:
+    """`value` with each absolute path below the working directory (or a list of them,
+    os.pathsep-separated) made relative to it: a trace names the files of a checkout the
+    same on every machine. Other values are kept as they are."""
+    if os.sep not in value:
+        return value
+    base = (cwd or os.getcwd()).rstrip(os.sep) + os.sep
+    parts = value.split(os.pathsep)
+    if not any(p.startswith(base) or p == base[:-1] for p in parts):
+        return value
+    return os.pathsep.join("." if p == base[:-1] else p[len(base):] if p.startswith(base)
+                           else p for p in parts)

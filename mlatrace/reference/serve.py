@@ -9,7 +9,7 @@ and the split count the graph froze next to the one the real length would need.
 `--lengths 1024,8192,32768` decodes `--steps` steps at each listed length in turn instead
 (one captured graph replayed across lengths, so its replay time follows the work).
 `--check` compares every step with a float64 eager reference: the frozen one-split graph
-of the legacy policy is still correct, only slow (seed 002 is a performance bug).
+of the legacy policy is still correct, only slow (a performance bug, not a wrong result).
 `--bench` prints one JSON line (median step time over the replays; CUDA events on GPU)
 for `mlatrace bench overhead`; `--step-delay S` sleeps S seconds after each step (a
 server that stays up, for `mlatrace watch`); `--sync-debug` turns torch's sync debug mode to "error"
@@ -58,7 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--capture-len", type=int, default=1,
                         help="dummy sequence length of the capture run (vLLM: 1)")
     parser.add_argument("--capture-hint", type=int, default=None,
-                        help="min_kv_seq_len hint used at capture (seed 002's fix: 16384)")
+                        help="min_kv_seq_len hint used at capture (a representative length such as "
+                             "16384 captures enough splits)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--dtype", choices=("auto", "fp32", "bf16"), default="auto",
                         help="auto: fp32 on CPU, bf16 on CUDA")

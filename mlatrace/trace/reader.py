@@ -20,7 +20,7 @@ from operator import itemgetter, sub
 from pathlib import Path
 from typing import Any
 
-from mlatrace.kinds import PROCESS, PROCESS_END
+from mlatrace.kinds import CAPTURE_BEGIN, PROCESS, PROCESS_END, STEADY
 from mlatrace.trace.typed import TYPED_KINDS, Record, decode_records, to_record
 from mlatrace.trace.validate import CHECKED_KINDS, steady_problem  # noqa: F401 (re-exported)
 from mlatrace.trace.validate import check as check_fields
@@ -110,6 +110,9 @@ class ProcessFile:
     # the number of the last line handed to the checks (`checked_chunk`) so far: where
     # the next piece of the file begins
     lines_checked: int = field(default=0, repr=False)
+    # the gids of the graph.capture.begin records read so far: a `steady` record naming
+    # any other gid stands for replays of a graph this process never captured (skipped)
+    _captured: set = field(default_factory=set, repr=False)
 
     @property
     def name(self) -> str:
@@ -192,6 +195,7 @@ class ProcessFile:
         self.gaps = self.dropped = self.records_read = self.lines_checked = 0
         self._last_seq = self._jump = None
         self._unreadable = 0
+        self._captured = set()
         try:
             f = self.path.open("rb")
         except OSError as exc:
@@ -291,8 +295,14 @@ class ProcessFile:
                 if ok and jumps and (PROCESS_END in counts or self._unreadable):
                     ok = False  # a gap before process.end, or after unreadable lines, is
                     # not a drop: the precise path
+        captured = None
+        if ok and (CAPTURE_BEGIN in counts or STEADY in counts):
+            captured = self._graphs_in(records, kinds)
+            ok = captured is not None   # a steady record of a graph never captured: precise
         if not ok:
             return list(self.checked_lines(enumerate(io.BytesIO(data), start=first), typed))
+        if captured is not None:
+            self._captured = captured
         if jumps:
             self.gaps += jumps
             self.dropped += sum(steps) - len(steps)
@@ -320,6 +330,27 @@ class ProcessFile:
         records.kinds, records.counts = kinds, counts
         return records
 
+    def _phantom(self, rec: dict[str, Any]) -> str | None:
+        """Why a `steady` record names a graph this process never captured, or None."""
+        gid = rec.get("gid")
+        if type(gid) is not int or gid in self._captured:
+            return None
+        return (f"steady record (seq {rec.get('seq')}) names gid {gid}, which no "
+                "graph.capture.begin before it in this file captured")
+
+    def _graphs_in(self, records: list, kinds: list) -> set | None:
+        """The captured gids after `records` (a chunk), or None when a `steady` record
+        among them names a graph not captured before it (`_phantom`)."""
+        captured = set(self._captured)
+        for rec, kind in zip(records, kinds, strict=True):
+            if kind == CAPTURE_BEGIN:
+                captured.add(rec.get("gid"))
+            elif kind == STEADY:
+                gid = rec.get("gid")
+                if type(gid) is int and gid not in captured:
+                    return None
+        return captured
+
     def checked_lines(self, lines: Iterable[tuple[int, bytes]],
                       typed: bool = False) -> Iterator[dict[str, Any]]:
         """Decode and check (line number, raw line) pairs: the one path every reader takes.
@@ -335,10 +366,13 @@ class ProcessFile:
 
         def taken(record: dict[str, Any], lineno: int) -> dict[str, Any] | None:
             if type(record["k"]) is str and record["k"] in CHECKED_KINDS:
-                reason = check_fields(record)
+                reason = check_fields(record) or (self._phantom(record)
+                                                  if record["k"] == STEADY else None)
                 if reason:
                     self._problem(lineno, f"{reason}; record skipped")
                     return None
+            if record["k"] == CAPTURE_BEGIN:
+                self._captured.add(record.get("gid"))
             if record["k"] == PROCESS_END:
                 self.end = record
             self.records_read += 1

@@ -15,6 +15,7 @@ from typing import Any
 
 from mlatrace.analysis.coverage import Coverage
 from mlatrace.analysis.summary import root_graphs, topology
+from mlatrace.report_data import records_stood_for
 from mlatrace.tables import DEFAULT_PIPE_WIDTH, Column, fit_table, shorten
 from mlatrace.watch.state import LiveRun
 
@@ -138,13 +139,14 @@ def _processes(live: LiveRun, width: int = DEFAULT_PIPE_WIDTH) -> Any:
         style = "green" if ps.state == "running" else ("" if ps.state.startswith("ended")
                                                         else "yellow")
         rows.append([p.file, _fmt(p.pid), _fmt(p.rank), p.role,
-                     f"[{style}]{ps.state}[/]" if style else ps.state, str(p.records)])
+                     f"[{style}]{ps.state}[/]" if style else ps.state,
+                     str(records_stood_for(p))])
     if len(states) > MAX_ROWS:
         rows.append([f"+{len(states) - MAX_ROWS} more", "", "", "", "", ""])
     return _fitted("processes", PROCESS_COLUMNS, rows, width)
 
 
-GRAPH_COLUMNS = [Column("rank"), Column("gid"), Column("key", wrap=True),
+GRAPH_COLUMNS = [Column("process"), Column("gid"), Column("key", wrap=True),
                  Column("mode", priority=3), Column("splits"), Column("stage-1 grid", priority=2),
                  Column("stage 2", priority=4), Column("replays", justify="right"),
                  Column("rate/s", priority=5, justify="right"),
@@ -169,8 +171,8 @@ def _graphs(live: LiveRun, width: int = DEFAULT_PIPE_WIDTH) -> Any:
         latest = stats.latest_md or {}
         rate = live.replay_rate(replayed)
         nested = [g.gid for g in model.subtree(root) if g is not root]
-        rows.append([_fmt(model.rank_of(root.pid)) if model.rank_of(root.pid) is not None
-                     else f"pid {root.pid}",
+        rank = model.rank_of(root.pid)   # the process: its rank, or its pid without one
+        rows.append([f"rank {rank}" if rank is not None else f"pid {root.pid}",
                      str(root.gid) + (">" + ",".join(map(str, sorted(nested))) if nested else ""),
                      _fmt(model.effective_key(root)), _fmt(model.effective_mode(root)),
                      _fmt(topo["num_kv_splits"]),
@@ -347,7 +349,7 @@ def snapshot_dict(live: LiveRun, log_path: str | None = None) -> dict[str, Any]:
         p = by_file.get(ps.proc.name)
         processes.append({"file": ps.proc.name, "pid": p.pid if p else ps.proc.pid,
                           "rank": p.rank if p else None, "role": p.role if p else "starting",
-                          "state": ps.state, "records": p.records if p else 0})
+                          "state": ps.state, "records": records_stood_for(p) if p else 0})
     findings = [{"id": lf.finding.id, "name": lf.finding.name, "severity": lf.finding.severity,
                  "pid": lf.finding.pid, "rank": lf.finding.rank, "gid": lf.finding.gid,
                  "message": lf.finding.message, "status": "active" if lf.active else "resolved",

@@ -15,6 +15,7 @@ from mlatrace.analysis.rules.common import (
     key_text,
     replayed_graphs,
 )
+from mlatrace.tables import plural
 
 
 # -- MLT003 static-buffer-drift ------------------------------------------------------
@@ -72,6 +73,15 @@ def _hex(value: Any) -> str:
 
 
 # -- MLT004 host-sync-in-decode ------------------------------------------------------
+def sync_call(op: object) -> str:
+    """A `sync` record's op as the call a user reads in the code: `Tensor.item()`,
+    `torch.cuda.synchronize()`."""
+    name = str(op)
+    if name == "synchronize":
+        return "torch.cuda.synchronize()"
+    return f"Tensor.{name}()" if name.isidentifier() else name
+
+
 def host_sync_in_decode(model: TraceModel, config: Config) -> list[Finding]:
     """A device-to-host sync inside a capture or between replays on the decode step path."""
     findings = []
@@ -83,9 +93,11 @@ def host_sync_in_decode(model: TraceModel, config: Config) -> list[Finding]:
         site = graph.syncs[0]
         count = sum(s.count for s in graph.syncs)
         key = key_text(model, graph)
-        message = (f"{count} host sync(s) while capturing graph {key}: {site.op}"
+        message = (f"{plural(count, 'host sync')} while capturing graph {key}: "
+                   f"{sync_call(site.op)}"
                    + (f" at {_where(site.where)}" if site.where else ""))
-        evidence = [e for s in graph.syncs[:3] for e in ev(s.ref, f"{s.op} while capturing")]
+        evidence = [e for s in graph.syncs[:3]
+                    for e in ev(s.ref, f"{sync_call(s.op)} while capturing")]
         findings.append(make_finding(
             "MLT004", message, fix, evidence, pid=graph.pid, rank=model.rank_of(graph.pid),
             gid=graph.gid, details={"key": model.effective_key(graph), "op": site.op,
@@ -98,11 +110,13 @@ def host_sync_in_decode(model: TraceModel, config: Config) -> list[Finding]:
                 "wait": "right after a replay, before the next step's set-up (a device-wide "
                         "wait that reads nothing back: a step timer or a barrier)",
                 }.get(side, "between graph replays")
-        message = (f"{site.count} host sync(s) {op} {what} on the decode step path"
+        message = (f"{plural(site.count, 'host sync')} by {sync_call(op)} {what} on the "
+                   "decode step path"
                    + (f" at {_where(site.where)}" if site.where else ""))
         hint = {"input": fix, "output": _FIX_READBACK, "wait": _FIX_WAIT}.get(side, _FIX_EITHER)
         findings.append(make_finding(
-            "MLT004", message, hint, ev(site.ref, f"{op} after replays began ({side})"),
+            "MLT004", message, hint,
+            ev(site.ref, f"{sync_call(op)} after replays began ({side})"),
             pid=pid, rank=model.rank_of(pid), gid=None,
             details={"key": None, "op": op, "count": site.count, "capturing": False,
                      "side": side}))

@@ -10,16 +10,23 @@ from mlatrace import record
 from mlatrace.probe import graphs
 from mlatrace.probe.handlers import Handler
 
+_CWD = os.path.join(os.getcwd(), "")
+"""The working directory the process started in: files below it are named relative to it."""
+
 
 def _caller_site(skip: str = os.sep.join(("", "mlatrace", "probe", ""))) -> str | None:
-    """'file:line' of the first frame outside the probe engine: where the program synced."""
+    """'file:line' of the first frame outside the probe engine: where the program synced
+    (a file below the working directory as a path relative to it)."""
     frame = sys._getframe(2)
     for _ in range(8):
         if frame is None:
             return None
         code = frame.f_code
-        if skip not in code.co_filename:
-            return f"{code.co_filename}:{frame.f_lineno}"
+        name = code.co_filename
+        if skip not in name:
+            if name.startswith(_CWD):
+                name = name[len(_CWD):]
+            return f"{name}:{frame.f_lineno}"
         frame = frame.f_back
     return None
 
