@@ -109,6 +109,7 @@ class ProcessModel(Unpickled):
     probe_errors: list[dict] = field(default_factory=list)  # probe.error records (+file, seq)
     marks: list[dict] = field(default_factory=list)   # {seq, t, name, attrs}, the first MAX_MARKS
     marks_total: int = 0
+    graph_use: Any = None   # analysis.graph_use.GraphUseStats: its dispatched steps
 
 
 @dataclass

@@ -11,6 +11,7 @@ from typing import Any
 from mlatrace.analysis.build_attention import AttentionHandlers
 from mlatrace.analysis.build_capture import CaptureHandlers
 from mlatrace.analysis.build_fields import flush_ptr_run
+from mlatrace.analysis.build_graph_use import GraphUseHandlers
 from mlatrace.analysis.build_process import ProcessHandlers
 from mlatrace.analysis.build_replay import ReplayHandlers
 from mlatrace.analysis.model import (
@@ -29,6 +30,7 @@ from mlatrace.kinds import (
     CAPTURE_BEGIN,
     CAPTURE_END,
     DEVICE,
+    DISPATCH,
     GRAPH_NODES,
     HOST_DECISION,
     KERNEL_LAUNCH,
@@ -42,12 +44,14 @@ from mlatrace.kinds import (
     PROCESS_RANK,
     REPLAY,
     REPLAY_TIME,
+    RUNNER_DUMMY_RUN,
     STEADY,
     SYNC,
 )
 
 
-class ProcessBuilder(CaptureHandlers, ReplayHandlers, AttentionHandlers, ProcessHandlers, Unpickled):
+class ProcessBuilder(CaptureHandlers, ReplayHandlers, AttentionHandlers, ProcessHandlers,
+                     GraphUseHandlers, Unpickled):
     """Streams one process file into the model (per-thread host state, capture stacks)."""
 
     def __init__(self, model: TraceModel, proc_file: Any) -> None:
@@ -83,6 +87,8 @@ class ProcessBuilder(CaptureHandlers, ReplayHandlers, AttentionHandlers, Process
         # tid -> the set-up records of its latest fold (`steady` with a pattern), as the
         # [lo, hi] record pair each replay of that fold saw (read by the fold's other graphs)
         self.fold_setup: dict[Any, list[tuple[str, dict, dict]]] = {}
+        # tids inside a runner's dummy run: their next dispatch is no step (graph use)
+        self.dummy_runs: set[Any] = set()
 
     # -- helpers -------------------------------------------------------------
     def _ref(self, rec: dict, kind: str) -> Ref:
@@ -112,7 +118,7 @@ class ProcessBuilder(CaptureHandlers, ReplayHandlers, AttentionHandlers, Process
 
     # -- records -------------------------------------------------------------
     def handlers(self) -> dict[str, Any]:
-        """Kind -> handler; dispatch, probe.error and unknown kinds need nothing here."""
+        """Kind -> handler; probe.error and unknown kinds need nothing here."""
         return {
             REPLAY: self.replay,
             REPLAY_TIME: self.replay_time,
@@ -134,6 +140,8 @@ class ProcessBuilder(CaptureHandlers, ReplayHandlers, AttentionHandlers, Process
             PROBE_ERROR: self.probe_error,
             MARK: self.mark,
             STEADY: self.steady,
+            DISPATCH: self.dispatch,
+            RUNNER_DUMMY_RUN: self.runner_dummy_run,
         }
 
     def finish(self, proc_file: Any) -> ProcessModel:
