@@ -25,6 +25,7 @@ from typing import Any
 
 from mlatrace.charts import captured_length, regions_of, unit_findings
 from mlatrace.charts.svg import HALF, compact, duration, esc, histogram_chart, series_chart
+from mlatrace.html_graph_use import graph_use_section
 from mlatrace.html_kernels import explained_by_pack, kernel_rows
 
 MAX_CHARTED = 40       # capture units drawn with charts; the rest are listed
@@ -500,7 +501,7 @@ def render_html(data: dict[str, Any], model: Any = None, *, fail_on: str = "erro
         _header(data, generated, refresh_s is not None),
         '<div id="page-errors" hidden></div>',
         _verdict(data, fail_on), _findings_table(data), _graphs(data, model, far_factor),
-        _findings(data), _processes(data), _coverage(data), _attention(data), _marks_problems(data),
+        graph_use_section(data), _findings(data), _processes(data), _coverage(data), _attention(data), _marks_problems(data),
         _perfetto(data),
         f'<footer class="sub">made by mlatrace {esc(__version__)}; charts are SVG drawn when '
         "the report was made: this file needs no network</footer>",
