@@ -29,9 +29,12 @@ def _real(row: dict[str, Any]) -> str:
 
 def size_line(row: dict[str, Any]) -> str:
     """One captured size: its steps (or that it never replayed), real sizes, padding."""
-    modes = "/".join(row["modes"]) or "-"
+    modes = " " + "/".join(row["modes"]) if row["modes"] else ""
     captures = len(row["captures"])
-    head = f"size {row['size'] if row['size'] is not None else '?'} {modes}"
+    if row["size"] is None and captures == 1:   # a capture whose key names no size
+        head = f"gid {row['captures'][0]['gid']} (no size in its key){modes}"
+    else:
+        head = f"size {row['size'] if row['size'] is not None else '?'}{modes}"
     if captures > 1:
         head += f" ({captures} captures)"
     if not row["steps"] and not row["replays"]:
@@ -42,8 +45,6 @@ def size_line(row: dict[str, Any]) -> str:
     if row["padding_tokens"] is not None:
         text += (f", {_real(row)}, padding {row['padding_tokens']} tokens "
                  f"({_pct(row['padding_share'])})")
-    elif row["steps"]:
-        text += ", real sizes unknown (no dispatch probed)"
     return text
 
 

@@ -164,21 +164,24 @@ def process_graph_use(model: TraceModel, proc: Any) -> dict[str, Any] | None:
     roots = [g for g in _roots(model, proc.pid) if g.capture_error is None]
     if not roots and (stats is None or not stats.sizes):
         return None
-    captures: dict[int | None, list[GraphModel]] = {}
+    # captures by the size their key names; one without a size (a bare torch graph) is
+    # its own row, keyed by its gid
+    captures: dict[Any, list[GraphModel]] = {}
     for root in roots:
-        captures.setdefault(key_size(model.effective_key(root)), []).append(root)
-    captured_sizes = sorted(s for s in captures if s is not None)
+        size = key_size(model.effective_key(root))
+        captures.setdefault(size if size is not None else ("gid", root.gid), []).append(root)
+    captured_sizes = sorted(s for s in captures if isinstance(s, int))
     largest = captured_sizes[-1] if captured_sizes else None
     dispatched = stats is not None and bool(stats.sizes)
     graphs_on = bool(roots) or (dispatched and any(m != "NONE" for m, _ in stats.sizes))
 
-    sizes: dict[int | None, dict[str, Any]] = {}
+    sizes: dict[Any, dict[str, Any]] = {}
 
-    def size_row(size: int | None) -> dict[str, Any]:
+    def size_row(size: Any) -> dict[str, Any]:
         row = sizes.get(size)
         if row is None:
             row = sizes[size] = {
-                "size": size, "modes": [], "captures": [], "replays": 0, "steps": 0,
+                "size": size if isinstance(size, int) else None, "modes": [], "captures": [], "replays": 0, "steps": 0,
                 "decode_steps": 0, "real_steps": 0, "real_min": None, "real_max": None,
                 "real_mean": None, "tokens": 0, "padding_tokens": None, "padding_share": None,
                 "first": None}
@@ -198,6 +201,7 @@ def process_graph_use(model: TraceModel, proc: Any) -> dict[str, Any] | None:
         row["replays"] = sum(by_key.values())
 
     eager: list[dict[str, Any]] = []
+    eager_sizes: list[dict[str, Any]] = []
     steps = replayed = decode = decode_eager = 0
     padding = replayed_tokens = 0
     padding_known = False
@@ -209,6 +213,10 @@ def process_graph_use(model: TraceModel, proc: Any) -> dict[str, Any] | None:
             if mode == "NONE":
                 decode_eager += use.decode
                 eager.append(_eager_entry(size, use, graphs_on, largest))
+                if size != OTHER:
+                    eager_sizes.append({"size": size, "steps": use.steps,
+                                        "decode_steps": use.decode,
+                                        "reason": eager[-1]["reason"]})
                 continue
             replayed += use.steps
             row = size_row(size)
@@ -241,7 +249,8 @@ def process_graph_use(model: TraceModel, proc: Any) -> dict[str, Any] | None:
         replayed_tokens += row["tokens"]
         padding_known = True
 
-    never = [{"gid": g.gid, "size": size, "key": model.effective_key(g),
+    never = [{"gid": g.gid, "size": size if isinstance(size, int) else None,
+              "key": model.effective_key(g),
               "mode": model.effective_mode(g)}
              for size, graphs in captures.items() for g in graphs
              if _replays_of(model, g) == 0]
@@ -249,7 +258,8 @@ def process_graph_use(model: TraceModel, proc: Any) -> dict[str, Any] | None:
                   "eager_breaks": g.eager_breaks, "replays": _replays_of(model, g),
                   "eager_pieces": g.eager_breaks * _replays_of(model, g)}
                  for g in roots if g.eager_breaks]
-    rows = sorted(sizes.values(), key=lambda r: (r["size"] is None, r["size"] or 0))
+    rows = sorted(sizes.values(), key=lambda r: (r["size"] is None, r["size"] or 0,
+                                                 r["captures"][0]["gid"] if r["captures"] else 0))
     return {
         "file": proc.file, "pid": proc.pid, "rank": proc.rank, "role": proc.role,
         "graphs_on": graphs_on,
@@ -261,6 +271,8 @@ def process_graph_use(model: TraceModel, proc: Any) -> dict[str, Any] | None:
         "captured_sizes": captured_sizes, "largest_captured": largest,
         "sizes": rows,
         "eager_steps": _merge_eager(eager),
+        "eager_sizes": sorted(eager_sizes, key=lambda r: r["size"] if r["size"] is not None
+                              else -1),
         "never_replayed": never,
         "breakable": breakable,
         "replayed_tokens": replayed_tokens if padding_known else None,
