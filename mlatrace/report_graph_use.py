@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from mlatrace.report_text import rank_text
-from mlatrace.tables import plural
+from mlatrace.tables import plural, print_line
 
 MAX_LINES = 10          # bucket lines per process
 MAX_PROCESSES = 4       # processes shown; the rest in one line
@@ -110,5 +110,7 @@ def graph_use_lines(view: dict[str, Any]) -> list[str]:
 
 def render_graph_use(console: Any, data: dict[str, Any], verbose: bool = False) -> None:
     """Print the section (report's text output)."""
+    from rich.markup import escape
+
     for line in graph_use_lines(data.get("graph_use") or {}):
-        console.print(line, highlight=False, markup=False, soft_wrap=True)
+        print_line(console, escape(line), hang=4)
