@@ -149,9 +149,26 @@ def _roots(model: TraceModel, pid: int | None) -> list[GraphModel]:
                   key=lambda g: g.gid)
 
 
-def _replays_of(model: TraceModel, root: GraphModel) -> int:
-    replayed = model.replay_graph(root)
-    return replayed.replays.count if replayed is not None else 0
+def _unit_replays(model: TraceModel, pid: int | None, roots: list[GraphModel]) -> dict[int, int]:
+    """Replays of each capture unit: its root's, else the most of a graph nested in it
+    (the wrapper's replays not probed), as `TraceModel.replay_graph` picks; one pass
+    over the process's graphs, not one per root."""
+    kids: dict[int, list[GraphModel]] = {}
+    for g in model.graphs.values():
+        if g.pid == pid and g.parent is not None:
+            kids.setdefault(g.parent, []).append(g)
+    out: dict[int, int] = {}
+    for root in roots:
+        best, stack, seen = root.replays.count, list(kids.get(root.gid, ())), {root.gid}
+        while stack and not root.replays.count:
+            g = stack.pop()
+            if g.gid in seen:
+                continue
+            seen.add(g.gid)
+            best = max(best, g.replays.count)
+            stack.extend(kids.get(g.gid, ()))
+        out[root.gid] = best
+    return out
 
 
 def _share(part: int, whole: int) -> float | None:
@@ -171,6 +188,7 @@ def process_graph_use(model: TraceModel, proc: Any) -> dict[str, Any] | None:
         size = key_size(model.effective_key(root))
         captures.setdefault(size if size is not None else ("gid", root.gid), []).append(root)
     captured_sizes = sorted(s for s in captures if isinstance(s, int))
+    unit_replays = _unit_replays(model, proc.pid, roots)
     largest = captured_sizes[-1] if captured_sizes else None
     dispatched = stats is not None and bool(stats.sizes)
     graphs_on = bool(roots) or (dispatched and any(m != "NONE" for m, _ in stats.sizes))
@@ -192,12 +210,12 @@ def process_graph_use(model: TraceModel, proc: Any) -> dict[str, Any] | None:
         by_key: dict[str, int] = {}
         for g in graphs:
             key = str(model.effective_key(g))
-            by_key[key] = max(by_key.get(key, 0), _replays_of(model, g))
+            by_key[key] = max(by_key.get(key, 0), unit_replays[g.gid])
             mode = model.effective_mode(g)
             if mode and mode not in row["modes"]:
                 row["modes"].append(mode)
             row["captures"].append({"gid": g.gid, "key": model.effective_key(g),
-                                    "mode": mode, "replays": _replays_of(model, g)})
+                                    "mode": mode, "replays": unit_replays[g.gid]})
         row["replays"] = sum(by_key.values())
 
     eager: list[dict[str, Any]] = []
@@ -253,10 +271,10 @@ def process_graph_use(model: TraceModel, proc: Any) -> dict[str, Any] | None:
               "key": model.effective_key(g),
               "mode": model.effective_mode(g)}
              for size, graphs in captures.items() for g in graphs
-             if _replays_of(model, g) == 0]
+             if unit_replays[g.gid] == 0]
     breakable = [{"gid": g.gid, "size": key_size(model.effective_key(g)),
-                  "eager_breaks": g.eager_breaks, "replays": _replays_of(model, g),
-                  "eager_pieces": g.eager_breaks * _replays_of(model, g)}
+                  "eager_breaks": g.eager_breaks, "replays": unit_replays[g.gid],
+                  "eager_pieces": g.eager_breaks * unit_replays[g.gid]}
                  for g in roots if g.eager_breaks]
     rows = sorted(sizes.values(), key=lambda r: (r["size"] is None, r["size"] or 0,
                                                  r["captures"][0]["gid"] if r["captures"] else 0))
