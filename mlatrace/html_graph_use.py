@@ -23,8 +23,8 @@ def _pct(share: Any) -> str:
 
 def _process(entry: dict[str, Any]) -> str:
     head = (f"{esc(entry['file'])} (rank {_cell(entry['rank'])}): {entry['steps']} steps, "
-            f"{entry['replayed']} replayed a graph, {entry['eager']} eager; decode "
-            f"{entry['decode_eager']} of {entry['decode_steps']} eager "
+            f"{entry['replayed']} replayed a graph, {entry['eager']} eager; eager decode "
+            f"steps {entry['decode_eager']} of {entry['decode_steps']} "
             f"({_pct(entry['eager_share'])})")
     if entry["padding_share"] is not None:
         head += (f"; padding {entry['padding_tokens']} of {entry['replayed_tokens']} replayed "

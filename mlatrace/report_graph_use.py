@@ -64,8 +64,8 @@ def process_lines(entry: dict[str, Any]) -> list[str]:
         else entry["file"]
     head = f"{who}: {plural(entry['steps'], 'step')}"
     if entry["steps_from"] == "dispatch":
-        head += (f", {entry['replayed']} replayed a graph, {entry['eager']} eager; decode "
-                 f"{entry['decode_eager']} of {entry['decode_steps']} eager "
+        head += (f", {entry['replayed']} replayed a graph, {entry['eager']} eager; eager "
+                 f"decode steps {entry['decode_eager']} of {entry['decode_steps']} "
                  f"({_pct(entry['eager_share'])})")
     else:
         head += " (replays of its captures: no dispatch probed)"
