@@ -203,3 +203,21 @@ def test_html_draws_steps_and_padding_per_captured_size_and_diff_compares(eager_
 ])
 def test_batch_descriptors_as_engines_write_them_give_their_size(key, size, uniform):
     assert key_size(key) == size and key_uniform(key) == uniform
+
+
+HF_CB = ROOT / "samples" / "hf_cb" / "transformers_cb_h200"
+
+
+def test_hf_transformers_continuous_batching_on_the_h200_lists_the_graphs_it_set():
+    """samples/hf_cb: transformers 5.17 `generate_batch` with CUDA graphs on the H200, no
+    pack for it: graph use lists the torch graphs transformers says it set (its log,
+    kept in measured_h200.json), the steps each replayed, and the two never replayed."""
+    measured = json.loads((HF_CB.parent / "measured_h200.json").read_text())
+    data = report_dict(str(HF_CB), analyze(open_trace(HF_CB)))
+    (proc,) = data["graph_use"]["processes"]
+    assert proc["steps_from"] == "replays" and proc["eager_share"] is None
+    captures = [c for row in proc["sizes"] for c in row["captures"]]
+    assert len(captures) == measured["graphs_set"] == 3
+    assert [(c["gid"], c["replays"]) for c in captures] == [(1, 0), (2, 61), (3, 0)]
+    assert [g["gid"] for g in proc["never_replayed"]] == [1, 3]
+    assert proc["steps"] == 61 and not [f for f in data["findings"] if f["id"] == "MLT009"]

@@ -284,7 +284,7 @@ def process_graph_use(model: TraceModel, proc: Any) -> dict[str, Any] | None:
         "steps_from": "dispatch" if dispatched else "replays",
         "steps": steps, "replayed": replayed, "eager": steps - replayed,
         "decode_steps": decode, "decode_eager": decode_eager,
-        "eager_share": _share(decode_eager, decode),
+        "eager_share": _share(decode_eager, decode) if dispatched else None,
         "warmup_dispatches": stats.dummy if stats is not None else 0,
         "captured_sizes": captured_sizes, "largest_captured": largest,
         "sizes": rows,
