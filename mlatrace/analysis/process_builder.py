@@ -89,6 +89,9 @@ class ProcessBuilder(CaptureHandlers, ReplayHandlers, AttentionHandlers, Process
         self.fold_setup: dict[Any, list[tuple[str, dict, dict]]] = {}
         # tids inside a runner's dummy run: their next dispatch is no step (graph use)
         self.dummy_runs: set[Any] = set()
+        # tid -> its last dispatch's (mode, key, uniform, size entry, size, decode)
+        self.last_dispatch: dict[Any, tuple] = {}
+        self.md_decode: dict[Any, tuple] = {}   # tid -> (metadata record, decode step?)
 
     # -- helpers -------------------------------------------------------------
     def _ref(self, rec: dict, kind: str) -> Ref:
