@@ -74,22 +74,27 @@ def process_lines(entry: dict[str, Any]) -> list[str]:
     if entry["padding_share"] is not None:
         head += (f"; padding {entry['padding_tokens']} of {entry['replayed_tokens']} replayed "
                  f"tokens ({_pct(entry['padding_share'])})")
-    lines = [size_line(r) for r in entry["sizes"]]
-    lines += [eager_line(r, entry["largest_captured"]) for r in entry["eager_steps"]]
-    for b in entry["breakable"]:
-        lines.append(f"breakable gid {b['gid']}: {b['eager_pieces']} eager pieces "
-                     f"({b['eager_breaks']} per replay x {b['replays']} replays)")
-    if len(lines) > MAX_LINES:
-        rest = entry["sizes"][MAX_LINES - 1:] if len(entry["sizes"]) >= MAX_LINES else []
-        left = len(lines) - (MAX_LINES - 1)
-        lines = lines[:MAX_LINES - 1]
-        steps = sum(r["steps"] for r in rest)
+    lines = [eager_line(r, entry["largest_captured"]) for r in entry["eager_steps"]]
+    breakable = entry["breakable"]
+    if len(breakable) > 3:
+        lines.append(f"{len(breakable)} breakable captures: "
+                     f"{sum(b['eager_pieces'] for b in breakable)} eager pieces run")
+    else:
+        lines += [f"breakable gid {b['gid']}: {b['eager_pieces']} eager pieces "
+                  f"({b['eager_breaks']} per replay x {b['replays']} replays)"
+                  for b in breakable]
+    sizes = entry["sizes"]
+    room = max(MAX_LINES - len(lines), 2)
+    if len(sizes) > room:    # the sizes with the most steps, in size order; the rest summed
+        kept_ids = {id(r) for r in sorted(sizes, key=lambda r: -r["steps"])[:room - 1]}
+        kept = [r for r in sizes if id(r) in kept_ids]
+        rest = [r for r in sizes if id(r) not in kept_ids]
         never = sum(1 for r in rest if not r["steps"] and not r["replays"] and r["captures"])
-        lines.append(f"... {left} more lines" + (f" ({plural(steps, 'step')} at "
-                                                 f"{plural(len(rest), 'more size')}"
-                                                 + (f", {never} never replayed" if never else "")
-                                                 + ")" if rest else "")
-                     + ": --json has them all")
+        summary = (f"... {plural(len(rest), 'more size')}: {plural(sum(r['steps'] for r in rest), 'step')}"
+                   + (f", {never} never replayed" if never else "") + " (--json has them all)")
+        lines = [size_line(r) for r in kept] + [summary] + lines
+    else:
+        lines = [size_line(r) for r in sizes] + lines
     return [head] + ["  " + line for line in lines]
 
 

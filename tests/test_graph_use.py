@@ -221,3 +221,28 @@ def test_hf_transformers_continuous_batching_on_the_h200_lists_the_graphs_it_set
     assert [(c["gid"], c["replays"]) for c in captures] == [(1, 0), (2, 61), (3, 0)]
     assert [g["gid"] for g in proc["never_replayed"]] == [1, 3]
     assert proc["steps"] == 61 and not [f for f in data["findings"] if f["id"] == "MLT009"]
+
+
+def test_the_text_section_keeps_ten_bucket_lines_and_sums_the_rest():
+    from mlatrace.report_graph_use import MAX_LINES, process_lines
+
+    def row(size: int, steps: int) -> dict[str, Any]:
+        return {"size": size, "modes": ["FULL"], "captures": [{"gid": size}], "replays": steps,
+                "steps": steps, "real_min": size - 1, "real_max": size, "real_mean": size - 0.5,
+                "padding_tokens": steps // 2, "padding_share": 0.1, "tokens": size * steps}
+
+    sizes = [row(8 * i, 100 - i if i != 30 else 0) for i in range(1, 41)]
+    entry = {"file": "p1.jsonl", "rank": 0, "steps": 5000, "steps_from": "dispatch",
+             "replayed": 4000, "eager": 1000, "decode_eager": 1000, "decode_steps": 5000,
+             "eager_share": 0.2, "graphs_on": True, "padding_share": 0.1, "padding_tokens": 9,
+             "replayed_tokens": 90, "largest_captured": 320, "breakable": [],
+             "eager_steps": [{"reason": "above largest capture", "steps": 1000,
+                              "decode_steps": 1000, "real_min": 321, "real_max": 400}],
+             "sizes": sizes}
+    head, *lines = process_lines(entry)
+    assert len(lines) == MAX_LINES and head.startswith("p1.jsonl (rank 0): 5000 steps")
+    assert lines[-1].strip() == "eager: 1000 steps, above the largest capture (320), real 321..400"
+    assert lines[-2].strip() == ("... 32 more sizes: 2346 steps, 1 never replayed "
+                                 "(--json has them all)")
+    assert [line.split(":")[0].strip() for line in lines[:3]] == [
+        "size 8 FULL", "size 16 FULL", "size 24 FULL"]    # the busiest, in size order

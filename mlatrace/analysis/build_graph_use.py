@@ -14,7 +14,7 @@ from mlatrace.analysis.graph_use import (
     step_is_decode,
 )
 from mlatrace.analysis.model import _int
-from mlatrace.kinds import DISPATCH, STEADY
+from mlatrace.kinds import DISPATCH
 
 _ANY = object()   # a cached dispatch whose entry holds whatever its real size
 
@@ -108,4 +108,5 @@ class GraphUseHandlers:
         size = key_size(key)
         if mode == "NONE" and real_hi is not None:
             size = real_hi
-        stats.add(mode, size, self._ref(rec, STEADY), steps, decode, real_lo, real_hi, total)
+        # evidence in a fold points at its `steady` record, as the kind it stands for
+        stats.add(mode, size, self._ref(rec, DISPATCH), steps, decode, real_lo, real_hi, total)
