@@ -246,3 +246,32 @@ def test_the_text_section_keeps_ten_bucket_lines_and_sums_the_rest():
                                  "(--json has them all)")
     assert [line.split(":")[0].strip() for line in lines[:3]] == [
         "size 8 FULL", "size 16 FULL", "size 24 FULL"]    # the busiest, in size order
+
+
+VENV = Path(os.environ.get("MLATRACE_VLLM_VENV", "/work/vllm-venv"))
+
+
+@pytest.mark.slow
+def test_transformers_continuous_batching_steps_are_dispatches_with_their_padded_shape(tmp_path):
+    """The transformers_cb pack on the real transformers (the vLLM venv's, CPU): each step of
+    `generate_batch` is a `dispatch` with its real query tokens; on CPU no graph backend
+    exists, so every step is eager with the reason `graphs off`."""
+    python = VENV / "bin" / "python"
+    if not python.exists() or subprocess.run([str(python), "-c", "import transformers"],
+                                             capture_output=True).returncode:
+        pytest.skip(f"no transformers in {VENV}")
+    out = tmp_path / "hf"
+    env = dict(_env(), PYTHONPATH=str(ROOT))
+    proc = subprocess.run([str(python), "-m", "mlatrace", "run", "--out", str(out), "--",
+                           str(python), str(ROOT / "samples" / "hf_cb" / "hf_cb_drive.py"),
+                           "--device", "cpu", "--requests", "2", "--new-tokens", "3"],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (proc_use,) = report_json(out)["graph_use"]["processes"]
+    # one prefill of both prompts, then 2 decode steps of 2 tokens (the first new token
+    # comes from the prefill)
+    assert proc_use["steps_from"] == "dispatch" and not proc_use["graphs_on"]
+    assert proc_use["steps"] == proc_use["eager"] == 3
+    (eager,) = proc_use["eager_steps"]
+    assert eager["reason"] == "graphs off" and eager["real_min"] == 2
+    assert [r["steps"] for r in proc_use["eager_sizes"] if r["size"] == 2] == [2]
