@@ -24,7 +24,8 @@ Exit codes: 0 the diff was made (differences or not), 2 either trace is unusable
      "findings": {"added": [finding], "removed": [finding]},   # finding as in report --json
      # attention-like kernels (by short name, analysis/kernels.py) whose set of frozen
      # grids differs between A and B: [[x, y, z]] each side, [] where it is not captured
-     "kernels": [{"kernel": str, "a": [[x, y, z]], "b": [[x, y, z]]}]}
+     "kernels": [{"kernel": str, "a": [[x, y, z]], "b": [[x, y, z]]}],
+     "graph_use": {...}}     # graph use that changed (mlatrace.diff_graph_use)
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from mlatrace.analysis import Analysis, ConfigError
 from mlatrace.analysis.kernels import kernel_view
 from mlatrace.analysis.load import Unusable, load, resolve_config
 from mlatrace.analysis.summary import units
+from mlatrace.diff_graph_use import graph_use_diff, graph_use_diff_lines
 from mlatrace.exitcodes import ExitCode
 from mlatrace.report import (
     gpu_time,
@@ -149,6 +151,7 @@ def diff_dict(a_path: str, a: Analysis, b_path: str, b: Analysis) -> dict[str, A
         "graphs": graphs,
         "findings": {"added": added, "removed": removed},
         "kernels": kernel_grids_diff(a, b),
+        "graph_use": graph_use_diff(a.model, b.model),
     }
 
 
@@ -239,6 +242,8 @@ def render(console: Any, data: dict[str, Any]) -> None:
         console.print(f"kernel grids differ: {k['kernel']}: A {_fmt(k['a']) if k['a'] else '-'}"
                       f" -> B {_fmt(k['b']) if k['b'] else '-'}", soft_wrap=True,
                       highlight=False)
+    for line in graph_use_diff_lines(data.get("graph_use") or {}):
+        console.print(line, soft_wrap=True, highlight=False, markup=False)
     for label, colour, items in (("removed", "green", data["findings"]["removed"]),
                                  ("added", "red", data["findings"]["added"])):
         for f in items:

@@ -26,6 +26,7 @@ from typing import Any
 
 from mlatrace.charts import captured_length, regions_of, unit_findings
 from mlatrace.charts.svg import HALF, compact, duration, esc, histogram_chart, series_chart
+from mlatrace.html_graph_use import graph_use_section
 from mlatrace.html_kernels import explained_by_pack, kernel_rows
 
 MAX_CHARTED = 40       # capture units drawn with charts; the rest are listed
@@ -534,7 +535,7 @@ def run_sections(data: dict[str, Any], model: Any, fail_on: str, far_factor: int
     """The sections of one run's page, from its verdict to how to open it in Perfetto."""
     return "".join([
         _verdict(data, fail_on), _findings_table(data), _graphs(data, model, far_factor),
-        _findings(data), _processes(data), _coverage(data), _attention(data), _marks_problems(data),
+        graph_use_section(data), _findings(data), _processes(data), _coverage(data), _attention(data), _marks_problems(data),
         _perfetto(data),
     ])
 

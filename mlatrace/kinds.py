@@ -32,6 +32,7 @@ STEADY = "steady"                            # steady decode steps folded into o
 SAMPLE_RUN = "sample.run"                    # the end of a sampled run of eager records
 RUNNER_DUMMY_RUN = "runner.dummy_run"           # vLLM's warm-up run (a probe pack's kind)
 RUNNER_CAPTURE_MODEL = "runner.capture_model"   # vLLM's capture of every batch size
+RUNNER_WARMUP = "runner.warmup"                 # transformers' pre-capture of batch shapes
 RAY_INIT = "ray.init"
 RAY_WORKER = "ray.worker"
 
@@ -39,5 +40,6 @@ ALL = frozenset({
     PROCESS, PROCESS_RANK, PROCESS_INFO, PROCESS_END, PROBE_ERROR, RECORD_ERROR, DEVICE,
     CAPTURE_BEGIN, CAPTURE_END, GRAPH_NODES, EAGER_BREAK, REPLAY, REPLAY_TIME, DISPATCH,
     ATTN_METADATA, ATTN_CALL, KERNEL_LAUNCH, KERNEL_SPLIT, KERNEL_SKIP, SYNC, HOST_DECISION,
-    MARK, STEADY, SAMPLE_RUN, RUNNER_DUMMY_RUN, RUNNER_CAPTURE_MODEL, RAY_INIT, RAY_WORKER,
+    MARK, STEADY, SAMPLE_RUN, RUNNER_DUMMY_RUN, RUNNER_CAPTURE_MODEL, RUNNER_WARMUP, RAY_INIT,
+    RAY_WORKER,
 })

@@ -21,6 +21,7 @@ from mlatrace.analysis.load import Unusable, load, resolve_config
 from mlatrace.analysis.model import MAX_MARKS
 from mlatrace.exitcodes import ExitCode
 from mlatrace.report_data import REPORT_SCHEMA, problems_of, report_dict, summary_line
+from mlatrace.report_graph_use import render_graph_use
 from mlatrace.report_text import (
     cost_line,
     fmt,
@@ -126,6 +127,7 @@ def render(console: Any, data: dict[str, Any], verbose: bool) -> None:
     render_graphs(console, data, verbose)
     render_kernels(console, data, verbose)
     render_attention(console, data)
+    render_graph_use(console, data, verbose)
     render_marks(console, data, verbose)
     render_findings(console, data, verbose)
 

@@ -96,6 +96,7 @@ from __future__ import annotations
 from typing import Any
 
 from mlatrace.analysis import Analysis
+from mlatrace.analysis.graph_use import graph_use
 from mlatrace.analysis.kernels import kernel_view
 from mlatrace.analysis.summary import root_graphs, units
 from mlatrace.kinds import STEADY
@@ -210,6 +211,7 @@ def report_dict(trace_path: str, result: Analysis,
         "marks": [{"file": p.file, "pid": p.pid, "rank": p.rank, **m}
                   for p in model.processes for m in p.marks],
         "kernels": kernel_view(model, result.config.grid),
+        "graph_use": graph_use(model),
         "coverage": coverage.to_dict(),
     }
 

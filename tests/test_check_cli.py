@@ -84,10 +84,10 @@ def test_junit_xml(tmp_path):
     result = run(FIXTURES / "legacy_one_split", "--junit", out, "--config", cfg)
     assert result.exit_code == 1
     suite = ET.parse(out).getroot()
-    assert suite.tag == "testsuite" and suite.get("tests") == "9"   # 8 rules + coverage
+    assert suite.tag == "testsuite" and suite.get("tests") == "10"   # 9 rules + coverage
     assert suite.get("failures") == "1" and suite.get("skipped") == "1"
     cases = {c.get("name"): c for c in suite.iter("testcase")}
-    assert len(cases) == 9
+    assert len(cases) == 10
     assert cases["coverage"].find("failure") is None   # an older trace, not blind
     failure = cases["MLT001 frozen-one-split"].find("failure")
     assert failure is not None and "replayed 3 times" in failure.get("message")

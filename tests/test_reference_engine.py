@@ -152,14 +152,27 @@ def test_static_input_and_seq_info_pointers_do_not_move():
     assert runner.attn_metadata_builder.seq_info.data_ptr() == seq_info_ptr
 
 
-def test_uncaptured_batch_size_runs_eagerly():
-    runner = make_runner("legacy", "full")
+def test_a_batch_above_the_largest_captured_size_runs_eagerly():
+    runner = make_runner("legacy", "full", max_num_reqs=3)
     calls = runner.impl.num_calls
-    hidden = step_inputs(1, 0)
-    out = runner.execute_model(hidden, [LONG])
+    hidden = step_inputs(3, 0)
+    out = runner.execute_model(hidden, [LONG] * 3)
     assert runner.impl.num_calls == calls + 2                  # forward_mqa ran, per layer
     assert runner.impl.last_num_kv_splits == {0: 32, 1: 32}
-    assert runner.captured_entry(1) is None
+    assert runner.captured_entry(3) is None
+    assert rel_err(out, runner.reference_output(hidden, [LONG] * 3)) < 1e-4
+
+
+def test_a_smaller_batch_pads_up_to_the_captured_size_and_replays_its_graph():
+    """As vLLM pads: batch 1 runs the graph of 2 (a padding request of length 1), and
+    its one output row is the eager answer."""
+    runner = make_runner("legacy", "full")
+    calls = runner.impl.num_calls
+    entry = runner.captured_entry(2)
+    hidden = step_inputs(1, 0)
+    out = runner.execute_model(hidden, [LONG])
+    assert runner.impl.num_calls == calls                       # replayed, nothing eager
+    assert entry.replay_count == 1 and out.shape[0] == 1
     assert rel_err(out, runner.reference_output(hidden, [LONG])) < 1e-4
 
 

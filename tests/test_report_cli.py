@@ -41,7 +41,8 @@ def test_report_json_schema_is_stable():
     data = json.loads(result.stdout)
     assert data["schema"] == "mlatrace.report/1"
     assert set(data) == {"schema", "trace", "summary", "processes", "graphs", "attention",
-                         "findings", "suppressed", "problems", "coverage", "marks", "kernels"}
+                         "findings", "suppressed", "problems", "coverage", "marks", "kernels",
+                         "graph_use"}
     calls = {(a["kind"], a["name"]): a for a in data["attention"]}
     assert calls[("attn.call", "forward_mqa")]["captured"] >= 1
     assert data["summary"] == {"processes": 1, "graphs": 1, "graphs_total": 2, "replays": 3,

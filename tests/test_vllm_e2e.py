@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -179,3 +180,60 @@ def test_vllm_serve_folded_gives_the_same_analysis(vllm_venv: Path, tiny_model: 
     assert data["findings"] == report(off)["findings"]
     assert not data["coverage"]["blind"], data["coverage"]["reasons"]
     assert data["coverage"]["records"].get("steady"), "the decode steps fold"
+
+
+METRICS_ROW = re.compile(r"\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*([A-Z_]+)\s*\|\s*(\d+)\s*\|")
+
+
+def _cudagraph_metrics(log: str) -> dict[tuple[int, int, str], int]:
+    """vLLM's `--cudagraph-metrics` tables (one per stats interval), summed: (unpadded
+    tokens, padded tokens, runtime mode) -> steps."""
+    out: dict[tuple[int, int, str], int] = {}
+    for line in log.splitlines():
+        if "cuda_graph.py" not in line:
+            continue
+        match = METRICS_ROW.search(line)
+        if match:
+            unpadded, padded, _paddings, mode, count = match.groups()
+            key = (int(unpadded), int(padded), mode.removeprefix("CUDAGraphMode."))
+            out[key] = out.get(key, 0) + int(count)
+    return out
+
+
+def test_vllm_graph_use_agrees_with_vllms_own_cudagraph_metrics(vllm_venv: Path,
+                                                                tiny_model: Path,
+                                                                tmp_path: Path) -> None:
+    """12 requests from 4 clients under `--cudagraph-metrics` (logged every second): the
+    steps graph use counts per size and mode, with their padding, are vLLM's own counts.
+    vLLM's CPU platform captures nothing (capture sizes emptied, mode NONE), so every step
+    is eager with the reason "graphs off" and no MLT009 is due."""
+    out = tmp_path / "trace"
+    log = tmp_path / "server.log"
+    _run_e2e(vllm_venv, tiny_model, out, "--load", "12", "--concurrency", "4",
+             "--max-tokens", "12", "--settle", "3", "--serve-arg=--cudagraph-metrics",
+             "--server-env=VLLM_LOG_STATS_INTERVAL=1", "--keep-log", str(log))
+    vllm_counts = _cudagraph_metrics(log.read_text(errors="replace"))
+    assert vllm_counts, "vLLM logged no CUDAGraph stats"
+    proc = subprocess.run([sys.executable, "-m", "mlatrace", "report", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    data = json.loads(proc.stdout)
+    (worker,) = data["graph_use"]["processes"]      # only the Worker dispatches
+    ours: dict[tuple[int, int, str], int] = {}
+    for row in worker["eager_sizes"]:
+        ours[(row["size"], row["size"], "NONE")] = row["steps"]
+    for row in worker["sizes"]:
+        for mode in row["modes"]:
+            if row["steps"]:
+                ours[(row["real_min"], row["size"], mode)] = row["steps"]
+    if any(mode != "NONE" for *_, mode in vllm_counts):   # a platform that captures
+        graph_steps = sum(n for (_u, _p, mode), n in vllm_counts.items() if mode != "NONE")
+        assert worker["replayed"] == graph_steps
+        assert worker["padding_tokens"] == sum((p - u) * n for (u, p, mode), n
+                                               in vllm_counts.items() if mode != "NONE")
+    else:
+        assert ours == vllm_counts, (ours, vllm_counts)
+        assert worker["steps"] == sum(vllm_counts.values()) == worker["eager"]
+        assert not worker["graphs_on"] and worker["sizes"] == []
+        assert [r["reason"] for r in worker["eager_steps"]] == ["graphs off"]
+        assert worker["warmup_dispatches"] == 1      # the profile run's dummy step
+    assert not [f for f in data["findings"] if f["id"] == "MLT009"]

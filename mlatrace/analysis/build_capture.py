@@ -77,6 +77,7 @@ class CaptureHandlers:
         graph.eager_breaks = _int(rec.get("eager_breaks"))
         graph.dur_ns = _int(rec.get("dur_ns"))
         graph.capture_error = as_text(rec.get("error"))
+        self.dummy_runs.discard(rec.get("tid"))   # a dummy run that captured: it is over
         stack = self.stacks.get(rec.get("tid"))
         if stack and gid in stack:
             del stack[stack.index(gid):]

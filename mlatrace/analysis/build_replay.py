@@ -20,6 +20,7 @@ from mlatrace.common import hashable
 from mlatrace.kinds import (
     ATTN_CALL,
     ATTN_METADATA,
+    DISPATCH,
     HOST_DECISION,
     KERNEL_LAUNCH,
     KERNEL_SPLIT,
@@ -324,6 +325,8 @@ class ReplayHandlers:
             elif kind == KERNEL_LAUNCH:
                 self._eager_steps(lo, str(lo.get("name")), kind, steps)
                 self._runtime_split(lo, _int(as_dict(lo.get("const")).get("NUM_KV_SPLITS")))
+            elif kind == DISPATCH:
+                self._steady_dispatch(rec, lo, hi, entry.get("sum"), steps)
             elif kind == HOST_DECISION:
                 name = as_text(lo.get("name"))
                 if name is not None:

@@ -21,6 +21,11 @@ Keys (all optional):
     attention_names = ["attn", "attention", "mla", "fmha", "flash", "splitkv", "paged",
                        "decode"]   # MLT008: case-insensitive substrings of attention-like
                                # kernel names (replaces the list; see analysis/kernels.py)
+    graph_eager_share = 0.2    # MLT009: more decode steps than this share ran eagerly
+                               # while a graph mode was on ...
+    graph_padding_share = 0.3  # MLT009: ... or padding took more than this share of the
+                               # replayed tokens
+    graph_min_steps = 10       # MLT009: fewer decode steps (padded steps) judge nothing
 """
 
 from __future__ import annotations
@@ -33,9 +38,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from mlatrace.analysis.graph_use import GraphUseRule
 from mlatrace.analysis.kernels import GridRule
 
-RULE_IDS = ("MLT001", "MLT002", "MLT003", "MLT004", "MLT005", "MLT006", "MLT007", "MLT008")
+RULE_IDS = ("MLT001", "MLT002", "MLT003", "MLT004", "MLT005", "MLT006", "MLT007", "MLT008",
+            "MLT009")
 
 
 class ConfigError(ValueError):
@@ -53,6 +60,7 @@ class Config:
     allow: list[dict] = field(default_factory=list)
     expect: list[str] = field(default_factory=list)
     grid: GridRule = field(default_factory=GridRule)   # MLT008 (frozen-underfilled-grid)
+    graph_use: GraphUseRule = field(default_factory=GraphUseRule)   # MLT009 (graph-underused)
     source: str | None = None
 
     def enabled(self, rule_id: str) -> bool:
@@ -132,7 +140,8 @@ def _check_allow(entries: list[dict], source: str | None) -> None:
 
 _INT_KEYS = ("long_len_factor", "default_block_n", "far_factor", "far_min_len")
 _KNOWN_KEYS = (*_INT_KEYS, "fail_on", "disable", "allow", "expect", "underfill_fraction",
-               "growth_factor", "error_growth_factor", "min_timed_replays", "attention_names")
+               "growth_factor", "error_growth_factor", "min_timed_replays", "attention_names",
+               "graph_eager_share", "graph_padding_share", "graph_min_steps")
 
 
 def config_from_dict(table: dict, source: str | None = None) -> Config:
@@ -190,6 +199,18 @@ def config_from_dict(table: dict, source: str | None = None) -> Config:
                 raise ConfigError(f"{source}: attention_names must be a non-empty list of "
                                   "strings, e.g. [\"attn\", \"mla\"]")
             cfg.grid = replace(cfg.grid, attention_names=tuple(value))
+        elif key in ("graph_eager_share", "graph_padding_share"):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) \
+                    or not 0 <= value < 1:
+                raise ConfigError(f"{_where(source, key)}: {key} must be a share from 0 up to "
+                                  f"(not including) 1, got {value!r}")
+            name = "eager_share" if key == "graph_eager_share" else "padding_share"
+            cfg.graph_use = replace(cfg.graph_use, **{name: float(value)})
+        elif key == "graph_min_steps":
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{_where(source, key)}: graph_min_steps must be a positive "
+                                  f"integer, got {value!r}")
+            cfg.graph_use = replace(cfg.graph_use, min_steps=value)
         else:  # a mistyped key would silently leave its default in force
             close = difflib.get_close_matches(str(key), _KNOWN_KEYS, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""

@@ -16,6 +16,7 @@ RULES: dict[str, tuple[str, str]] = {
     "MLT006": ("frozen-host-decision", "warning"),
     "MLT007": ("decision-mismatch", "error"),
     "MLT008": ("frozen-underfilled-grid", "warning"),
+    "MLT009": ("graph-underused", "warning"),
 }
 
 

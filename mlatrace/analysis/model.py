@@ -112,6 +112,7 @@ class ProcessModel(Unpickled):
     # records of kinds mlatrace does not know (a user pack's probe `kind`): kind ->
     # [records, {field: how many of them held null}] (a path that resolves to nothing)
     custom_nulls: dict[str, list] = field(default_factory=dict)
+    graph_use: Any = None   # analysis.graph_use.GraphUseStats: its dispatched steps
 
 
 @dataclass

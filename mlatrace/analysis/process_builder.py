@@ -11,6 +11,7 @@ from typing import Any
 from mlatrace.analysis.build_attention import AttentionHandlers
 from mlatrace.analysis.build_capture import CaptureHandlers
 from mlatrace.analysis.build_fields import flush_ptr_run
+from mlatrace.analysis.build_graph_use import GraphUseHandlers
 from mlatrace.analysis.build_process import ProcessHandlers
 from mlatrace.analysis.build_replay import ReplayHandlers
 from mlatrace.analysis.model import (
@@ -29,6 +30,7 @@ from mlatrace.kinds import (
     CAPTURE_BEGIN,
     CAPTURE_END,
     DEVICE,
+    DISPATCH,
     GRAPH_NODES,
     HOST_DECISION,
     KERNEL_LAUNCH,
@@ -42,6 +44,7 @@ from mlatrace.kinds import (
     PROCESS_RANK,
     REPLAY,
     REPLAY_TIME,
+    RUNNER_DUMMY_RUN,
     STEADY,
     SYNC,
 )
@@ -49,7 +52,8 @@ from mlatrace.kinds import (
 CUSTOM_SKIPPED = frozenset(("k", "t", "seq", "tid", "repeat"))  # not probe fields
 
 
-class ProcessBuilder(CaptureHandlers, ReplayHandlers, AttentionHandlers, ProcessHandlers, Unpickled):
+class ProcessBuilder(CaptureHandlers, ReplayHandlers, AttentionHandlers, ProcessHandlers,
+                     GraphUseHandlers, Unpickled):
     """Streams one process file into the model (per-thread host state, capture stacks)."""
 
     def __init__(self, model: TraceModel, proc_file: Any) -> None:
@@ -85,6 +89,11 @@ class ProcessBuilder(CaptureHandlers, ReplayHandlers, AttentionHandlers, Process
         # tid -> the set-up records of its latest fold (`steady` with a pattern), as the
         # [lo, hi] record pair each replay of that fold saw (read by the fold's other graphs)
         self.fold_setup: dict[Any, list[tuple[str, dict, dict]]] = {}
+        # tids inside a runner's dummy run: their next dispatch is no step (graph use)
+        self.dummy_runs: set[Any] = set()
+        # tid -> its last dispatch's (mode, key, uniform, size entry, size, decode)
+        self.last_dispatch: dict[Any, tuple] = {}
+        self.md_decode: dict[Any, tuple] = {}   # tid -> (metadata record, decode step?)
 
     # -- helpers -------------------------------------------------------------
     def _ref(self, rec: dict, kind: str) -> Ref:
@@ -126,7 +135,7 @@ class ProcessBuilder(CaptureHandlers, ReplayHandlers, AttentionHandlers, Process
                 nulls[name] = nulls.get(name, 0) + (value is None)
 
     def handlers(self) -> dict[str, Any]:
-        """Kind -> handler; dispatch, probe.error and unknown kinds need nothing here."""
+        """Kind -> handler; probe.error and unknown kinds need nothing here."""
         return {
             REPLAY: self.replay,
             REPLAY_TIME: self.replay_time,
@@ -148,6 +157,8 @@ class ProcessBuilder(CaptureHandlers, ReplayHandlers, AttentionHandlers, Process
             PROBE_ERROR: self.probe_error,
             MARK: self.mark,
             STEADY: self.steady,
+            DISPATCH: self.dispatch,
+            RUNNER_DUMMY_RUN: self.runner_dummy_run,
         }
 
     def finish(self, proc_file: Any) -> ProcessModel:

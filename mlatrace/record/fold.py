@@ -47,6 +47,9 @@ RANGED_NESTED = frozenset(("inputs", "hints"))   # dicts whose numbers are range
 # eager records' pointers no rule reads (a fresh output buffer per step is usual); the
 # metadata's are compared with the captured ones (MLT003)
 POINTERS_KEPT = frozenset(("attn.metadata",))
+# numeric fields also summed over the fold, not only ranged: a dispatch's real token
+# count, whose total graph use needs (the padding a captured size wasted)
+SUMMED = frozenset((("dispatch", "num_tokens"),))
 MAX_STEP = 256          # a longer step is never folded (no steps marked?)
 MAX_TIMES = 512         # replay times kept per graph and fold for its gpu_ns percentiles
 
@@ -95,7 +98,7 @@ class Fold:
     """The steps folded so far on one thread since the fold opened."""
 
     __slots__ = ("steps", "t_first", "t_last", "ranges", "first", "replays", "tid",
-                 "replay_at", "ranged_at", "kinds")
+                 "replay_at", "ranged_at", "kinds", "summed_at", "sums")
 
     def __init__(self, step: list, t: int, tid: int) -> None:
         self.steps = 0
@@ -111,6 +114,9 @@ class Fold:
                           if entry[0] == "graph.replay"]
         self.ranged_at = [position for position, entry in enumerate(step)
                           if entry[0] != "graph.replay" and entry[3]]
+        self.summed_at = [(position, name) for position, entry in enumerate(step)
+                          if entry[3] for name in entry[3] if (entry[0], name) in SUMMED]
+        self.sums = [0] * len(self.summed_at)
         kinds: dict[str, int] = {}
         for entry in step:
             kinds[entry[0]] = kinds.get(entry[0], 0) + 1
@@ -129,6 +135,10 @@ class Fold:
             else:
                 entry[1] = n
                 entry[2] += 1
+        if self.summed_at:
+            sums = self.sums
+            for index, (position, name) in enumerate(self.summed_at):
+                sums[index] += step[position][3][name]
         all_ranges = self.ranges
         for position in self.ranged_at:
             ranges = all_ranges[position]
@@ -316,7 +326,12 @@ class Folder:
                 if name == "ptrs" and kind not in POINTERS_KEPT:
                     continue
                 same[name] = value
-            pattern.append({"k": kind, "same": same, "range": ranges})
+            entry = {"k": kind, "same": same, "range": ranges}
+            sums = {name: fold.sums[index] for index, (at, name) in enumerate(fold.summed_at)
+                    if at == position}
+            if sums:
+                entry["sum"] = sums
+            pattern.append(entry)
             into = merged_fields.setdefault(kind, {})
             for name, span in ranges.items():
                 known = into.get(name)

@@ -385,18 +385,29 @@ class CUDAGraphWrapper:
 
 
 class CudagraphDispatcher:
-    """Picks the runtime mode and batch descriptor of a step, like vLLM's dispatcher."""
+    """Picks the runtime mode and batch descriptor of a step, like vLLM's dispatcher: a
+    batch is padded up to the smallest captured size that holds it and replays that graph;
+    one above the largest captured size runs eagerly (mode NONE, its own size)."""
 
     def __init__(self, captured_sizes: Sequence[int], graphs_enabled: bool) -> None:
-        self.captured_sizes = set(captured_sizes)
+        self.captured_sizes = sorted(set(captured_sizes))
         self.graphs_enabled = graphs_enabled
+
+    def padded_size(self, num_tokens: int, uniform_decode: bool = True) -> int | None:
+        """The captured size a batch of `num_tokens` replays at, or None (eager)."""
+        if not (self.graphs_enabled and uniform_decode):
+            return None
+        for size in self.captured_sizes:
+            if size >= num_tokens:
+                return size
+        return None
 
     def dispatch(self, num_tokens: int, uniform_decode: bool = True
                  ) -> tuple[str, BatchDescriptor]:
-        descriptor = BatchDescriptor(num_tokens=num_tokens, uniform=uniform_decode)
-        if self.graphs_enabled and uniform_decode and num_tokens in self.captured_sizes:
-            return CUDAGraphMode.FULL, descriptor
-        return CUDAGraphMode.NONE, descriptor
+        padded = self.padded_size(num_tokens, uniform_decode)
+        if padded is not None:
+            return CUDAGraphMode.FULL, BatchDescriptor(num_tokens=padded, uniform=uniform_decode)
+        return CUDAGraphMode.NONE, BatchDescriptor(num_tokens=num_tokens, uniform=uniform_decode)
 
 
 # ---------------------------------------------------------------------------------------
@@ -420,6 +431,8 @@ class EngineConfig:
     dtype: torch.dtype = torch.float32
     seed: int = 0
     num_warmups: int = 1
+    max_num_reqs: int | None = None    # the largest batch a step may hold (default: the
+                                       # largest captured size; above it a step runs eagerly)
 
 
 def _project(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:
@@ -498,7 +511,7 @@ class ReferenceModelRunner:
             raise ValueError("capture_len must be in 1..max_seq_len")
         self.config = config
         self.device = torch.device(config.device)
-        self.max_num_reqs = max(config.batch_sizes)
+        self.max_num_reqs = max(max(config.batch_sizes), config.max_num_reqs or 0)
         max_pages = config.max_seq_len
         num_slots = self.max_num_reqs * max_pages
         gen = torch.Generator().manual_seed(config.seed + 1)
@@ -556,13 +569,24 @@ class ReferenceModelRunner:
 
     def execute_model(self, hidden_states: torch.Tensor,
                       seq_lens_cpu: torch.Tensor | Sequence[int]) -> torch.Tensor:
-        """One decode step: fill the static buffers, then replay (or run eagerly)."""
+        """One decode step: fill the static buffers, then replay (or run eagerly).
+
+        A batch smaller than the captured size it dispatches to is padded, as vLLM pads:
+        the padding requests have length 1 and their rows of the output are dropped."""
         batch = int(hidden_states.shape[0])
+        if batch > self.max_num_reqs:
+            raise ValueError(f"batch {batch} above max_num_reqs {self.max_num_reqs}")
         self.input_hidden[:batch].copy_(hidden_states, non_blocking=True)
+        padded = self.cudagraph_dispatcher.padded_size(batch) or batch
+        if padded > batch:
+            if not isinstance(seq_lens_cpu, torch.Tensor):
+                seq_lens_cpu = torch.tensor(list(seq_lens_cpu), dtype=torch.int32)
+            seq_lens_cpu = torch.cat([seq_lens_cpu.to(torch.int32),
+                                      torch.ones(padded - batch, dtype=torch.int32)])
         attn_metadata = self.attn_metadata_builder.build(seq_lens_cpu)
         mode, descriptor = self.cudagraph_dispatcher.dispatch(batch, uniform_decode=True)
         with set_forward_context(attn_metadata, descriptor, mode):
-            return self._model_callable()(self.input_hidden[:batch])
+            return self._model_callable()(self.input_hidden[:padded])[:batch]
 
     def reference_output(self, hidden_states: torch.Tensor, seq_lens: Sequence[int]) -> torch.Tensor:
         """Float64 answer of one step with these inputs (for --check and tests)."""

@@ -8,6 +8,10 @@ sequence lengths around `--ctx`, growing by one per step, and prints each step's
 and the split count the graph froze next to the one the real length would need.
 `--lengths 1024,8192,32768` decodes `--steps` steps at each listed length in turn instead
 (one captured graph replayed across lengths, so its replay time follows the work).
+`--batch-mix 1,3,8,12` gives each step its batch size in turn (cycled) and
+`--capture-sizes 1,2,4,8` the batch sizes captured (default: `--batch`): a batch is
+padded up to the smallest captured size that holds it, and one above the largest
+captured size runs eagerly, as vLLM's dispatcher does.
 `--check` compares every step with a float64 eager reference: the frozen one-split graph
 of the legacy policy is still correct, only slow (a performance bug, not a wrong result).
 `--bench` prints one JSON line (median step time over the replays; CUDA events on GPU)
@@ -52,6 +56,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="KV lengths to decode at in turn, --steps steps each "
                              "(replaces --ctx)")
     parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--batch-mix", type=_lengths, default=None, metavar="B1,B2,...",
+                        help="batch size of each step in turn, cycled (replaces --batch "
+                             "for the steps; default: every step at --batch)")
+    parser.add_argument("--capture-sizes", type=_lengths, default=None, metavar="S1,S2,...",
+                        help="batch sizes captured (default: --batch); a step pads up to "
+                             "the next one, and runs eagerly above the largest")
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--hidden", type=int, default=256, help="model width of the projections")
@@ -83,11 +93,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--ctx, --steps, --batch, --heads, --layers, --capture-len must be >= 1")
     if args.step_delay < 0:
         parser.error("--step-delay must be >= 0")
-    if args.ctx - (args.batch - 1) < 1:
-        parser.error("--ctx must be at least --batch")
-    if args.lengths and min(args.lengths) < args.batch:
-        parser.error("every --lengths value must be at least --batch")
+    largest = max_batch(args)
+    if args.ctx - (largest - 1) < 1:
+        parser.error("--ctx must be at least --batch (and every --batch-mix size)")
+    if args.lengths and min(args.lengths) < largest:
+        parser.error("every --lengths value must be at least --batch (and every --batch-mix "
+                     "size)")
     return args
+
+
+def max_batch(args: argparse.Namespace) -> int:
+    """The largest batch any step holds."""
+    return max(args.batch_mix) if args.batch_mix else args.batch
+
+
+def step_batch(args: argparse.Namespace, step: int) -> int:
+    """Step `step`'s batch size: --batch-mix in turn, else --batch."""
+    return args.batch_mix[step % len(args.batch_mix)] if args.batch_mix else args.batch
+
+
+def capture_sizes(args: argparse.Namespace) -> tuple[int, ...]:
+    return tuple(args.capture_sizes) if args.capture_sizes else (args.batch,)
 
 
 def _lengths(text: str) -> tuple[int, ...]:
@@ -106,11 +132,14 @@ def schedule(args: argparse.Namespace, total_steps: int) -> list[list[int]]:
     """Every step's sequence lengths: around --ctx, or --steps steps at each of --lengths
     (warm-up steps, with --bench, at the first length)."""
     if not args.lengths:
-        return [step_seq_lens(args.ctx, args.batch, step) for step in range(total_steps)]
+        return [step_seq_lens(args.ctx, step_batch(args, step), step)
+                for step in range(total_steps)]
     warmup = total_steps - args.steps * len(args.lengths)
-    out = [step_seq_lens(args.lengths[0], args.batch, step) for step in range(warmup)]
+    out = [step_seq_lens(args.lengths[0], step_batch(args, step), step)
+           for step in range(warmup)]
     for length in args.lengths:
-        out += [step_seq_lens(length, args.batch, step) for step in range(args.steps)]
+        out += [step_seq_lens(length, step_batch(args, len(out)), step)
+                for step in range(args.steps)]
     return out
 
 
@@ -152,7 +181,7 @@ def build_runner(args: argparse.Namespace, device: torch.device, total_steps: in
     longest = max(args.lengths) if args.lengths else args.ctx
     max_seq_len = max(longest + total_steps + 1, args.capture_len)
     config = EngineConfig(
-        batch_sizes=(args.batch,), num_heads=args.heads, num_layers=args.layers,
+        batch_sizes=capture_sizes(args), max_num_reqs=max_batch(args), num_heads=args.heads, num_layers=args.layers,
         hidden_size=args.hidden, max_seq_len=max_seq_len, policy=args.policy,
         backend=args.backend, capture_len=args.capture_len, capture_hint=args.capture_hint,
         graph_mode=args.graph, device=device.type, dtype=resolve_dtype(args.dtype, device),
@@ -171,22 +200,30 @@ def main(argv: list[str] | None = None) -> int:
     # Inputs of every step prepared up front: hidden states on the device, sequence
     # lengths in (pinned) host rows that stay untouched while their copy is in flight.
     gen = torch.Generator().manual_seed(args.seed + 7)
-    hidden = torch.randn(total_steps, args.batch, args.hidden, generator=gen)
+    widest = max_batch(args)
+    hidden = torch.randn(total_steps, widest, args.hidden, generator=gen)
     hidden = hidden.to(device=device, dtype=dtype)
-    seq_lens = torch.empty(total_steps, args.batch, dtype=torch.int32,
+    seq_lens = torch.empty(total_steps, widest, dtype=torch.int32,
                            pin_memory=device.type == "cuda")
+    batches = [step_batch(args, step) for step in range(total_steps)]
     for step, lens in enumerate(schedule(args, total_steps)):
-        seq_lens[step] = torch.tensor(lens)
+        seq_lens[step, :len(lens)] = torch.tensor(lens)
+    if args.batch_mix:   # each step's rows only (views: the pinned rows stay put)
+        hidden = [hidden[step, :b] for step, b in enumerate(batches)]
+        seq_lens = [seq_lens[step, :b] for step, b in enumerate(batches)]
 
     started = time.perf_counter()
     runner.capture_model()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     capture_s = time.perf_counter() - started
-    frozen = runner.captured_num_kv_splits(args.batch)
+    frozen = runner.captured_num_kv_splits(max(capture_sizes(args)))
     if not args.bench:
         print(f"mlatrace reference serve: device={device.type} dtype={str(dtype).removeprefix('torch.')} "
-              f"policy={args.policy} graph={args.graph} batch={args.batch} heads={args.heads} "
+              f"policy={args.policy} graph={args.graph} "
+              + (f"batch-mix={','.join(map(str, args.batch_mix))} " if args.batch_mix
+                 else f"batch={args.batch} ")
+              + f"heads={args.heads} "
               f"layers={args.layers} "
               + (f"lengths={','.join(map(str, args.lengths))} " if args.lengths
                  else f"ctx={args.ctx} ")
@@ -195,12 +232,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.graph == "none":
             print("eager: no graph captured")
         elif args.graph == "breakable":
-            capture = runner.captured_entry(args.batch).capture
-            print(f"captured batch size {args.batch} in {capture_s:.2f} s as "
+            capture = runner.captured_entry(max(capture_sizes(args))).capture
+            print(f"captured batch sizes {_sizes(capture_sizes(args))} in {capture_s:.2f} s as "
                   f"{capture.num_graphs} graph segments + {capture.num_eager_breaks} eager MLA "
                   f"calls (split count chosen every step)")
         else:
-            print(f"captured batch size {args.batch} in {capture_s:.2f} s; "
+            print(f"captured batch sizes {_sizes(capture_sizes(args))} in {capture_s:.2f} s; "
                   f"NUM_KV_SPLITS frozen per layer: {frozen}")
 
     if args.bench:
@@ -216,10 +253,18 @@ def main(argv: list[str] | None = None) -> int:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         step_ms.append((time.perf_counter() - t0) * 1e3)
-        needed = unprobed_num_kv_splits(args.policy, args.batch, 1, args.heads, int(lens.min()))
-        used = used_splits(runner, args, frozen)
+        batch = int(lens.shape[0])
+        padded = runner.cudagraph_dispatcher.padded_size(batch)
+        needed = unprobed_num_kv_splits(args.policy, batch, 1, args.heads, int(lens.min()))
+        used = used_splits(runner, args, frozen if padded is not None else None)
         line = (f"step {step:3d}  seq_len max {int(lens.max()):7d}  splits used {used:3d} "
                 f"(the real length needs {needed:3d})  {step_ms[-1]:8.2f} ms")
+        if args.batch_mix:
+            line += (f"  batch {batch:3d} " + (
+                "eager (graphs off)" if padded is None and args.graph == "none"
+                else "eager (above the largest captured size)" if padded is None
+                else f"graph of size {padded}" + (f" (+{padded - batch} padding)"
+                                                  if padded > batch else "")))
         if args.check:
             ref = runner.reference_output(hidden[step], lens.tolist())
             err = float((out.double() - ref).abs().max() / ref.abs().max().clamp(min=1e-30))
@@ -234,6 +279,10 @@ def main(argv: list[str] | None = None) -> int:
         print("check: all steps match the float64 reference" if not failures
               else f"check: {failures} step(s) differ from the float64 reference")
     return 1 if failures else 0
+
+
+def _sizes(sizes: tuple[int, ...]) -> str:
+    return ",".join(map(str, sorted(sizes)))
 
 
 def used_splits(runner: ReferenceModelRunner, args: argparse.Namespace,

@@ -26,7 +26,8 @@ TYPED_KINDS = frozenset({REPLAY, REPLAY_TIME, ATTN_METADATA, DISPATCH})
 # the fields the builder and the rules read of the typed kinds (besides k, t, seq)
 RECORD_FIELDS = ("tid", "gid", "n", "gpu_ns", "capturing", "backend", "layer", "seq_len_min",
                  "seq_len_max", "num_reqs", "max_query_len", "num_tokens", "ptrs", "via",
-                 "max_model_len")  # max_model_len: a failed capture's sizes (report)
+                 "max_model_len",  # max_model_len: a failed capture's sizes (report)
+                 "mode", "key", "uniform")
 
 
 def _get(self: Any, name: str, default: Any = None) -> Any:

@@ -69,8 +69,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def server_env(tmp: Path) -> dict[str, str]:
-    """Offline, loopback-only, small KV cache, caches in a temp dir."""
+def server_env(tmp: Path, extra: list[str] = ()) -> dict[str, str]:
+    """Offline, loopback-only, small KV cache, caches in a temp dir; `extra` NAME=VALUE."""
     env = dict(os.environ)
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_HOST_IP=HOST,
                VLLM_CPU_KVCACHE_SPACE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
@@ -80,6 +80,7 @@ def server_env(tmp: Path) -> dict[str, str]:
     import mlatrace
 
     env["PYTHONPATH"] = str(Path(mlatrace.__file__).resolve().parent.parent)
+    env.update(item.split("=", 1) for item in extra)
     return env
 
 
@@ -365,6 +366,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="extra `mlatrace run` option (repeatable), e.g. --trace-arg=--fold=0")
     ap.add_argument("--stop-signal", choices=["TERM", "INT"], default="TERM",
                     help="signal sent to stop the server (INT: as Ctrl-C does)")
+    ap.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="environment variable of the server (repeatable), e.g. "
+                         "--server-env=VLLM_LOG_STATS_INTERVAL=1")
+    ap.add_argument("--keep-log", type=Path, default=None,
+                    help="copy the server's whole log there (--json keeps its last 20 KB)")
     ap.add_argument("--serve-arg", action="append", default=[],
                     help="extra vllm serve argument (repeatable), e.g. --serve-arg=--attention-backend=CPU_MLA")
     args = ap.parse_args(argv)
@@ -380,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
                    str(args.out), *args.trace_arg, "--", *cmd]
         log_path = tmp / "server.log"
         with log_path.open("wb") as log:
-            proc = subprocess.Popen(cmd, env=server_env(tmp), stdout=log, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen(cmd, env=server_env(tmp, args.server_env), stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
             try:
                 if not wait_ready(proc, port, args.ready_timeout):
@@ -403,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
                 res.exit_code = stop(proc, signum=signal.Signals[f"SIG{args.stop_signal}"])
                 res.stop_s = round(time.monotonic() - t_stop, 1)
         res.server_log = log_path.read_text(errors="replace")[-20000:]
+        if args.keep_log is not None:
+            args.keep_log.write_text(log_path.read_text(errors="replace"))
     res.total_s = round(time.monotonic() - t_start, 1)
     for r in res.requests[:10]:
         print(f"request: {r.prompt_tokens} prompt + {r.completion_tokens} generated tokens, "

@@ -4,8 +4,8 @@ Every rule reads only the TraceModel and the Config; none emits a finding withou
 least one record (file, seq) to show for it.
 
 The rules by family: splits (MLT001, MLT002), buffers (MLT003-MLT005), host_decisions
-(MLT006, MLT007); MLT008 comes from the kernel view (analysis/kernels.py). What they
-share is in common.
+(MLT006, MLT007); MLT008 comes from the kernel view (analysis/kernels.py), MLT009 from
+graph use (analysis/graph_use.py). What they share is in common.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from mlatrace.analysis.rules.host_decisions import decision_mismatch, frozen_hos
 from mlatrace.analysis.rules.splits import frozen_one_split, replay_beyond_capture
 
 __all__ = ["RULE_FUNCTIONS", "Verdict", "decision_mismatch", "frozen_host_decision",
-           "frozen_one_split", "frozen_underfilled_grid", "host_sync_in_decode", "judge",
+           "frozen_one_split", "frozen_underfilled_grid", "graph_underused",
+           "host_sync_in_decode", "judge",
            "mixed_kernels_in_graph", "replay_beyond_capture", "static_buffer_drift"]
 
 
@@ -34,6 +35,13 @@ def frozen_underfilled_grid(model: TraceModel, config: Config) -> list[Finding]:
     from mlatrace.analysis.kernels import underfilled_grid
 
     return underfilled_grid(model, config.grid)
+
+
+def graph_underused(model: TraceModel, config: Config) -> list[Finding]:
+    """MLT009: decode steps eager with graphs on, or padding waste (analysis/graph_use.py)."""
+    from mlatrace.analysis.graph_use import graph_underused as underused
+
+    return underused(model, config.graph_use)
 
 
 RULE_FUNCTIONS: dict[str, Callable[[TraceModel, Config], list[Finding]]] = {
@@ -45,4 +53,5 @@ RULE_FUNCTIONS: dict[str, Callable[[TraceModel, Config], list[Finding]]] = {
     "MLT006": frozen_host_decision,
     "MLT007": decision_mismatch,
     "MLT008": frozen_underfilled_grid,
+    "MLT009": graph_underused,
 }

@@ -183,8 +183,13 @@ class Dispatch(Handler):
             mode, key = result.cg_mode, result
         else:
             mode, key = fields.get("mode"), fields.get("key")
+        # uniform (a uniform decode batch) and num_reqs where the pack names them: graph
+        # use tells decode steps from prefill and mixed ones by them
+        extra = {name: fields[name] for name in ("uniform", "num_reqs")
+                 if fields.get(name) is not None}
         record.emit("dispatch", mode=mode if isinstance(mode, str) or mode is None
-                    else _mode_name(mode), key=plain(key), num_tokens=fields.get("num_tokens"))
+                    else _mode_name(mode), key=plain(key), num_tokens=fields.get("num_tokens"),
+                    **extra)
 
 
 class DummyRun(Handler):
