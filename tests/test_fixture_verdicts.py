@@ -33,6 +33,7 @@ VERDICTS = [
     ("samples/gpu_backends/vllm_triton_mla_frozen_one_nopack", 1, ("MLT001",)),
     ("samples/gpu_backends/vllm_triton_mla_own_bucketed", 0, ()),
     ("samples/gpu_backends/vllm_triton_mla_own_one", 1, ("MLT001",)),
+    ("samples/hf_cb/transformers_cb_h200", 0, ()),
     ("samples/gpu_serve_bucketed_breakable", 0, ()),
     ("samples/gpu_serve_device", 0, ()),
     ("samples/gpu_serve_device_timed", 0, ()),

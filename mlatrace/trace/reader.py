@@ -344,7 +344,9 @@ class ProcessFile:
         captured = set(self._captured)
         for rec, kind in zip(records, kinds, strict=True):
             if kind == CAPTURE_BEGIN:
-                captured.add(rec.get("gid"))
+                gid = rec.get("gid")
+                if type(gid) is int:   # a malformed gid is the validator's problem, not ours
+                    captured.add(gid)
             elif kind == STEADY:
                 gid = rec.get("gid")
                 if type(gid) is int and gid not in captured:
@@ -371,8 +373,8 @@ class ProcessFile:
                 if reason:
                     self._problem(lineno, f"{reason}; record skipped")
                     return None
-            if record["k"] == CAPTURE_BEGIN:
-                self._captured.add(record.get("gid"))
+            if record["k"] == CAPTURE_BEGIN and type(record.get("gid")) is int:
+                self._captured.add(record["gid"])
             if record["k"] == PROCESS_END:
                 self.end = record
             self.records_read += 1
