@@ -56,6 +56,9 @@ def main() -> int:
     parser.add_argument("--baseline", choices=("unpatched", "passthrough"), default="unpatched",
                         help="the off half: the originals back in place of every patch, or "
                              "the wrappers passing calls through")
+    parser.add_argument("--count-entries", action="store_true",
+                        help="count Python function entries per step in each half "
+                             "(sys.setprofile) instead of timing the steps")
     options = parser.parse_args()
     if options.host_only:
         from mlatrace.reference import engine as reference_engine
@@ -86,7 +89,7 @@ def main() -> int:
     chosen = _chosen_runtimes(options.passthrough)
     unpatch = options.baseline == "unpatched" and chosen is None
     halves: dict[bool, dict[str, list[float]]] = {
-        active: {"gpu": [], "wall": [], "cpu": []} for active in (True, False)}
+        active: {"gpu": [], "wall": [], "cpu": [], "entries": []} for active in (True, False)}
     step = 20
     for block in range(options.blocks):
         active = block % 2 == 0
@@ -102,6 +105,11 @@ def main() -> int:
             events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                       for _ in range(options.block)]
         started, cpu_started = time.perf_counter(), time.thread_time()
+        if options.count_entries:
+            entries = _count_entries(runner, hidden, lens, step, options.block)
+            halves[active]["entries"].append(entries / options.block)
+            step += options.block
+            continue
         for index in range(options.block):
             if cuda:
                 events[index][0].record()
@@ -129,11 +137,39 @@ def main() -> int:
         for clock in ("gpu", "wall", "cpu"):
             values = halves[active][clock]
             result[f"{label}_{clock}_us"] = statistics.median(values) if values else None
+    if options.count_entries:
+        for label, active in (("active", True), ("off", False)):
+            result[f"{label}_entries"] = statistics.median(halves[active]["entries"])
+        result["entries_added"] = result["active_entries"] - result["off_entries"]
     for clock in ("gpu", "wall", "cpu"):
         if result[f"off_{clock}_us"]:
             result[f"ratio_{clock}"] = result[f"active_{clock}_us"] / result[f"off_{clock}_us"]
     print(json.dumps(result))
     return 0
+
+
+def _count_entries(runner, hidden, lens, step: int, steps: int) -> int:
+    """Python function entries (sys.setprofile "call" events, every thread) over
+    `steps` steps from `step`."""
+    import sys
+    import threading
+
+    count = 0
+
+    def profile(frame, event, arg):     # noqa: ANN001, ANN202 (a profile hook)
+        nonlocal count
+        if event == "call":
+            count += 1
+
+    threading.setprofile(profile)
+    sys.setprofile(profile)
+    try:
+        for index in range(step, step + steps):
+            runner.execute_model(hidden[index], lens[index])
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)
+    return count
 
 
 def _set_patched(patched: bool) -> None:

@@ -54,13 +54,35 @@ Write = Callable[[str, dict, int], None]
 _NO_RANGE: dict = {}        # a replay's moving fields: none (never written to)
 
 
+_CONTAINERS = (dict, list, tuple)
+
+
 def freeze(value: Any) -> Any:
-    """A hashable, comparable form of a record's field value."""
+    """A hashable, comparable form of a record's field value.
+
+    Loops, not generators: a record's shapes and pointers (a dict of lists of ints)
+    freeze in one call, the nesting of a container of containers only recursing."""
     kind = type(value)
     if kind is dict:
-        return tuple((k, freeze(v)) for k, v in value.items())
+        out = []
+        for key, item in value.items():
+            itype = type(item)
+            if itype is list or itype is tuple:
+                for part in item:
+                    if type(part) in _CONTAINERS:
+                        item = freeze(item)
+                        break
+                else:
+                    item = tuple(item)
+            elif itype is dict:
+                item = freeze(item)
+            out.append((key, item))
+        return tuple(out)
     if kind is list or kind is tuple:
-        return tuple(freeze(v) for v in value)
+        for part in value:
+            if type(part) in _CONTAINERS:
+                return tuple([freeze(part) for part in value])
+        return tuple(value)
     return value
 
 
@@ -81,12 +103,16 @@ def split(kind: str, fields: dict) -> tuple[tuple, dict]:
                 itype = type(item)
                 if itype is int or itype is float:
                     ranged[f"{name}.{sub}"] = item
-                else:
+                elif itype in _CONTAINERS:
                     const.append((f"{name}.{sub}", freeze(item)))
+                else:
+                    const.append((f"{name}.{sub}", item))
         elif name == "ptrs" and not keep_ptrs:
             continue
-        else:
+        elif vtype in _CONTAINERS:
             const.append((name, freeze(value)))
+        else:
+            const.append((name, value))
     const.append(tuple(ranged))
     return tuple(const), ranged
 

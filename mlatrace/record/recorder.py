@@ -106,6 +106,9 @@ class Recorder:
         self._drained = threading.Event()
         self._writer_ident: int | None = None
         self.replays: dict[int, int] = {}
+        # replays counted in `replays` that wrote no record (their probe stepped aside):
+        # the probe bumps these two inline (no call); sampled_out and sampled count them
+        self.unrecorded_replays = 0
         self.folded_kinds: collections.defaultdict = collections.defaultdict(int)
         self.fold_s = fold_s or 0.0
         self._folder = _fold.Folder(fold_s, self._put, self._count_folded) if fold_s else None
@@ -248,10 +251,18 @@ class Recorder:
 
     def count_replay(self, gid: int) -> None:
         """A replay of `gid` that writes no record (its probe stepped aside): counted
-        exactly per gid and in the sampled graph.replay records."""
-        self.replays[gid] = self.replays.get(gid, 0) + 1
-        self.sampled_out += 1
-        self.sampled_kinds["graph.replay"] += 1
+        exactly per gid and in the sampled graph.replay records. The replay probe's
+        fast path does the same inline (handlers/torch_graph.GraphReplay.wrapper)."""
+        replays = self.replays
+        replays[gid] = replays.get(gid, 0) + 1
+        self.unrecorded_replays += 1
+
+    def _sampled(self) -> dict[str, int]:
+        """sampled_kinds with the unrecorded replays counted in."""
+        sampled = dict(self.sampled_kinds)
+        if self.unrecorded_replays:
+            sampled["graph.replay"] = sampled.get("graph.replay", 0) + self.unrecorded_replays
+        return sampled
 
     def add_replay(self, gid: int, fields: dict) -> None:
         """Queue a graph.replay, counting replays per gid exactly and sampling the records."""
@@ -355,7 +366,8 @@ class Recorder:
         It carries each `set_end_info` part; a `once` part is dropped after the final end.
         """
         counts = dict(self.kinds)
-        for kind, n in self.sampled_kinds.items():
+        sampled = self._sampled()
+        for kind, n in sampled.items():
             counts[kind] = counts.get(kind, 0) + n
         for kind, n in self.folded_kinds.items():
             counts[kind] = counts.get(kind, 0) + n
@@ -369,12 +381,12 @@ class Recorder:
             "tid": threading.get_ident(),
             "events": end_seq - 1,
             "dropped": self.dropped,
-            "sampled_out": self.sampled_out,
-            "launches_sampled_out": self.sampled_kinds.get("kernel.launch", 0),
+            "sampled_out": self.sampled_out + self.unrecorded_replays,
+            "launches_sampled_out": sampled.get("kernel.launch", 0),
             "probe_errors": self.probe_errors,
             "sink_errors": self.sink_errors,
             "counts": dict(sorted(counts.items())),
-            "sampled": dict(sorted(self.sampled_kinds.items())),
+            "sampled": dict(sorted(sampled.items())),
             "waits": self.waits,
             "replays": {str(gid): n for gid, n in self.replays.items()},
             "reason": reason,

@@ -134,6 +134,30 @@ class GraphReplay(Handler):
     def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
         self._done(view.instance, token, error)
 
+    def wrapper(self, runtime: Any, info: Any, original: Any, state: Any) -> Any:
+        """The replacement of a replay method called as (graph, ...), in one frame for
+        the common case: a replay while the probe steps aside is counted inline (the
+        recorder's replays per gid and its unrecorded count, as Recorder.count_replay)
+        and runs; any other replay goes through `around`."""
+        aside, step, around = self.aside, graphs.STEP, self.around
+        process = record.STATE
+
+        def replay(*args: Any, **kwargs: Any) -> Any:
+            if runtime.disabled or not state.active:
+                return original(*args, **kwargs)
+            runtime.hits += 1
+            if aside.asleep == step.value:
+                gid = getattr(args[0], GID_ATTR, None) if args else None
+                recorder = process.recorder
+                if gid is not None and recorder is not None:
+                    replays = recorder.replays
+                    replays[gid] = replays.get(gid, 0) + 1
+                    recorder.unrecorded_replays += 1
+                    return original(*args, **kwargs)
+            return around(runtime, info, original, args, kwargs)
+
+        return replay
+
     def around(self, runtime: Any, info: Any, call: Any, args: tuple, kwargs: dict) -> Any:
         """before, the call, after, for a replay method called as (graph, ...): what the
         engine's handler wrapper does, without a CallView per replay (the engine uses
