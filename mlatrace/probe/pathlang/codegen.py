@@ -47,7 +47,8 @@ class Generator:
                                    "_ptr": ptr_of, "_dtype": dtype_of, "_len": len_of,
                                    "_shape": shape_plain, "_rshape": raw_shape,
                                    "_rdtype": raw_dtype, "_rkey": raw_key, "_NL": NO_LAYER,
-                                   "_hkey": host_values_key}
+                                   "_hkey": host_values_key, "_T": graphs._local}
+        self.inlined: dict[tuple[str, str], str] = {}   # (helper, var) -> its local
         self.lines: list[str] = []
         self.reduced: set[str] = set()      # paths whose values a key holds (key_leaf)
         self.roots: dict[str, str] = {}
@@ -110,6 +111,16 @@ class Generator:
                        "        pass"]
         return var
 
+    def inline(self, helper: str, var: str) -> str:
+        """A local holding helper(var), computed by lines in the function itself (no
+        call per field): the helpers of values.py, inlined. Each is computed once."""
+        done = self.inlined.get((helper, var))
+        if done is not None:
+            return done
+        out = self.inlined[(helper, var)] = self.name("h")
+        self.lines += [line.format(o=out, v=var) for line in _INLINE[helper]]
+        return out
+
     def leaf(self, node: Node) -> str:
         """An expression (or local) for one computed field, finished as plain() would."""
         tag = node[0]
@@ -119,16 +130,23 @@ class Generator:
         if tag == "call1" and node[2][0] == "path":
             var = self.path(node[2])
             func = node[1]
-            if func in ("ptr", "dtype", "len"):
-                return f"_{func}({var})"
-            if func == "shape":
-                return f"_shape({var})"
+            if func in ("ptr", "dtype", "shape"):
+                return self.inline(func, var)
+            if func == "len":
+                return f"_len({var})"
+            if func in ("min", "max", "sum"):
+                items = self.inline("hostints", var)
+                apply = self.name("_f", FUNC_IMPL[func], bind=True)
+                return (f"(({func}({items}) if {items} else None) if {items} is not None "
+                        f"else _plain({apply}({var})))")
             if func == "isnone":
                 return f"({var} is None)"
             if func == "notnone":
                 return f"({var} is not None)"
             apply = self.name("_f", FUNC_IMPL[func], bind=True)
             return f"_plain({apply}({var}))"
+        if tag == "call0" and node[1] in ("capturing", "gid"):
+            return self.inline(node[1], "")
         if tag == "call0":
             fn = self.name("_g", getattr(graphs, NULLARY[node[1]]), bind=True)
             return f"_plain({fn}())" if node[1] == "layer" else f"{fn}()"
@@ -155,9 +173,9 @@ class Generator:
             return None
         if tag == "call1" and node[2][0] == "path":
             if node[1] == "shape":
-                return f"_rshape({self.path(node[2])})"
+                return self.inline("rshape", self.path(node[2]))
             if node[1] == "dtype":
-                return f"_rdtype({self.path(node[2])})"
+                return self.inline("rdtype", self.path(node[2]))
             if node[1] in ("min", "max", "sum", "len"):
                 # min, max, sum and len of one path (a request's lengths): its values,
                 # read once, are the key of all four.
@@ -165,7 +183,9 @@ class Generator:
                 if var in self.reduced:
                     return None
                 self.reduced.add(var)
-                return f"_hkey({var})"
+                items = self.inline("hostints", var)
+                return (f"({var} if type({var}) is tuple else tuple({items}) "
+                        f"if {items} is not None else _hkey({var}))")
         if tag == "path":
             var = self.path(node)
             return f"({var} if type({var}) in _S else _rkey({var}))"
@@ -206,6 +226,54 @@ class Generator:
 
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z_0-9]*\Z")
+# values.py's helpers as lines ({o}: the local set, {v}: the value read), for the hot
+# fields: ptr_of, dtype_of, shape_plain, raw_shape, raw_dtype, graphs.capturing and
+# current_gid, and the host ints that min/max/sum and the key read (values._small_host_ints
+# for a host tensor, the list itself for a list or tuple; None: the helper decides).
+_INLINE = {
+    "ptr": ["{o} = getattr({v}, 'data_ptr', None)",
+            "if {o} is not None:",
+            "    try:",
+            "        {o} = int({o}())",
+            "    except Exception:",
+            "        {o} = None"],
+    "dtype": ["{o} = getattr({v}, 'dtype', None)",
+              "if {o} is not None:",
+              "    {o} = str({o})"],
+    "shape": ["{o} = getattr({v}, 'shape', None)",
+              "if isinstance({o}, tuple):",
+              "    {o} = list({o})",
+              "    for _i in {o}:",
+              "        if type(_i) is not int:",
+              "            {o} = _plain({o})",
+              "            break",
+              "else:",
+              "    {o} = None"],
+    "rshape": ["{o} = getattr({v}, 'shape', None)",
+               "if not isinstance({o}, tuple):",
+               "    {o} = None"],
+    "rdtype": ["{o} = getattr({v}, 'dtype', None)"],
+    "capturing": ["{o} = _T.stack",
+                  "{o} = bool({o}) and {o}[-1] is not None"],
+    "gid": ["{o} = _T.stack",
+            "{o} = {o}[-1] if {o} else None"],
+    "hostints": ["{o} = None",
+                 "if type({v}) is list or type({v}) is tuple:",
+                 "    {o} = {v}",
+                 "elif getattr({v}, 'is_cpu', None) is True:",
+                 "    try:",
+                 "        _s = {v}.shape",
+                 "        if isinstance(_s, tuple) and len(_s) == 1 and _s[0] <= 256:",
+                 "            _m = type({v}).tolist",
+                 "            {o} = getattr(_m, '__wrapped__', _m)({v})",
+                 "    except Exception:",
+                 "        {o} = None",
+                 "if {o} is not None:",
+                 "    for _i in {o}:",
+                 "        if type(_i) is not int:",
+                 "            {o} = None",
+                 "            break"],
+}
 
 
 def generate(entries: tuple, binding: Binding) -> Callable[..., dict[str, Any]]:
