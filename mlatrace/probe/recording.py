@@ -167,6 +167,8 @@ def keyed_recording(runtime: ProbeRuntime, info: TargetInfo, add: Callable[[str,
     step = graphs.STEP
     next_step = graphs.next_step
     marks_step = kind in graphs.STEP_KINDS
+    process = record.STATE
+    direct = add is record.emit_fields      # recorder.add called here, not through emit
 
     def record_call(instance: Any, args: tuple, kwargs: dict, result: Any,
                     build: Callable[..., dict], cap: Any = None) -> None:
@@ -179,8 +181,23 @@ def keyed_recording(runtime: ProbeRuntime, info: TargetInfo, add: Callable[[str,
             add(kind, build(instance, args, kwargs, result))   # what a graph freezes
             return
         layer, key = key_of(instance, args, kwargs, result)
-        if stepping and (aside.trail is not None or aside.step != step.value):
-            seen(key)       # else: a step it is not judging (no step marks, or asleep)
+        if stepping:
+            now = step.value
+            if aside.step != now:
+                if aside.trail is None and aside.steady >= aside.settle \
+                        and aside.countdown > 1:
+                    # StepAside.seen's common case, inline: the first call of a step
+                    # after a step it slept through; it sleeps through this one too.
+                    aside.step = now
+                    aside.first = key
+                    aside.countdown -= 1
+                    aside.asleep = now
+                    if aside.take_off is not None:
+                        aside.take_off_now()
+                else:
+                    seen(key)
+            elif aside.trail is not None:
+                seen(key)   # else: a step it is not judging (no step marks, or asleep)
         state = local.run
         if state is None:
             state = local.run = run_state()
@@ -195,13 +212,26 @@ def keyed_recording(runtime: ProbeRuntime, info: TargetInfo, add: Callable[[str,
                 if len(layers) < max_layers:
                     layers[layer] = None
             return
-        n = keep(state, key, layer, target)
+        if state.run <= limit and not (state.epoch == epoch.value and key == state.last
+                                       and state.last is not None):
+            # Sampler.keep's new-run branch, inline (no run of left-out records to end).
+            state.last = key
+            state.run = n = 1
+            state.epoch = epoch.value
+            state.layers = None if layer is no_layer else {layer: None}
+        else:
+            n = keep(state, key, layer, target)
         if n:
             fields = build(instance, args, kwargs, result)
             if has_layer:
                 fields["layer"] = fields.pop("layer", None)
             fields["repeat"] = n
-            add(kind, fields)
+            if direct:
+                recorder = process.recorder
+                if recorder is not None:
+                    recorder.add(kind, fields)
+            else:
+                add(kind, fields)
 
     record_call.aside = aside           # type: ignore[attr-defined]
     return record_call

@@ -125,8 +125,7 @@ class Generator:
         """An expression (or local) for one computed field, finished as plain() would."""
         tag = node[0]
         if tag == "path":
-            var = self.path(node)
-            return f"({var} if type({var}) in _S else _plain({var}))"
+            return self.inline("plain", self.path(node))
         if tag == "call1" and node[2][0] == "path":
             var = self.path(node[2])
             func = node[1]
@@ -187,8 +186,7 @@ class Generator:
                 return (f"({var} if type({var}) is tuple else tuple({items}) "
                         f"if {items} is not None else _hkey({var}))")
         if tag == "path":
-            var = self.path(node)
-            return f"({var} if type({var}) in _S else _rkey({var}))"
+            return self.inline("rkey", self.path(node))
         return self.leaf(node)
 
     def key_items(self, entries: tuple, out: list[str]) -> None:
@@ -253,6 +251,25 @@ _INLINE = {
                "if not isinstance({o}, tuple):",
                "    {o} = None"],
     "rdtype": ["{o} = getattr({v}, 'dtype', None)"],
+    "plain": ["{o} = {v}",
+              "if type({v}) not in _S:",
+              "    if type({v}) is tuple or type({v}) is list:",
+              "        {o} = list({v}) if type({v}) is tuple else {v}",
+              "        for _i in {o}:",
+              "            if type(_i) not in _S:",
+              "                {o} = _plain({v})",
+              "                break",
+              "    else:",
+              "        {o} = _plain({v})"],
+    "rkey": ["{o} = {v}",
+             "if type({v}) not in _S:",
+             "    if type({v}) is tuple:",
+             "        for _i in {v}:",
+             "            if type(_i) not in _S:",
+             "                {o} = _rkey({v})",
+             "                break",
+             "    else:",
+             "        {o} = _rkey({v})"],
     "capturing": ["{o} = _T.stack",
                   "{o} = bool({o}) and {o}[-1] is not None"],
     "gid": ["{o} = _T.stack",
