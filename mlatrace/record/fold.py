@@ -117,6 +117,50 @@ def split(kind: str, fields: dict) -> tuple[tuple, dict]:
     return tuple(const), ranged
 
 
+def same(kind: str, fields: dict, snapshot: tuple) -> dict | None:
+    """The moving numbers of `fields` ({name: number}, as split gives them) when its
+    split key equals that of `snapshot` ((kind, items) of a record already split);
+    None when it differs or this comparison cannot tell (split decides then).
+
+    Compares the two field by field in order, with the classes of split, constant
+    values with == (tables as tables, whatever the order of their names): no freeze
+    and no key built for the fields that did not change."""
+    skind, items = snapshot
+    if skind != kind or len(items) != len(fields):
+        return None
+    ranged: dict = {}
+    keep_ptrs = kind in POINTERS_KEPT
+    for (name, value), (sname, svalue) in zip(fields.items(), items):
+        if name != sname:
+            return None
+        if name in SKIPPED:
+            continue
+        vtype = type(value)
+        stype = type(svalue)
+        if (vtype is int or vtype is float) and name not in EXACT:
+            if stype is not int and stype is not float:
+                return None
+            ranged[name] = value
+        elif vtype is dict and name in RANGED_NESTED:
+            if stype is not dict or len(value) != len(svalue):
+                return None
+            for (sub, item), (ssub, sitem) in zip(value.items(), svalue.items()):
+                itype = type(item)
+                if sub != ssub:
+                    return None
+                if itype is int or itype is float:
+                    if type(sitem) is not int and type(sitem) is not float:
+                        return None
+                    ranged[f"{name}.{sub}"] = item
+                elif itype is not type(sitem) or itype in _CONTAINERS or item != sitem:
+                    return None
+        elif name == "ptrs" and not keep_ptrs:
+            continue
+        elif vtype is not stype or value != svalue:
+            return None
+    return ranged
+
+
 class Fold:
     """The steps folded so far on one thread since the fold opened."""
 
@@ -171,12 +215,15 @@ class Fold:
 class ThreadFold:
     """One thread's step: held while it repeats the last, and the fold it goes into."""
 
-    __slots__ = ("template", "step", "held", "fold", "last_kind", "marked", "first_gid",
-                 "tid", "overflow")
+    __slots__ = ("template", "snapshots", "step", "held", "fold", "last_kind", "marked",
+                 "first_gid", "tid", "overflow")
 
     def __init__(self, tid: int) -> None:
         self.tid = tid
         self.template: list | None = None   # the keys of the last whole step
+        # the fields of its records as they came ((kind, items); None: a replay, or not
+        # kept), which same() compares a held step's records with
+        self.snapshots: list = []
         self.step: list = []                # this step: (kind, key, fields|None, ranged)
         self.held = False                   # this step matches the template so far
         self.fold: Fold | None = None
@@ -245,13 +292,24 @@ class Folder:
             ranged: dict = {}
             boundary = not state.marked and gid == state.first_gid and state.step
         else:
-            key, ranged = split(kind, fields)
+            key = None
             boundary = kind in STEP_KINDS and state.last_kind not in STEP_KINDS and state.step
             gid = None
         if boundary:
             self._end_step(state, t)
-        state.last_kind = kind
         step = state.step
+        if key is None:
+            # A held step's record compared with the template's, field by field, where
+            # it can be (same(): no freeze of fields that did not change); else split.
+            if state.held and state.template is not None and len(step) < len(state.template):
+                snapshot = state.snapshots[len(step)]
+                if snapshot is not None:
+                    ranged = same(kind, fields, snapshot)
+                    if ranged is not None:
+                        key = state.template[len(step)]
+            if key is None:
+                key, ranged = split(kind, fields)
+        state.last_kind = kind
         if not step:
             state.marked = False
             state.first_gid = gid
@@ -265,7 +323,9 @@ class Folder:
                 return True
             self._break(state)      # writes the fold and this step's held records
         if len(step) < MAX_STEP:
-            step.append((kind, key, None, None))
+            # written in full: the fourth slot keeps its fields as they came (snapshot)
+            step.append((kind, key, None, None if kind == "graph.replay"
+                         else (kind, list(fields.items()))))
         else:
             state.template = None
             state.overflow = True
@@ -288,6 +348,7 @@ class Folder:
             if state.held:
                 self._break(state)
             state.template = [entry[1] for entry in step] if len(step) < MAX_STEP else None
+            state.snapshots = [entry[3] if entry[2] is None else None for entry in step]
         state.step = []
         state.overflow = False
         state.held = state.template is not None
@@ -301,8 +362,9 @@ class Folder:
             step = state.step
             for index, (kind, key, fields, _) in enumerate(step):
                 if fields is not None:
+                    step[index] = (kind, key, None, None if kind == "graph.replay"
+                                   else (kind, list(fields.items())))
                     self.write(kind, fields, state.tid)
-                    step[index] = (kind, key, None, None)
             state.held = False
 
     def _time(self, gid: Any, gpu: int) -> None:
