@@ -130,7 +130,7 @@ def same(kind: str, fields: dict, snapshot: tuple) -> dict | None:
         return None
     ranged: dict = {}
     keep_ptrs = kind in POINTERS_KEPT
-    for (name, value), (sname, svalue) in zip(fields.items(), items):
+    for (name, value), (sname, svalue) in zip(fields.items(), items, strict=True):
         if name != sname:
             return None
         if name in SKIPPED:
@@ -144,7 +144,7 @@ def same(kind: str, fields: dict, snapshot: tuple) -> dict | None:
         elif vtype is dict and name in RANGED_NESTED:
             if stype is not dict or len(value) != len(svalue):
                 return None
-            for (sub, item), (ssub, sitem) in zip(value.items(), svalue.items()):
+            for (sub, item), (ssub, sitem) in zip(value.items(), svalue.items(), strict=True):
                 itype = type(item)
                 if sub != ssub:
                     return None
@@ -161,6 +161,26 @@ def same(kind: str, fields: dict, snapshot: tuple) -> dict | None:
     return ranged
 
 
+def pending_fields(pending: tuple) -> dict:
+    """The fields of a held record a probe did not build (Folder.hold): (base, moving,
+    t), the probe's last record with the numbers of `moving` and time `t`."""
+    base, moving, t = pending
+    out = {name: value for name, value in base.items() if name not in _WRITTEN}
+    for name, value in moving.items():
+        table, dot, sub = name.partition(".")
+        if dot and type(out.get(table)) is dict:
+            if out[table] is base.get(table):
+                out[table] = dict(out[table])
+            out[table][sub] = value
+        else:
+            out[name] = value
+    out["t"] = t
+    return out
+
+
+_WRITTEN = frozenset(("k", "seq", "tid"))     # what the recorder adds to a record it writes
+
+
 class Fold:
     """The steps folded so far on one thread since the fold opened."""
 
@@ -172,7 +192,8 @@ class Fold:
         self.t_first = t
         self.t_last = t
         self.tid = tid
-        self.first = [(kind, fields) for kind, _, fields, _ in step]  # the first folded step
+        self.first = [(kind, fields if type(fields) is not tuple else pending_fields(fields))
+                      for kind, _, fields, _ in step]  # the first folded step
         self.ranges: list[dict] = [{} for _ in step]
         self.replays: dict[int, list[int]] = {}   # gid -> [n_first, n_last, count]
         # Every step of a fold repeats its first position by position (same kinds, same
@@ -216,7 +237,7 @@ class ThreadFold:
     """One thread's step: held while it repeats the last, and the fold it goes into."""
 
     __slots__ = ("template", "snapshots", "step", "held", "fold", "last_kind", "marked",
-                 "first_gid", "tid", "overflow")
+                 "first_gid", "tid", "overflow", "last_fields")
 
     def __init__(self, tid: int) -> None:
         self.tid = tid
@@ -231,6 +252,7 @@ class ThreadFold:
         self.marked = False                 # this step has a step-marking record
         self.first_gid: Any = None
         self.overflow = False               # this step outgrew MAX_STEP: not looked at
+        self.last_fields: Any = None        # the fields of the record appended last
 
 
 class Folder:
@@ -320,16 +342,55 @@ class Folder:
             position = len(step)
             if template is not None and position < len(template) and template[position] == key:
                 step.append((kind, key, fields, ranged))
+                state.last_fields = fields
                 return True
             self._break(state)      # writes the fold and this step's held records
         if len(step) < MAX_STEP:
             # written in full: the fourth slot keeps its fields as they came (snapshot)
             step.append((kind, key, None, None if kind == "graph.replay"
                          else (kind, list(fields.items()))))
+            state.last_fields = fields
         else:
             state.template = None
             state.overflow = True
         return False
+
+    def key_of_last(self, tid: int, fields: dict) -> Any:
+        """The key this thread's step gave `fields`, the record just taken (None: it
+        is in no step)."""
+        state = self.threads.get(tid)
+        if state is None or state.last_fields is not fields or not state.step:
+            return None
+        return state.step[-1][1]
+
+    def hold(self, kind: str, key: Any, base: dict, moving: dict, t: int, tid: int) -> bool:
+        """take() for a record a probe did not build: `base` with the numbers of `moving`
+        ({fold name: number}), whose key is `key` (the probe checked that its other
+        fields equal base's). True when this thread's step is held and `key` is the
+        template's at this place: the record joins the step (built only if the step
+        breaks: pending_fields); False: the probe builds it and adds it (nothing changed
+        here but a step boundary, which take() would also have passed)."""
+        state = self.threads.get(tid)
+        if state is None or not state.held or kind not in FOLDABLE:
+            return False
+        if kind in STEP_KINDS and state.last_kind not in STEP_KINDS and state.step:
+            self._end_step(state, t)
+            if not state.held:
+                return False
+        template = state.template
+        step = state.step
+        position = len(step)
+        if template is None or position >= len(template) or template[position] != key:
+            return False
+        if not step:
+            state.marked = False
+            state.first_gid = None
+        if kind in STEP_KINDS:
+            state.marked = True
+        state.last_kind = kind
+        state.last_fields = None
+        step.append((kind, key, (base, moving, t), moving))
+        return True
 
     def _end_step(self, state: ThreadFold, t: int) -> None:
         """The thread's step is whole: fold it (it repeated the last one) or learn it."""
@@ -362,6 +423,8 @@ class Folder:
             step = state.step
             for index, (kind, key, fields, _) in enumerate(step):
                 if fields is not None:
+                    if type(fields) is tuple:
+                        fields = pending_fields(fields)
                     step[index] = (kind, key, None, None if kind == "graph.replay"
                                    else (kind, list(fields.items())))
                     self.write(kind, fields, state.tid)

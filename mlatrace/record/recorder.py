@@ -112,6 +112,8 @@ class Recorder:
         self.folded_kinds: collections.defaultdict = collections.defaultdict(int)
         self.fold_s = fold_s or 0.0
         self._folder = _fold.Folder(fold_s, self._put, self._count_folded) if fold_s else None
+        # probes hand it the records they did not build (fold.Folder.hold), t from t0
+        self.folder = self._folder
         # the size cap: bytes written so far, the cap (None: none), what it left out
         self.max_mb = max_mb
         self.max_bytes = None if max_mb is None else int(max_mb * 1_000_000)
@@ -182,6 +184,19 @@ class Recorder:
         pending.append(fields)
         if len(pending) == FLUSH_EVERY_RECORDS:
             self._wake.set()
+
+    def add_keyed(self, kind: str, fields: dict) -> object:
+        """add(), returning the key the fold gave the record (None: folding off, or the
+        record is in no step): what a probe hands to hold() for its next call."""
+        folder = self._folder
+        if folder is None or not self.enabled:
+            self.add(kind, fields)
+            return None
+        tid = _thread_id()
+        t = fields["t"] = _clock() - self.t0
+        if not folder.take(kind, fields, t, tid):
+            self._put(kind, fields, tid)
+        return folder.key_of_last(tid, fields)
 
     def _put(self, kind: str, fields: dict, tid: int) -> None:
         """Queue a record whose `t` is set (folding on: what the folder writes in full)."""

@@ -27,6 +27,7 @@ from mlatrace.probe.pathlang.values import (
 )
 
 NO_LAYER = object()     # a key's layer when the probe records none
+_MOVED = ("moved",)     # in a key's const part: this field's number is in the moving part
 
 
 class NotGenerated(Exception):
@@ -132,7 +133,7 @@ class Generator:
             if func in ("ptr", "dtype", "shape"):
                 return self.inline(func, var)
             if func == "len":
-                return f"_len({var})"
+                return self.inline("len", var)
             if func in ("min", "max", "sum"):
                 items = self.inline("hostints", var)
                 apply = self.name("_f", FUNC_IMPL[func], bind=True)
@@ -198,18 +199,65 @@ class Generator:
             if value is not None:
                 out.append(value)
 
-    def key_function(self, entries: tuple, layer: Node | None) -> Callable[..., tuple]:
+    def moving_items(self, entries: tuple, exact: frozenset, nested: frozenset,
+                     const: list[str], table: str | None = None) -> None:
+        """For key_function's `moving`: the lines that put each field a fold may hold in
+        a range (a number at a top-level name not in `exact`, or in a table named in
+        `nested`) into `_mv` under the fold's name, and the const items (the others'
+        key values; a marker where a number moved out) into `const`."""
+        for name, item in entries:
+            if not isinstance(item, tuple) or not item or isinstance(item[0], tuple):
+                self.moving_items(item, exact, nested, const,
+                                  name if table is None and name in nested else "")
+                continue
+            if table is None and name in nested:
+                self.hold_ok = False    # a value split may break into numbers: no moving
+            if item[0] == "const" and not (type(item[1]) is int or type(item[1]) is float):
+                continue                        # a literal that is no number: the same
+            never_number = item[0] == "call1" and item[1] in ("dtype", "shape", "isnone",
+                                                              "notnone")
+            if not never_number and ((table is None and name not in exact)
+                                     or (table and table in nested)):
+                value = self.name("m")
+                self.lines += [f"{value} = {self.leaf(item)}",
+                               f"if type({value}) is int or type({value}) is float:",
+                               f"    _mv[{(name if table is None else table + '.' + name)!r}]"
+                               f" = {value}",
+                               f"    {value} = _MV"]
+                const.append(value)
+            elif item[0] == "call1" and item[1] in ("min", "max", "sum", "len"):
+                const.append(self.leaf(item))
+            elif item[0] != "const":
+                const.append(self.key_leaf(item) or self.leaf(item))
+
+    def key_function(self, entries: tuple, layer: Node | None,
+                     moving: tuple[frozenset, frozenset] | None = None) -> Callable[..., tuple]:
         items: list[str] = []
         self.key_items(entries, items)
         layer_text = "_NL" if layer is None else self.leaf(layer)
         values = "(" + "".join(f"{item}, " for item in items) + ")"
         head = ["nargs = len(args)"] if self.uses_nargs else []
+        tail = f"    return ({layer_text}, {values})\n"
+        if moving is not None:
+            const: list[str] = []
+            lines = self.lines
+            self.lines = []
+            self.hold_ok = True
+            self.moving_items(entries, *moving, const)
+            if not self.hold_ok:
+                raise NotGenerated
+            head.append("_mv = {}")
+            lines += [f"_ly = {layer_text}", *self.lines]
+            self.lines = lines
+            self.ns["_MV"] = _MOVED
+            tail = (f"    return (_ly, {values}, (_ly, "
+                    + "".join(f"{item}, " for item in const) + "), _mv)\n")
         source = "def key(instance, args, kwargs, result):\n" + "".join(
-            f"    {line}\n" for line in head + self.lines) + \
-            f"    return ({layer_text}, {values})\n"
+            f"    {line}\n" for line in head + self.lines) + tail
         exec(compile(source, "<mlatrace probe key>", "exec"), self.ns)  # noqa: S102
         key = self.ns["key"]
         key.source = source  # type: ignore[attr-defined]
+        key.moving = moving is not None  # type: ignore[attr-defined]
         return key
 
     def function(self, entries: tuple) -> Callable[..., dict[str, Any]]:
@@ -251,6 +299,13 @@ _INLINE = {
                "if not isinstance({o}, tuple):",
                "    {o} = None"],
     "rdtype": ["{o} = getattr({v}, 'dtype', None)"],
+    "len": ["{o} = None",
+            "if {v} is not None:",
+            "    try:",
+            "        _s = getattr({v}, 'shape', None)",
+            "        {o} = int(_s[0]) if isinstance(_s, tuple) and _s else len({v})",
+            "    except Exception:",
+            "        {o} = None"],
     "plain": ["{o} = {v}",
               "if type({v}) not in _S:",
               "    if type({v}) is tuple or type({v}) is list:",
