@@ -231,11 +231,29 @@ class GraphReplay(Handler):
             except Exception as exc:
                 self._stop_timing(exc)
         recorder = record.STATE.recorder
-        if recorder is not None:
-            recorder.add_replay(gid, {})      # record.emit_replay(gid), one call fewer
         stack = graphs._local.stack          # graphs.capturing(), inline
-        if not stack or stack[-1] is None:
+        eager = not stack or stack[-1] is None
+        if recorder is not None:
+            if eager and self._as_expected(gid):
+                recorder.count_replay(gid)
+            else:
+                recorder.add_replay(gid, {})      # record.emit_replay(gid), one call fewer
+        if eager:
             self.aside.seen(gid)
+
+    def _as_expected(self, gid: int) -> bool:
+        """A later replay of a steady probe's verify step (the whole step looked at again,
+        sampling.StepAside) that repeats the last looked-at step at its place: counted
+        as the replays of the steps it slept through are, with no record, so that the
+        verify step writes what those steps write (a fold goes on across it)."""
+        aside = self.aside
+        trail = getattr(aside, "trail", None)
+        if trail is None or aside.step != graphs.STEP.value or aside.steady < aside.settle:
+            return False
+        last = aside.last_trail
+        if last is None or len(trail) >= len(last):
+            return False
+        return last[len(trail)] == (sampling.SAME if gid == aside.first else gid)
 
     def _guard(self, fn: Any, *args: Any) -> Any:
         try:
