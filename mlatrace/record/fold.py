@@ -22,6 +22,11 @@ kind (a sync, a capture, a probe error, a mark, a sampling run's end ...) ends t
 and is written in full. `graph.replay.time` (the replay-time sample) passes through:
 it is written as it comes and also summarised in the fold's `gpu_ns`.
 
+A held step's records are compared with the template's fields as they came (`same`),
+without freezing the fields that did not change; a probe whose call repeats its last
+record but for the numbers that move hands only those numbers (`Folder.hold`): its
+record is built from the last one only if the step breaks (`pending_fields`).
+
 The builder (`mlatrace.analysis.builder`) reads a `steady` record as the records it
 stands for: every finding, count and cost is the same with folding on and off.
 """
