@@ -461,18 +461,21 @@ def bench_splits(out: str, quick: bool) -> None:
                    "probes' work beyond bare wrappers).")
 @click.option("--host-only", is_flag=True,
               help="With --in-process: drop the device work, leaving the step's Python.")
+@click.option("--layers", type=click.IntRange(min=1), default=16, show_default=True,
+              help="With --in-process: decoder layers of the model (32 and 61 are real "
+                   "model shapes).")
 @click.option("--json-out", type=click.Path(dir_okay=False), default="bench-overhead.json",
               help="Where the JSON summary goes.")
 def bench_overhead(steps: int, graph_modes: list[str], rounds: int, sample: int | None,
                    step_aside: str | None, in_process: bool, baseline: str, host_only: bool,
-                   json_out: str) -> None:
+                   layers: int, json_out: str) -> None:
     """Decode step time, traced vs untraced, per graph mode (GPU time and wall)."""
     from mlatrace.bench import overhead_bench
 
     sys.exit(overhead_bench.main(steps=steps, graphs=graph_modes, rounds=rounds,
                                  sample=sample, json_out=json_out, in_process=in_process,
                                  host_only=host_only, step_aside=step_aside,
-                                 baseline=baseline))
+                                 baseline=baseline, layers=layers))
 
 
 @main.command()

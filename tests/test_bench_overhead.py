@@ -93,3 +93,26 @@ def test_bench_probes_measures_every_row() -> None:
                 "same through the AttnForward handler", "real eager launches on"):
         assert row in done.stdout, done.stdout
     assert "Traceback" not in done.stderr
+
+
+# Python function entries the probes add per steady breakable step of the reference
+# engine (issue 35's figure; docs/benchmarks.md gives the command). Deterministic: a count,
+# not a time. The goal is 40; the bound is what the hot path reaches today, so that any
+# added call per probed call or per replay fails here.
+ENTRIES_ADDED_LIMIT = 100
+
+
+def test_a_steady_breakable_step_adds_few_python_calls(tmp_path: Path) -> None:
+    """The traced breakable step of the reference engine (16 layers, 17 graph replays, host
+    only) runs at most ENTRIES_ADDED_LIMIT more Python function entries than the unpatched
+    one, counted with sys.setprofile over 64 steps of each (the verify step included)."""
+    command = [*MLATRACE, "run", "--out", str(tmp_path / "trace"), "--",
+               sys.executable, "-m", "mlatrace.bench.overhead_ab", "--graph", "breakable",
+               "--policy", "bucketed", "--device", "cpu", "--ctx", "512", "--host-only",
+               "--count-entries", "--blocks", "8", "--block", "16"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    row = json.loads([line for line in done.stdout.splitlines()
+                      if line.startswith('{"bench": "overhead_ab"')][-1])
+    assert row["off_entries"] > 500        # the engine's own step was counted
+    assert 0 < row["entries_added"] <= ENTRIES_ADDED_LIMIT, row

@@ -298,3 +298,64 @@ def test_a_replay_with_more_fields_or_while_capturing_is_never_held():
         written, _ = _folder_run(steps)
         assert any(kind == "graph.replay" and extra.items() <= fields.items()
                    for kind, fields in written)
+
+
+def _call_step(n: int, ptr: int = 7) -> list:
+    return [("attn.metadata", {"backend": "ref", "seq_len_max": 100 + n, "repeat": 1,
+                               "ptrs": {"seq_info": ptr}}),
+            ("attn.call", {"op": "fwd", "layer": 0, "hints": {"min_kv_seq_len": 100 + n},
+                           "shapes": {"q": [4, 16, 512]}, "dtype": "torch.bfloat16",
+                           "repeat": 1}),
+            ("graph.replay", {"gid": 1, "n": n})]
+
+
+def test_same_gives_what_split_gives_or_leaves_it_to_split():
+    """fold.same (a held step's records compared with the template's as they came) agrees
+    with split wherever it answers: the moving numbers when the keys are equal, None
+    when they differ."""
+    first = _call_step(1)[1][1]
+    snapshot = ("attn.call", list(first.items()))
+    for other, equal in [(_call_step(5)[1][1], True),
+                         (dict(first, layer=1), False),
+                         (dict(first, shapes={"q": [4, 16, 256]}), False),
+                         (dict(first, dtype=None), False),
+                         (dict(first, hints={"min_kv_seq_len": "x"}), False),
+                         (dict(first, repeat=True), False)]:
+        ranged = fold.same("attn.call", other, snapshot)
+        key, split_ranged = fold.split("attn.call", other)
+        assert (key == fold.split("attn.call", first)[0]) is equal
+        assert ranged == (split_ranged if equal else None)
+
+
+def test_a_record_held_without_being_built_is_written_in_full_when_its_step_breaks():
+    """Folder.hold: a probe's call that repeats its last record but for the numbers the
+    fold keeps in ranges joins the held step unbuilt; a change later in the step writes
+    it in full (the last record's fields, its own numbers and time), as take() would."""
+    written: list = []
+    folder = fold.Folder(3600.0, lambda kind, fields, tid: written.append((kind, dict(fields))),
+                         lambda kind, n: None)
+    t = 0
+    last: dict = {}
+
+    def take(kind: str, fields: dict) -> None:
+        nonlocal t
+        t += 1
+        fields = dict(fields, t=t)
+        if not folder.take(kind, fields, t, 1):
+            written.append((kind, dict(fields)))
+        last[kind] = (folder.key_of_last(1, fields), fields)
+
+    for n in (1, 2, 3):                     # learnt, then held: a fold opens
+        for kind, fields in _call_step(n):
+            take(kind, fields)
+    assert [kind for kind, _ in written] == ["attn.metadata", "attn.call", "graph.replay"]
+    for kind, fields in _call_step(4)[:2]:  # step 4: both records held without being built
+        t += 1
+        key, base = last[kind]
+        moving = {name: value for name, value in fold.split(kind, fields)[1].items()}
+        assert folder.hold(kind, key, base, moving, t, 1)
+    take("graph.replay", {"gid": 2, "n": 1})    # a new graph: the step breaks
+    held = [(kind, fields) for kind, fields in written[3:] if kind != "steady"]
+    assert held[0] == ("attn.metadata", {**_call_step(4)[0][1], "t": held[0][1]["t"]})
+    assert held[1] == ("attn.call", {**_call_step(4)[1][1], "t": held[1][1]["t"]})
+    assert held[2][0] == "graph.replay" and held[2][1]["gid"] == 2

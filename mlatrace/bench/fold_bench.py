@@ -9,6 +9,11 @@ times for `--steps` steps (the engine's lengths grow by one a step, so several s
 runs keep the step short), and once under `--fold 0` for `--off-steps`. Reports the
 bytes and records per step, over whole files and without each file's fixed header and
 `process.end`, and the size of a day at 50 steps a second.
+
+    python -m mlatrace.bench.fold_bench --increment 1000 --steps 200
+
+runs `mlatrace run` with every default instead, twice, 1,000 steps apart: the bytes and
+records a steady step adds, the replay-time sample included.
 """
 
 from __future__ import annotations
@@ -28,9 +33,11 @@ STEPS_PER_S = 50
 DAY_S = 86_400
 
 
-def traced(out: Path, fold: str, steps: int, graph: str) -> dict:
-    """One traced serve run: its file's size, records and kinds."""
-    cmd = [sys.executable, "-m", "mlatrace", "run", "--fold", fold, "--out", str(out), "--",
+def traced(out: Path, fold: str | None, steps: int, graph: str) -> dict:
+    """One traced serve run (fold None: every `mlatrace run` default): its file's size,
+    records and kinds."""
+    cmd = [sys.executable, "-m", "mlatrace", "run",
+           *(["--fold", fold] if fold is not None else []), "--out", str(out), "--",
            sys.executable, "-m", "mlatrace.reference.serve", *SERVE, "--graph", graph,
            "--steps", str(steps)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -49,7 +56,7 @@ def traced(out: Path, fold: str, steps: int, graph: str) -> dict:
             if kind in ("process", "process.end"):
                 fixed += len(line)
     records = sum(kinds.values())
-    return {"fold": float(fold), "graph": graph, "steps": steps, "bytes": size,
+    return {"fold": float(fold) if fold is not None else None, "graph": graph, "steps": steps, "bytes": size,
             "fixed_bytes": fixed, "records": records, "kinds": dict(sorted(kinds.items())),
             "bytes_per_step": size / steps, "records_per_step": records / steps,
             "day_mb_at_50_steps_per_s": size / steps * STEPS_PER_S * DAY_S / 1e6,
@@ -63,7 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--off-steps", type=int, default=2_000)
     parser.add_argument("--graph", default="full")
     parser.add_argument("--json-out", default=None)
+    parser.add_argument("--increment", type=int, default=0, metavar="STEPS",
+                        help="instead: bytes a steady step adds with every default on, "
+                             "from two runs --steps apart by STEPS")
     args = parser.parse_args(argv)
+    if args.increment:
+        return increment(args.steps, args.increment, args.graph, args.json_out)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for run in range(args.runs):
@@ -92,6 +104,27 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json_out).write_text(json.dumps({"bench": "fold", "serve": list(SERVE),
                                                    "runs": rows, "folded": total},
                                                   indent=1))
+    return 0
+
+
+def increment(steps: int, more: int, graph: str, json_out: str | None) -> int:
+    """Bytes and records per steady step with every `mlatrace run` default on (folding,
+    sampling, step-aside, replay timing): what `more` steps add to a run of `steps`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        short = traced(Path(tmp) / "short", None, steps, graph)
+        long = traced(Path(tmp) / "long", None, steps + more, graph)
+    added = {kind: long["kinds"].get(kind, 0) - short["kinds"].get(kind, 0)
+             for kind in sorted(set(long["kinds"]) | set(short["kinds"]))}
+    row = {"bench": "fold --increment", "serve": list(SERVE), "graph": graph, "steps": steps,
+           "more": more, "bytes_per_step": (long["bytes"] - short["bytes"]) / more,
+           "records_per_step": (long["records"] - short["records"]) / more,
+           "records_added": {k: v for k, v in added.items() if v},
+           "seconds": [short["seconds"], long["seconds"]]}
+    print(f"{graph}, every default on: {more} steps more add {long['bytes'] - short['bytes']} B, "
+          f"{row['bytes_per_step']:.2f} B and {row['records_per_step']:.4f} records per step "
+          f"({', '.join(f'{k} {v}' for k, v in row['records_added'].items())})")
+    if json_out:
+        Path(json_out).write_text(json.dumps(row, indent=1))
     return 0
 
 

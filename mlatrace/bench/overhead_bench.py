@@ -131,12 +131,12 @@ def bench_mode(mode: str, on_cuda: bool, steps: int, rounds: int, options: tuple
 
 
 def in_process_mode(mode: str, on_cuda: bool, host_only: bool, options: tuple[str, ...],
-                    tmp: Path, baseline: str = "unpatched") -> dict:
+                    tmp: Path, baseline: str = "unpatched", layers: int = 16) -> dict:
     """One traced run of overhead_ab for `mode`: its JSON line (RuntimeError if it failed)."""
     command = [sys.executable, "-m", "mlatrace", "run", "--out", str(tmp / f"{mode}-ab"),
                *options, "--",
                sys.executable, "-m", "mlatrace.bench.overhead_ab", "--graph", mode,
-               "--baseline", baseline,
+               "--baseline", baseline, "--layers", str(layers),
                "--policy", POLICY[mode], "--device", "cuda" if on_cuda else "cpu",
                *([] if on_cuda else ["--ctx", "512"]), *(["--host-only"] if host_only else [])]
     done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
@@ -149,33 +149,34 @@ def in_process_mode(mode: str, on_cuda: bool, host_only: bool, options: tuple[st
 
 def main_in_process(modes: list[str], on_cuda: bool, host_only: bool,
                     options: tuple[str, ...], json_out: str | None,
-                    baseline: str = "unpatched") -> int:
+                    baseline: str = "unpatched", layers: int = 16) -> int:
     """`bench overhead --in-process`: probes at work vs without, one process a mode."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="mlatrace-bench-overhead-") as tmp:
         try:
             for mode in modes:
                 rows.append(in_process_mode(mode, on_cuda, host_only, options, Path(tmp),
-                                            baseline))
+                                            baseline, layers))
         except (RuntimeError, subprocess.TimeoutExpired) as error:
             raise MlatraceError(f"bench overhead: a run failed: {error}") from error
     clock = "gpu" if on_cuda and not host_only else "wall"
     without = "unpatched" if baseline == "unpatched" else "passed through"
     print(f"mlatrace bench overhead --in-process: device {'CUDA' if on_cuda else 'CPU'}"
           f"{', host only (device work dropped)' if host_only else ''}; one traced process "
-          f"a mode, blocks of steps alternating probes at work / {without}")
+          f"a mode, blocks of steps alternating probes at work / {without}; {layers} layers")
     print(f"{'graph mode':22s} {without:>15s} {'probes at work':>15s} "
-          f"{'ratio ' + clock:>10s} {'ratio cpu':>10s}")
+          f"{'added':>10s} {'ratio ' + clock:>10s} {'ratio cpu':>10s}")
     for row in rows:
         label = f"{row['graph']} ({row['policy']})"
+        added = row[f'active_{clock}_us'] - row[f'off_{clock}_us']
         print(f"{label:22s} {row[f'off_{clock}_us']:12.1f} us "
-              f"{row[f'active_{clock}_us']:12.1f} us {row[f'ratio_{clock}']:10.4f} "
+              f"{row[f'active_{clock}_us']:12.1f} us {added:7.1f} us {row[f'ratio_{clock}']:10.4f} "
               f"{row['ratio_cpu']:10.4f}")
     if json_out:
         Path(json_out).write_text(json.dumps({"bench": "overhead --in-process",
                                               "device": "cuda" if on_cuda else "cpu",
                                               "host_only": host_only,
-                                              "baseline": baseline,
+                                              "baseline": baseline, "layers": layers,
                                               "options": list(options), "modes": rows},
                                              indent=1) + "\n")
         print(f"wrote {json_out}")
@@ -185,13 +186,15 @@ def main_in_process(modes: list[str], on_cuda: bool, host_only: bool,
 def main(steps: int = 300, graphs: tuple[str, ...] | list[str] = ("full",),
          rounds: int = ROUNDS, sample: int | None = None, json_out: str | None = None,
          in_process: bool = False, host_only: bool = False, step_aside: str | None = None,
-         baseline: str = "unpatched") -> int:
+         baseline: str = "unpatched", layers: int = 16) -> int:
     """`mlatrace bench overhead`; `graphs`: modes of GOALS (cli.GraphModes checks them)."""
     modes = list(graphs)
     on_cuda = cuda_available()
     options = trace_options(sample, step_aside)
     if in_process:
-        return main_in_process(modes, on_cuda, host_only, options, json_out, baseline)
+        return main_in_process(modes, on_cuda, host_only, options, json_out, baseline, layers)
+    if layers != 16:
+        raise MlatraceError("bench overhead: --layers goes with --in-process")
     if host_only:
         raise MlatraceError("bench overhead: --host-only goes with --in-process")
     if not on_cuda:

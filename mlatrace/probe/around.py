@@ -131,12 +131,12 @@ def keyed_around(runtime: ProbeRuntime, target: str, late: Callable[..., dict],
 
         return around_return
 
+    threads = graphs._local      # capturing() and current_gid(), read inline
+
     def around_both(call: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
-        try:
-            cap, gid = capturing(), current_gid()
-        except Exception as exc:
-            runtime.fail(target, exc)
-            return call(*args, **kwargs)
+        stack = threads.stack
+        gid = stack[-1] if stack else None
+        cap = gid is not None
         result = call(*args, **kwargs)
         if not runtime.disabled:
             def build(instance: Any, args: tuple, kwargs: dict, result: Any) -> dict:

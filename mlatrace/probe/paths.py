@@ -87,7 +87,8 @@ class FieldsProgram:
             return assemble(entries, binding)
 
     def bind_key(self, positions: dict[str, int], defaults: dict[str, Any], offset: int = 0,
-                 skip: tuple[str, ...] = ()) -> Callable[[Any, tuple, dict, Any], tuple] | None:
+                 skip: tuple[str, ...] = (), moving: tuple[frozenset, frozenset] | None = None
+                 ) -> Callable[[Any, tuple, dict, Any], tuple] | None:
         """What the eager sampling compares, for a target: ``key(instance, args, kwargs,
         result) -> (layer, values)``, or None where straight-line code does not apply.
 
@@ -98,6 +99,13 @@ class FieldsProgram:
         ``torch.Size`` (a tuple), a dtype the dtype object, so no list, str() or dict is
         built. Two calls with equal keys have equal fields (all but ``layer`` and
         ``skip``); a different key may still give equal fields (a new run, recorded).
+
+        ``moving`` ((exact names, nested table names), those of record.fold): the key
+        function returns ``(layer, values, const, moving)`` instead, where ``moving`` is
+        {fold name: number} of the fields a fold holds in ranges and ``const`` the rest
+        (with the layer): equal consts give equal fields but for those numbers. Where a
+        field's value may be a table the fold breaks into numbers, the plain key is
+        returned (its ``moving`` attribute is False).
         """
         binding = Binding(positions, defaults, offset)
         layer = None
@@ -110,6 +118,11 @@ class FieldsProgram:
                 layer = item
                 continue
             kept.append((name, item))
+        if moving is not None:
+            try:
+                return Generator(binding).key_function(tuple(kept), layer, moving)
+            except NotGenerated:
+                pass
         try:
             return Generator(binding).key_function(tuple(kept), layer)
         except NotGenerated:

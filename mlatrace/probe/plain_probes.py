@@ -42,6 +42,9 @@ def make_function(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
     note = (recording(runtime, info, add)
             if handler is None and keyed is None and when == "call" else None)
 
+    own = getattr(handler, "wrapper", None) if method else None
+    if own is not None:
+        return _like(own(runtime, info, original, state), original)
     around_call = getattr(handler, "around", None) if method else None
     if around_call is not None:
         def handler_around(*args: Any, **kwargs: Any) -> Any:

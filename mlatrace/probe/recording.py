@@ -4,6 +4,8 @@ fields already extracted, `keyed_recording` comparing a key before it extracts."
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +15,7 @@ from mlatrace.probe.packs import ProbeSpec
 from mlatrace.probe.paths import CallView
 from mlatrace.probe.runtime import ProbeRuntime
 from mlatrace.probe.targets import TargetInfo
+from mlatrace.record import fold as record_fold
 
 __all__ = ["emitter", "extractors", "keyed_recording", "recording"]
 
@@ -113,6 +116,12 @@ def recording(runtime: ProbeRuntime, info: TargetInfo, add: Callable[[str, dict]
     return note
 
 
+class _LastRecord(threading.local):
+    """Per thread: (const, fold key, fields) of a keyed probe's last record, or None."""
+
+    value: tuple | None = None
+
+
 def keyed_recording(runtime: ProbeRuntime, info: TargetInfo, add: Callable[[str, dict], None],
                      offset: int, skip_late: tuple[str, ...] = ()
                      ) -> Callable[..., None] | None:
@@ -146,9 +155,12 @@ def keyed_recording(runtime: ProbeRuntime, info: TargetInfo, add: Callable[[str,
         skip.append("capturing")
     if by_name.get("gid") == ("call0", "gid"):
         skip.append("gid")
-    key_of = bind_key(info.positions, info.defaults, offset, skip=tuple(skip))
+    key_of = bind_key(info.positions, info.defaults, offset, skip=tuple(skip),
+                      moving=(record_fold.EXACT, record_fold.RANGED_NESTED))
     if key_of is None:
         return None
+    holds = getattr(key_of, "moving", False)
+    last_record = _LastRecord()
     sampler = sampling.Sampler(spec.qualname, kind, limit)
     runtime.samplers.append(sampler)
     has_layer = "layer" in by_name
@@ -167,6 +179,9 @@ def keyed_recording(runtime: ProbeRuntime, info: TargetInfo, add: Callable[[str,
     step = graphs.STEP
     next_step = graphs.next_step
     marks_step = kind in graphs.STEP_KINDS
+    process = record.STATE
+    clock, thread_id = time.perf_counter_ns, threading.get_ident
+    direct = add is record.emit_fields      # recorder.add called here, not through emit
 
     def record_call(instance: Any, args: tuple, kwargs: dict, result: Any,
                     build: Callable[..., dict], cap: Any = None) -> None:
@@ -178,9 +193,27 @@ def keyed_recording(runtime: ProbeRuntime, info: TargetInfo, add: Callable[[str,
         if cap:
             add(kind, build(instance, args, kwargs, result))   # what a graph freezes
             return
-        layer, key = key_of(instance, args, kwargs, result)
-        if stepping and (aside.trail is not None or aside.step != step.value):
-            seen(key)       # else: a step it is not judging (no step marks, or asleep)
+        if holds:
+            layer, key, const, moving = key_of(instance, args, kwargs, result)
+        else:
+            layer, key = key_of(instance, args, kwargs, result)
+        if stepping:
+            now = step.value
+            if aside.step != now:
+                if aside.trail is None and aside.steady >= aside.settle \
+                        and aside.countdown > 1:
+                    # StepAside.seen's common case, inline: the first call of a step
+                    # after a step it slept through; it sleeps through this one too.
+                    aside.step = now
+                    aside.first = key
+                    aside.countdown -= 1
+                    aside.asleep = now
+                    if aside.take_off is not None:
+                        aside.take_off_now()
+                else:
+                    seen(key)
+            elif aside.trail is not None:
+                seen(key)   # else: a step it is not judging (no step marks, or asleep)
         state = local.run
         if state is None:
             state = local.run = run_state()
@@ -195,13 +228,47 @@ def keyed_recording(runtime: ProbeRuntime, info: TargetInfo, add: Callable[[str,
                 if len(layers) < max_layers:
                     layers[layer] = None
             return
-        n = keep(state, key, layer, target)
+        if state.run <= limit and not (state.epoch == epoch.value and key == state.last
+                                       and state.last is not None):
+            # Sampler.keep's new-run branch, inline (no run of left-out records to end).
+            state.last = key
+            state.run = n = 1
+            state.epoch = epoch.value
+            state.layers = None if layer is no_layer else {layer: None}
+        else:
+            n = keep(state, key, layer, target)
         if n:
+            recorder = process.recorder
+            folder = recorder.folder if recorder is not None and recorder.enabled else None
+            if holds and folder is not None:
+                # A steady step held by the fold: when this call's fields equal the last
+                # record's but for the numbers the fold keeps in ranges, no record is
+                # built (fold.Folder.hold); else it is, and becomes the last record.
+                last = last_record.value
+                if n == 1 and last is not None and last[0] == const:
+                    moving["repeat"] = 1
+                    if folder.hold(kind, last[1], last[2], moving, clock() - recorder.t0,
+                                   thread_id()):
+                        return
+                fields = build(instance, args, kwargs, result)
+                if has_layer:
+                    fields["layer"] = fields.pop("layer", None)
+                fields["repeat"] = n
+                if direct:
+                    fold_key = recorder.add_keyed(kind, fields)
+                    last_record.value = None if fold_key is None else (const, fold_key, fields)
+                else:
+                    add(kind, fields)
+                return
             fields = build(instance, args, kwargs, result)
             if has_layer:
                 fields["layer"] = fields.pop("layer", None)
             fields["repeat"] = n
-            add(kind, fields)
+            if direct:
+                if recorder is not None:
+                    recorder.add(kind, fields)
+            else:
+                add(kind, fields)
 
     record_call.aside = aside           # type: ignore[attr-defined]
     return record_call

@@ -205,20 +205,26 @@ class StepAside:
             self.asleep = step
             self.trail = None
             if self.take_off is not None:
-                self._take_off()
+                self.take_off_now()
         else:
             if self.countdown <= 0:
                 self.countdown = self.verify
             self.trail = []
 
-    def _take_off(self) -> None:
+    def take_off_now(self) -> None:
+        """Take the wrapper off its sites for the rest of this step (graphs.take_off_wrapper
+        for each, inline)."""
         owner, attr, wrapper, original = self.take_off
         sites = self.sites
         if sites is None:
             sites = self.sites = [(owner, attr), *imported_as(attr, wrapper, owner)]
         off = False
+        taken_off = graphs._taken_off
         for site, name in sites:
-            off = graphs.take_off_wrapper(site, name, wrapper, original) or off
+            if site.__dict__.get(name) is wrapper:
+                setattr(site, name, original)
+                taken_off.append((site, name, wrapper, original))
+                off = True
         if off:
             self.steps_off += 1
 

@@ -22,6 +22,11 @@ kind (a sync, a capture, a probe error, a mark, a sampling run's end ...) ends t
 and is written in full. `graph.replay.time` (the replay-time sample) passes through:
 it is written as it comes and also summarised in the fold's `gpu_ns`.
 
+A held step's records are compared with the template's fields as they came (`same`),
+without freezing the fields that did not change; a probe whose call repeats its last
+record but for the numbers that move hands only those numbers (`Folder.hold`): its
+record is built from the last one only if the step breaks (`pending_fields`).
+
 The builder (`mlatrace.analysis.builder`) reads a `steady` record as the records it
 stands for: every finding, count and cost is the same with folding on and off.
 """
@@ -57,13 +62,35 @@ Write = Callable[[str, dict, int], None]
 _NO_RANGE: dict = {}        # a replay's moving fields: none (never written to)
 
 
+_CONTAINERS = (dict, list, tuple)
+
+
 def freeze(value: Any) -> Any:
-    """A hashable, comparable form of a record's field value."""
+    """A hashable, comparable form of a record's field value.
+
+    Loops, not generators: a record's shapes and pointers (a dict of lists of ints)
+    freeze in one call, the nesting of a container of containers only recursing."""
     kind = type(value)
     if kind is dict:
-        return tuple((k, freeze(v)) for k, v in value.items())
+        out = []
+        for key, item in value.items():
+            itype = type(item)
+            if itype is list or itype is tuple:
+                for part in item:
+                    if type(part) in _CONTAINERS:
+                        item = freeze(item)
+                        break
+                else:
+                    item = tuple(item)
+            elif itype is dict:
+                item = freeze(item)
+            out.append((key, item))
+        return tuple(out)
     if kind is list or kind is tuple:
-        return tuple(freeze(v) for v in value)
+        for part in value:
+            if type(part) in _CONTAINERS:
+                return tuple([freeze(part) for part in value])
+        return tuple(value)
     return value
 
 
@@ -84,14 +111,82 @@ def split(kind: str, fields: dict) -> tuple[tuple, dict]:
                 itype = type(item)
                 if itype is int or itype is float:
                     ranged[f"{name}.{sub}"] = item
-                else:
+                elif itype in _CONTAINERS:
                     const.append((f"{name}.{sub}", freeze(item)))
+                else:
+                    const.append((f"{name}.{sub}", item))
         elif name == "ptrs" and not keep_ptrs:
             continue
-        else:
+        elif vtype in _CONTAINERS:
             const.append((name, freeze(value)))
+        else:
+            const.append((name, value))
     const.append(tuple(ranged))
     return tuple(const), ranged
+
+
+def same(kind: str, fields: dict, snapshot: tuple) -> dict | None:
+    """The moving numbers of `fields` ({name: number}, as split gives them) when its
+    split key equals that of `snapshot` ((kind, items) of a record already split);
+    None when it differs or this comparison cannot tell (split decides then).
+
+    Compares the two field by field in order, with the classes of split, constant
+    values with == (tables as tables, whatever the order of their names): no freeze
+    and no key built for the fields that did not change."""
+    skind, items = snapshot
+    if skind != kind or len(items) != len(fields):
+        return None
+    ranged: dict = {}
+    keep_ptrs = kind in POINTERS_KEPT
+    for (name, value), (sname, svalue) in zip(fields.items(), items, strict=True):
+        if name != sname:
+            return None
+        if name in SKIPPED:
+            continue
+        vtype = type(value)
+        stype = type(svalue)
+        if (vtype is int or vtype is float) and name not in EXACT:
+            if stype is not int and stype is not float:
+                return None
+            ranged[name] = value
+        elif vtype is dict and name in RANGED_NESTED:
+            if stype is not dict or len(value) != len(svalue):
+                return None
+            for (sub, item), (ssub, sitem) in zip(value.items(), svalue.items(), strict=True):
+                itype = type(item)
+                if sub != ssub:
+                    return None
+                if itype is int or itype is float:
+                    if type(sitem) is not int and type(sitem) is not float:
+                        return None
+                    ranged[f"{name}.{sub}"] = item
+                elif itype is not type(sitem) or itype in _CONTAINERS or item != sitem:
+                    return None
+        elif name == "ptrs" and not keep_ptrs:
+            continue
+        elif vtype is not stype or value != svalue:
+            return None
+    return ranged
+
+
+def pending_fields(pending: tuple) -> dict:
+    """The fields of a held record a probe did not build (Folder.hold): (base, moving,
+    t), the probe's last record with the numbers of `moving` and time `t`."""
+    base, moving, t = pending
+    out = {name: value for name, value in base.items() if name not in _WRITTEN}
+    for name, value in moving.items():
+        table, dot, sub = name.partition(".")
+        if dot and type(out.get(table)) is dict:
+            if out[table] is base.get(table):
+                out[table] = dict(out[table])
+            out[table][sub] = value
+        else:
+            out[name] = value
+    out["t"] = t
+    return out
+
+
+_WRITTEN = frozenset(("k", "seq", "tid"))     # what the recorder adds to a record it writes
 
 
 class Fold:
@@ -105,7 +200,8 @@ class Fold:
         self.t_first = t
         self.t_last = t
         self.tid = tid
-        self.first = [(kind, fields) for kind, _, fields, _ in step]  # the first folded step
+        self.first = [(kind, fields if type(fields) is not tuple else pending_fields(fields))
+                      for kind, _, fields, _ in step]  # the first folded step
         self.ranges: list[dict] = [{} for _ in step]
         self.replays: dict[int, list[int]] = {}   # gid -> [n_first, n_last, count]
         # Every step of a fold repeats its first position by position (same kinds, same
@@ -155,12 +251,15 @@ class Fold:
 class ThreadFold:
     """One thread's step: held while it repeats the last, and the fold it goes into."""
 
-    __slots__ = ("template", "step", "held", "fold", "last_kind", "marked", "first_gid",
-                 "tid", "overflow")
+    __slots__ = ("template", "snapshots", "step", "held", "fold", "last_kind", "marked",
+                 "first_gid", "tid", "overflow", "last_fields")
 
     def __init__(self, tid: int) -> None:
         self.tid = tid
         self.template: list | None = None   # the keys of the last whole step
+        # the fields of its records as they came ((kind, items); None: a replay, or not
+        # kept), which same() compares a held step's records with
+        self.snapshots: list = []
         self.step: list = []                # this step: (kind, key, fields|None, ranged)
         self.held = False                   # this step matches the template so far
         self.fold: Fold | None = None
@@ -168,6 +267,7 @@ class ThreadFold:
         self.marked = False                 # this step has a step-marking record
         self.first_gid: Any = None
         self.overflow = False               # this step outgrew MAX_STEP: not looked at
+        self.last_fields: Any = None        # the fields of the record appended last
 
 
 class Folder:
@@ -229,13 +329,24 @@ class Folder:
             ranged: dict = {}
             boundary = not state.marked and gid == state.first_gid and state.step
         else:
-            key, ranged = split(kind, fields)
+            key = None
             boundary = kind in STEP_KINDS and state.last_kind not in STEP_KINDS and state.step
             gid = None
         if boundary:
             self._end_step(state, t)
-        state.last_kind = kind
         step = state.step
+        if key is None:
+            # A held step's record compared with the template's, field by field, where
+            # it can be (same(): no freeze of fields that did not change); else split.
+            if state.held and state.template is not None and len(step) < len(state.template):
+                snapshot = state.snapshots[len(step)]
+                if snapshot is not None:
+                    ranged = same(kind, fields, snapshot)
+                    if ranged is not None:
+                        key = state.template[len(step)]
+            if key is None:
+                key, ranged = split(kind, fields)
+        state.last_kind = kind
         if not step:
             state.marked = False
             state.first_gid = gid
@@ -246,14 +357,55 @@ class Folder:
             position = len(step)
             if template is not None and position < len(template) and template[position] == key:
                 step.append((kind, key, fields, ranged))
+                state.last_fields = fields
                 return True
             self._break(state)      # writes the fold and this step's held records
         if len(step) < MAX_STEP:
-            step.append((kind, key, None, None))
+            # written in full: the fourth slot keeps its fields as they came (snapshot)
+            step.append((kind, key, None, None if kind == "graph.replay"
+                         else (kind, list(fields.items()))))
+            state.last_fields = fields
         else:
             state.template = None
             state.overflow = True
         return False
+
+    def key_of_last(self, tid: int, fields: dict) -> Any:
+        """The key this thread's step gave `fields`, the record just taken (None: it
+        is in no step)."""
+        state = self.threads.get(tid)
+        if state is None or state.last_fields is not fields or not state.step:
+            return None
+        return state.step[-1][1]
+
+    def hold(self, kind: str, key: Any, base: dict, moving: dict, t: int, tid: int) -> bool:
+        """take() for a record a probe did not build: `base` with the numbers of `moving`
+        ({fold name: number}), whose key is `key` (the probe checked that its other
+        fields equal base's). True when this thread's step is held and `key` is the
+        template's at this place: the record joins the step (built only if the step
+        breaks: pending_fields); False: the probe builds it and adds it (nothing changed
+        here but a step boundary, which take() would also have passed)."""
+        state = self.threads.get(tid)
+        if state is None or not state.held or kind not in FOLDABLE:
+            return False
+        if kind in STEP_KINDS and state.last_kind not in STEP_KINDS and state.step:
+            self._end_step(state, t)
+            if not state.held:
+                return False
+        template = state.template
+        step = state.step
+        position = len(step)
+        if template is None or position >= len(template) or template[position] != key:
+            return False
+        if not step:
+            state.marked = False
+            state.first_gid = None
+        if kind in STEP_KINDS:
+            state.marked = True
+        state.last_kind = kind
+        state.last_fields = None
+        step.append((kind, key, (base, moving, t), moving))
+        return True
 
     def _end_step(self, state: ThreadFold, t: int) -> None:
         """The thread's step is whole: fold it (it repeated the last one) or learn it."""
@@ -272,6 +424,7 @@ class Folder:
             if state.held:
                 self._break(state)
             state.template = [entry[1] for entry in step] if len(step) < MAX_STEP else None
+            state.snapshots = [entry[3] if entry[2] is None else None for entry in step]
         state.step = []
         state.overflow = False
         state.held = state.template is not None
@@ -285,8 +438,11 @@ class Folder:
             step = state.step
             for index, (kind, key, fields, _) in enumerate(step):
                 if fields is not None:
+                    if type(fields) is tuple:
+                        fields = pending_fields(fields)
+                    step[index] = (kind, key, None, None if kind == "graph.replay"
+                                   else (kind, list(fields.items())))
                     self.write(kind, fields, state.tid)
-                    step[index] = (kind, key, None, None)
             state.held = False
 
     def _time(self, gid: Any, gpu: int) -> None:

@@ -106,9 +106,14 @@ class Recorder:
         self._drained = threading.Event()
         self._writer_ident: int | None = None
         self.replays: dict[int, int] = {}
+        # replays counted in `replays` that wrote no record (their probe stepped aside):
+        # the probe bumps these two inline (no call); sampled_out and sampled count them
+        self.unrecorded_replays = 0
         self.folded_kinds: collections.defaultdict = collections.defaultdict(int)
         self.fold_s = fold_s or 0.0
         self._folder = _fold.Folder(fold_s, self._put, self._count_folded) if fold_s else None
+        # probes hand it the records they did not build (fold.Folder.hold), t from t0
+        self.folder = self._folder
         # the size cap: bytes written so far, the cap (None: none), what it left out
         self.max_mb = max_mb
         self.max_bytes = None if max_mb is None else int(max_mb * 1_000_000)
@@ -180,6 +185,19 @@ class Recorder:
         if len(pending) == FLUSH_EVERY_RECORDS:
             self._wake.set()
 
+    def add_keyed(self, kind: str, fields: dict) -> object:
+        """add(), returning the key the fold gave the record (None: folding off, or the
+        record is in no step): what a probe hands to hold() for its next call."""
+        folder = self._folder
+        if folder is None or not self.enabled:
+            self.add(kind, fields)
+            return None
+        tid = _thread_id()
+        t = fields["t"] = _clock() - self.t0
+        if not folder.take(kind, fields, t, tid):
+            self._put(kind, fields, tid)
+        return folder.key_of_last(tid, fields)
+
     def _put(self, kind: str, fields: dict, tid: int) -> None:
         """Queue a record whose `t` is set (folding on: what the folder writes in full)."""
         if self.capped and kind not in KEEP_AT_CAP and kind not in _fold.FOLDABLE:
@@ -248,10 +266,18 @@ class Recorder:
 
     def count_replay(self, gid: int) -> None:
         """A replay of `gid` that writes no record (its probe stepped aside): counted
-        exactly per gid and in the sampled graph.replay records."""
-        self.replays[gid] = self.replays.get(gid, 0) + 1
-        self.sampled_out += 1
-        self.sampled_kinds["graph.replay"] += 1
+        exactly per gid and in the sampled graph.replay records. The replay probe's
+        fast path does the same inline (handlers/torch_graph.GraphReplay.wrapper)."""
+        replays = self.replays
+        replays[gid] = replays.get(gid, 0) + 1
+        self.unrecorded_replays += 1
+
+    def _sampled(self) -> dict[str, int]:
+        """sampled_kinds with the unrecorded replays counted in."""
+        sampled = dict(self.sampled_kinds)
+        if self.unrecorded_replays:
+            sampled["graph.replay"] = sampled.get("graph.replay", 0) + self.unrecorded_replays
+        return sampled
 
     def add_replay(self, gid: int, fields: dict) -> None:
         """Queue a graph.replay, counting replays per gid exactly and sampling the records."""
@@ -355,7 +381,8 @@ class Recorder:
         It carries each `set_end_info` part; a `once` part is dropped after the final end.
         """
         counts = dict(self.kinds)
-        for kind, n in self.sampled_kinds.items():
+        sampled = self._sampled()
+        for kind, n in sampled.items():
             counts[kind] = counts.get(kind, 0) + n
         for kind, n in self.folded_kinds.items():
             counts[kind] = counts.get(kind, 0) + n
@@ -369,12 +396,12 @@ class Recorder:
             "tid": threading.get_ident(),
             "events": end_seq - 1,
             "dropped": self.dropped,
-            "sampled_out": self.sampled_out,
-            "launches_sampled_out": self.sampled_kinds.get("kernel.launch", 0),
+            "sampled_out": self.sampled_out + self.unrecorded_replays,
+            "launches_sampled_out": sampled.get("kernel.launch", 0),
             "probe_errors": self.probe_errors,
             "sink_errors": self.sink_errors,
             "counts": dict(sorted(counts.items())),
-            "sampled": dict(sorted(self.sampled_kinds.items())),
+            "sampled": dict(sorted(sampled.items())),
             "waits": self.waits,
             "replays": {str(gid): n for gid, n in self.replays.items()},
             "reason": reason,

@@ -103,6 +103,30 @@ class GraphReplay(Handler):
     def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
         self._done(view.instance, token, error)
 
+    def wrapper(self, runtime: Any, info: Any, original: Any, state: Any) -> Any:
+        """The replacement of a replay method called as (graph, ...), in one frame for
+        the common case: a replay while the probe steps aside is counted inline (the
+        recorder's replays per gid and its unrecorded count, as Recorder.count_replay)
+        and runs; any other replay goes through `around`."""
+        aside, step, around = self.aside, graphs.STEP, self.around
+        process = record.STATE
+
+        def replay(*args: Any, **kwargs: Any) -> Any:
+            if runtime.disabled or not state.active:
+                return original(*args, **kwargs)
+            runtime.hits += 1
+            if aside.asleep == step.value:
+                gid = getattr(args[0], GID_ATTR, None) if args else None
+                recorder = process.recorder
+                if gid is not None and recorder is not None:
+                    replays = recorder.replays
+                    replays[gid] = replays.get(gid, 0) + 1
+                    recorder.unrecorded_replays += 1
+                    return original(*args, **kwargs)
+            return around(runtime, info, original, args, kwargs)
+
+        return replay
+
     def around(self, runtime: Any, info: Any, call: Any, args: tuple, kwargs: dict) -> Any:
         """before, the call, after, for a replay method called as (graph, ...): what the
         engine's handler wrapper does, without a CallView per replay (the engine uses
@@ -110,7 +134,7 @@ class GraphReplay(Handler):
         graph = args[0] if args else None
         if self.aside.asleep == graphs.STEP.value:
             gid = getattr(graph, GID_ATTR, None)
-            recorder = record.current()
+            recorder = record.STATE.recorder
             if gid is not None and recorder is not None:
                 recorder.count_replay(gid)      # exact counts, no record
                 return call(*args, **kwargs)
@@ -144,7 +168,7 @@ class GraphReplay(Handler):
             timer = self.timer = self._guard(replay_timing.timer_for, self.clock)
             if timer is None:
                 return None
-        recorder = record.current()
+        recorder = record.STATE.recorder
         gid = getattr(graph, GID_ATTR, None)
         if gid is None or recorder is None:
             return None
@@ -175,9 +199,30 @@ class GraphReplay(Handler):
                 timer.stop(token[1], gid, token[0])
             except Exception as exc:
                 self._stop_timing(exc)
-        record.emit_replay(gid)
-        if not graphs.capturing():
+        recorder = record.STATE.recorder
+        stack = graphs._local.stack          # graphs.capturing(), inline
+        eager = not stack or stack[-1] is None
+        if recorder is not None:
+            if eager and self._as_expected(gid):
+                recorder.count_replay(gid)
+            else:
+                recorder.add_replay(gid, {})      # record.emit_replay(gid), one call fewer
+        if eager:
             self.aside.seen(gid)
+
+    def _as_expected(self, gid: int) -> bool:
+        """A later replay of a steady probe's verify step (the whole step looked at again,
+        sampling.StepAside) that repeats the last looked-at step at its place: counted
+        as the replays of the steps it slept through are, with no record, so that the
+        verify step writes what those steps write (a fold goes on across it)."""
+        aside = self.aside
+        trail = getattr(aside, "trail", None)
+        if trail is None or aside.step != graphs.STEP.value or aside.steady < aside.settle:
+            return False
+        last = aside.last_trail
+        if last is None or len(trail) >= len(last):
+            return False
+        return last[len(trail)] == (sampling.SAME if gid == aside.first else gid)
 
     def _guard(self, fn: Any, *args: Any) -> Any:
         try:

@@ -11,6 +11,8 @@ from mlatrace.probe import graphs
 from mlatrace.probe.handlers import GID_ATTR, Handler, close_capture, open_capture
 from mlatrace.probe.paths import plain
 
+_SCALARS = frozenset((type(None), bool, int, float, str))
+
 
 def _forward_context() -> Any:
     from vllm.forward_context import get_forward_context, is_forward_context_available
@@ -107,7 +109,9 @@ class EntryReplay(Handler):
         if gid is None:
             gid = graphs.next_gid()
             setattr(entry, GID_ATTR, gid)
-        record.emit_replay(gid)
+        recorder = record.STATE.recorder
+        if recorder is not None:
+            recorder.add_replay(gid, {})      # record.emit_replay(gid), one call fewer
 
 
 class EagerBreak(Handler):
@@ -172,6 +176,11 @@ class Dispatch(Handler):
 
     MARKS_STEPS = True     # each dispatch begins a step (sampling.StepAside)
 
+    def __init__(self, spec: Any) -> None:
+        super().__init__(spec)
+        self.last_key: Any = None       # the last descriptor, and plain() of it
+        self.last_plain: Any = None
+
     def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
         graphs.next_step()        # a dispatch begins a forward: a step (sampling.StepAside)
         if error is not None:
@@ -183,13 +192,29 @@ class Dispatch(Handler):
             mode, key = result.cg_mode, result
         else:
             mode, key = fields.get("mode"), fields.get("key")
-        # uniform (a uniform decode batch) and num_reqs where the pack names them: graph
-        # use tells decode steps from prefill and mixed ones by them
-        extra = {name: fields[name] for name in ("uniform", "num_reqs")
-                 if fields.get(name) is not None}
-        record.emit("dispatch", mode=mode if isinstance(mode, str) or mode is None
-                    else _mode_name(mode), key=plain(key), num_tokens=fields.get("num_tokens"),
-                    **extra)
+        last = self.last_key
+        if last is not None and (key is last or (type(key) is type(last) and key == last)):
+            plain_key = self.last_plain  # a steady step's descriptor: the same plain copy
+        else:
+            plain_key = plain(key)
+            # kept for the next dispatch only if == on it compares plain values
+            scalars = isinstance(key, tuple)
+            for item in key if scalars else ():
+                if type(item) not in _SCALARS:
+                    scalars = False
+                    break
+            self.last_key, self.last_plain = (key, plain_key) if scalars else (None, None)
+        recorder = record.STATE.recorder
+        if recorder is not None:
+            fields_out = {
+                "mode": mode if isinstance(mode, str) or mode is None else _mode_name(mode),
+                "key": plain_key, "num_tokens": fields.get("num_tokens")}
+            # uniform (a uniform decode batch) and num_reqs where the pack names them: graph
+            # use tells decode steps from prefill and mixed ones by them
+            for name in ("uniform", "num_reqs"):
+                if fields.get(name) is not None:
+                    fields_out[name] = fields[name]
+            recorder.add("dispatch", fields_out)
 
 
 class DummyRun(Handler):

@@ -27,6 +27,7 @@ from mlatrace.probe.pathlang.values import (
 )
 
 NO_LAYER = object()     # a key's layer when the probe records none
+_MOVED = ("moved",)     # in a key's const part: this field's number is in the moving part
 
 
 class NotGenerated(Exception):
@@ -47,7 +48,8 @@ class Generator:
                                    "_ptr": ptr_of, "_dtype": dtype_of, "_len": len_of,
                                    "_shape": shape_plain, "_rshape": raw_shape,
                                    "_rdtype": raw_dtype, "_rkey": raw_key, "_NL": NO_LAYER,
-                                   "_hkey": host_values_key}
+                                   "_hkey": host_values_key, "_T": graphs._local}
+        self.inlined: dict[tuple[str, str], str] = {}   # (helper, var) -> its local
         self.lines: list[str] = []
         self.reduced: set[str] = set()      # paths whose values a key holds (key_leaf)
         self.roots: dict[str, str] = {}
@@ -110,25 +112,41 @@ class Generator:
                        "        pass"]
         return var
 
+    def inline(self, helper: str, var: str) -> str:
+        """A local holding helper(var), computed by lines in the function itself (no
+        call per field): the helpers of values.py, inlined. Each is computed once."""
+        done = self.inlined.get((helper, var))
+        if done is not None:
+            return done
+        out = self.inlined[(helper, var)] = self.name("h")
+        self.lines += [line.format(o=out, v=var) for line in _INLINE[helper]]
+        return out
+
     def leaf(self, node: Node) -> str:
         """An expression (or local) for one computed field, finished as plain() would."""
         tag = node[0]
         if tag == "path":
-            var = self.path(node)
-            return f"({var} if type({var}) in _S else _plain({var}))"
+            return self.inline("plain", self.path(node))
         if tag == "call1" and node[2][0] == "path":
             var = self.path(node[2])
             func = node[1]
-            if func in ("ptr", "dtype", "len"):
-                return f"_{func}({var})"
-            if func == "shape":
-                return f"_shape({var})"
+            if func in ("ptr", "dtype", "shape"):
+                return self.inline(func, var)
+            if func == "len":
+                return self.inline("len", var)
+            if func in ("min", "max", "sum"):
+                items = self.inline("hostints", var)
+                apply = self.name("_f", FUNC_IMPL[func], bind=True)
+                return (f"(({func}({items}) if {items} else None) if {items} is not None "
+                        f"else _plain({apply}({var})))")
             if func == "isnone":
                 return f"({var} is None)"
             if func == "notnone":
                 return f"({var} is not None)"
             apply = self.name("_f", FUNC_IMPL[func], bind=True)
             return f"_plain({apply}({var}))"
+        if tag == "call0" and node[1] in ("capturing", "gid"):
+            return self.inline(node[1], "")
         if tag == "call0":
             fn = self.name("_g", getattr(graphs, NULLARY[node[1]]), bind=True)
             return f"_plain({fn}())" if node[1] == "layer" else f"{fn}()"
@@ -155,9 +173,9 @@ class Generator:
             return None
         if tag == "call1" and node[2][0] == "path":
             if node[1] == "shape":
-                return f"_rshape({self.path(node[2])})"
+                return self.inline("rshape", self.path(node[2]))
             if node[1] == "dtype":
-                return f"_rdtype({self.path(node[2])})"
+                return self.inline("rdtype", self.path(node[2]))
             if node[1] in ("min", "max", "sum", "len"):
                 # min, max, sum and len of one path (a request's lengths): its values,
                 # read once, are the key of all four.
@@ -165,10 +183,11 @@ class Generator:
                 if var in self.reduced:
                     return None
                 self.reduced.add(var)
-                return f"_hkey({var})"
+                items = self.inline("hostints", var)
+                return (f"({var} if type({var}) is tuple else tuple({items}) "
+                        f"if {items} is not None else _hkey({var}))")
         if tag == "path":
-            var = self.path(node)
-            return f"({var} if type({var}) in _S else _rkey({var}))"
+            return self.inline("rkey", self.path(node))
         return self.leaf(node)
 
     def key_items(self, entries: tuple, out: list[str]) -> None:
@@ -180,18 +199,65 @@ class Generator:
             if value is not None:
                 out.append(value)
 
-    def key_function(self, entries: tuple, layer: Node | None) -> Callable[..., tuple]:
+    def moving_items(self, entries: tuple, exact: frozenset, nested: frozenset,
+                     const: list[str], table: str | None = None) -> None:
+        """For key_function's `moving`: the lines that put each field a fold may hold in
+        a range (a number at a top-level name not in `exact`, or in a table named in
+        `nested`) into `_mv` under the fold's name, and the const items (the others'
+        key values; a marker where a number moved out) into `const`."""
+        for name, item in entries:
+            if not isinstance(item, tuple) or not item or isinstance(item[0], tuple):
+                self.moving_items(item, exact, nested, const,
+                                  name if table is None and name in nested else "")
+                continue
+            if table is None and name in nested:
+                self.hold_ok = False    # a value split may break into numbers: no moving
+            if item[0] == "const" and not (type(item[1]) is int or type(item[1]) is float):
+                continue                        # a literal that is no number: the same
+            never_number = item[0] == "call1" and item[1] in ("dtype", "shape", "isnone",
+                                                              "notnone")
+            if not never_number and ((table is None and name not in exact)
+                                     or (table and table in nested)):
+                value = self.name("m")
+                self.lines += [f"{value} = {self.leaf(item)}",
+                               f"if type({value}) is int or type({value}) is float:",
+                               f"    _mv[{(name if table is None else table + '.' + name)!r}]"
+                               f" = {value}",
+                               f"    {value} = _MV"]
+                const.append(value)
+            elif item[0] == "call1" and item[1] in ("min", "max", "sum", "len"):
+                const.append(self.leaf(item))
+            elif item[0] != "const":
+                const.append(self.key_leaf(item) or self.leaf(item))
+
+    def key_function(self, entries: tuple, layer: Node | None,
+                     moving: tuple[frozenset, frozenset] | None = None) -> Callable[..., tuple]:
         items: list[str] = []
         self.key_items(entries, items)
         layer_text = "_NL" if layer is None else self.leaf(layer)
         values = "(" + "".join(f"{item}, " for item in items) + ")"
         head = ["nargs = len(args)"] if self.uses_nargs else []
+        tail = f"    return ({layer_text}, {values})\n"
+        if moving is not None:
+            const: list[str] = []
+            lines = self.lines
+            self.lines = []
+            self.hold_ok = True
+            self.moving_items(entries, *moving, const)
+            if not self.hold_ok:
+                raise NotGenerated
+            head.append("_mv = {}")
+            lines += [f"_ly = {layer_text}", *self.lines]
+            self.lines = lines
+            self.ns["_MV"] = _MOVED
+            tail = (f"    return (_ly, {values}, (_ly, "
+                    + "".join(f"{item}, " for item in const) + "), _mv)\n")
         source = "def key(instance, args, kwargs, result):\n" + "".join(
-            f"    {line}\n" for line in head + self.lines) + \
-            f"    return ({layer_text}, {values})\n"
+            f"    {line}\n" for line in head + self.lines) + tail
         exec(compile(source, "<mlatrace probe key>", "exec"), self.ns)  # noqa: S102
         key = self.ns["key"]
         key.source = source  # type: ignore[attr-defined]
+        key.moving = moving is not None  # type: ignore[attr-defined]
         return key
 
     def function(self, entries: tuple) -> Callable[..., dict[str, Any]]:
@@ -206,6 +272,80 @@ class Generator:
 
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z_0-9]*\Z")
+# values.py's helpers as lines ({o}: the local set, {v}: the value read), for the hot
+# fields: ptr_of, dtype_of, shape_plain, raw_shape, raw_dtype, graphs.capturing and
+# current_gid, and the host ints that min/max/sum and the key read (values._small_host_ints
+# for a host tensor, the list itself for a list or tuple; None: the helper decides).
+_INLINE = {
+    "ptr": ["{o} = getattr({v}, 'data_ptr', None)",
+            "if {o} is not None:",
+            "    try:",
+            "        {o} = int({o}())",
+            "    except Exception:",
+            "        {o} = None"],
+    "dtype": ["{o} = getattr({v}, 'dtype', None)",
+              "if {o} is not None:",
+              "    {o} = str({o})"],
+    "shape": ["{o} = getattr({v}, 'shape', None)",
+              "if isinstance({o}, tuple):",
+              "    {o} = list({o})",
+              "    for _i in {o}:",
+              "        if type(_i) is not int:",
+              "            {o} = _plain({o})",
+              "            break",
+              "else:",
+              "    {o} = None"],
+    "rshape": ["{o} = getattr({v}, 'shape', None)",
+               "if not isinstance({o}, tuple):",
+               "    {o} = None"],
+    "rdtype": ["{o} = getattr({v}, 'dtype', None)"],
+    "len": ["{o} = None",
+            "if {v} is not None:",
+            "    try:",
+            "        _s = getattr({v}, 'shape', None)",
+            "        {o} = int(_s[0]) if isinstance(_s, tuple) and _s else len({v})",
+            "    except Exception:",
+            "        {o} = None"],
+    "plain": ["{o} = {v}",
+              "if type({v}) not in _S:",
+              "    if type({v}) is tuple or type({v}) is list:",
+              "        {o} = list({v}) if type({v}) is tuple else {v}",
+              "        for _i in {o}:",
+              "            if type(_i) not in _S:",
+              "                {o} = _plain({v})",
+              "                break",
+              "    else:",
+              "        {o} = _plain({v})"],
+    "rkey": ["{o} = {v}",
+             "if type({v}) not in _S:",
+             "    if type({v}) is tuple:",
+             "        for _i in {v}:",
+             "            if type(_i) not in _S:",
+             "                {o} = _rkey({v})",
+             "                break",
+             "    else:",
+             "        {o} = _rkey({v})"],
+    "capturing": ["{o} = _T.stack",
+                  "{o} = bool({o}) and {o}[-1] is not None"],
+    "gid": ["{o} = _T.stack",
+            "{o} = {o}[-1] if {o} else None"],
+    "hostints": ["{o} = None",
+                 "if type({v}) is list or type({v}) is tuple:",
+                 "    {o} = {v}",
+                 "elif getattr({v}, 'is_cpu', None) is True:",
+                 "    try:",
+                 "        _s = {v}.shape",
+                 "        if isinstance(_s, tuple) and len(_s) == 1 and _s[0] <= 256:",
+                 "            _m = type({v}).tolist",
+                 "            {o} = getattr(_m, '__wrapped__', _m)({v})",
+                 "    except Exception:",
+                 "        {o} = None",
+                 "if {o} is not None:",
+                 "    for _i in {o}:",
+                 "        if type(_i) is not int:",
+                 "            {o} = None",
+                 "            break"],
+}
 
 
 def generate(entries: tuple, binding: Binding) -> Callable[..., dict[str, Any]]:
