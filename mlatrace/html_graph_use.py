@@ -8,7 +8,7 @@ from typing import Any
 
 from mlatrace.charts.graph_use import padding_chart, steps_chart
 from mlatrace.charts.svg import esc
-from mlatrace.report_graph_use import mem_text, span_text
+from mlatrace.report_graph_use import mem_text, num_text, span_text
 
 MAX_PROCESSES = 16
 MAX_ROWS = 64
@@ -73,7 +73,7 @@ def _process(entry: dict[str, Any]) -> str:
     if never:
         total = entry.get("never_replayed_gib_s")
         extra += (f"<p>Captured, never replayed: {never}"
-                  + (f"; {total:.3g} GiB*s held in all" if total else "") + "</p>")
+                  + (f"; {num_text(total)} GiB*s held in all" if total else "") + "</p>")
     for b in entry["breakable"][:MAX_ROWS]:
         extra += (f"<p>Breakable gid {b['gid']}: {b['eager_pieces']} eager pieces "
                   f"({b['eager_breaks']} per replay x {b['replays']} replays)</p>")

@@ -92,7 +92,7 @@ def never_held_line(entry: dict[str, Any]) -> str | None:
         parts.append(f"{len(never) - 2} more")
     text = "never replayed: " + "; ".join(parts)
     total = entry.get("never_replayed_gib_s")
-    memory_time = f"{_num(total)} GiB*s" if total else None
+    memory_time = f"{num_text(total)} GiB*s" if total else None
     if len(never) > 1:
         text += (f" ({mem_text(entry['never_replayed_pool_bytes'])} in all"
                  + (f", {memory_time}" if memory_time else "") + ")")
@@ -101,7 +101,8 @@ def never_held_line(entry: dict[str, Any]) -> str | None:
     return text
 
 
-def _num(value: float) -> str:
+def num_text(value: float) -> str:
+    """A positive quantity to about three digits: 1260, 60, 2.54, 0.029."""
     return f"{value:.0f}" if value >= 100 else f"{value:.3g}" if value >= 1 else f"{value:.2g}"
 
 
