@@ -8,6 +8,7 @@ from typing import Any
 
 from mlatrace.charts.graph_use import padding_chart, steps_chart
 from mlatrace.charts.svg import esc
+from mlatrace.report_graph_use import mem_text, num_text, span_text
 
 MAX_PROCESSES = 16
 MAX_ROWS = 64
@@ -19,6 +20,18 @@ def _cell(value: Any) -> str:
 
 def _pct(share: Any) -> str:
     return "-" if share is None else f"{share:.0%}"
+
+
+def _mem(nbytes: Any) -> str:
+    return "-" if nbytes is None else esc(mem_text(nbytes))
+
+
+def _held(never: dict[str, Any]) -> str:
+    """`, 1.2 GiB for 40 min` of a capture never replayed, where its memory was measured."""
+    if never.get("pool_bytes") is None:
+        return ""
+    held = f" for {span_text(never['held_s'])}" if never.get("held_s") is not None else ""
+    return f", {esc(mem_text(never['pool_bytes']))}{esc(held)}"
 
 
 def _process(entry: dict[str, Any]) -> str:
@@ -41,23 +54,26 @@ def _process(entry: dict[str, Any]) -> str:
                     f"<td class=\"num\">{len(r['captures'])}</td>"
                     f"<td class=\"num\">{r['steps']}</td><td>{esc(real)}</td>"
                     f"<td class=\"num\">{_cell(r['padding_tokens'])}</td>"
-                    f"<td class=\"num\">{_pct(r['padding_share'])}</td></tr>")
+                    f"<td class=\"num\">{_pct(r['padding_share'])}</td>"
+                    f"<td class=\"num\">{_mem(r.get('pool_bytes'))}</td></tr>")
     table = ("<table class=\"graph-use\"><tr><th>captured size</th><th>mode</th>"
              "<th>captures</th><th>steps</th><th>real sizes</th><th>padding tokens</th>"
-             "<th>padding</th></tr>" + "".join(rows) + "</table>")
+             "<th>padding</th><th>memory captured</th></tr>" + "".join(rows) + "</table>")
     if len(entry["sizes"]) > MAX_ROWS:
         table += f"<p class=\"sub\">{len(entry['sizes']) - MAX_ROWS} more sizes: --json</p>"
     eager = "".join(
         f"<li>{row['steps']} eager steps ({row['decode_steps']} decode): {esc(row['reason'])}"
         + ("" if row["real_min"] is None else f", real sizes {row['real_min']}..{row['real_max']}")
         + "</li>" for row in entry["eager_steps"])
-    never = ", ".join(f"gid {g['gid']} (size {_cell(g['size'])})"
+    never = ", ".join(f"gid {g['gid']} (size {_cell(g['size'])}{_held(g)})"
                       for g in entry["never_replayed"][:MAX_ROWS])
     extra = ""
     if eager:
         extra += f"<ul>{eager}</ul>"
     if never:
-        extra += f"<p>Captured, never replayed: {never}</p>"
+        total = entry.get("never_replayed_gib_s")
+        extra += (f"<p>Captured, never replayed: {never}"
+                  + (f"; {num_text(total)} GiB*s held in all" if total else "") + "</p>")
     for b in entry["breakable"][:MAX_ROWS]:
         extra += (f"<p>Breakable gid {b['gid']}: {b['eager_pieces']} eager pieces "
                   f"({b['eager_breaks']} per replay x {b['replays']} replays)</p>")

@@ -48,6 +48,64 @@ def size_line(row: dict[str, Any]) -> str:
     return text
 
 
+def mem_text(nbytes: int) -> str:
+    """Bytes in the unit that reads best: 512 KiB, 40 MiB, 1.2 GiB."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= size:
+            value = nbytes / size
+            return f"{value:.1f} {unit}" if value < 10 else f"{value:.0f} {unit}"
+    return f"{nbytes} B"
+
+
+def span_text(seconds: float) -> str:
+    """A duration as 45 s, 40 min or 3.5 h."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _capture_name(row: dict[str, Any]) -> str:
+    key = row.get("key")
+    if key is None:
+        return f"gid {row['gid']}"
+    text = str(key)
+    return f"gid {row['gid']} (key {text if len(text) <= 40 else text[:37] + '...'})"
+
+
+def never_held_line(entry: dict[str, Any]) -> str | None:
+    """The captures never replayed whose memory was measured: what each held and for how
+    long (the two holding most), and the memory-time in all; None when none was measured."""
+    never = [n for n in entry.get("never_replayed") or () if n.get("pool_bytes") is not None]
+    if not never:
+        return None
+    parts = []
+    for n in sorted(never, key=lambda n: (-(n.get("gib_s") or 0), -n["pool_bytes"]))[:2]:
+        if not n["pool_bytes"]:
+            parts.append(f"{_capture_name(n)} added no memory"
+                         + (" (a shared pool)" if n.get("pool_shared") else ""))
+            continue
+        held = f" for {span_text(n['held_s'])}" if n.get("held_s") is not None else ""
+        parts.append(f"{_capture_name(n)} held {mem_text(n['pool_bytes'])}{held}")
+    if len(never) > 2:
+        parts.append(f"{len(never) - 2} more")
+    text = "never replayed: " + "; ".join(parts)
+    total = entry.get("never_replayed_gib_s")
+    memory_time = f"{num_text(total)} GiB*s" if total else None
+    if len(never) > 1:
+        text += (f" ({mem_text(entry['never_replayed_pool_bytes'])} in all"
+                 + (f", {memory_time}" if memory_time else "") + ")")
+    elif memory_time:
+        text += f" ({memory_time})"
+    return text
+
+
+def num_text(value: float) -> str:
+    """A positive quantity to about three digits: 1260, 60, 2.54, 0.029."""
+    return f"{value:.0f}" if value >= 100 else f"{value:.3g}" if value >= 1 else f"{value:.2g}"
+
+
 def eager_line(row: dict[str, Any], largest: Any) -> str:
     reason = row["reason"]
     if reason == "above largest capture":
@@ -75,6 +133,9 @@ def process_lines(entry: dict[str, Any]) -> list[str]:
         head += (f"; padding {entry['padding_tokens']} of {entry['replayed_tokens']} replayed "
                  f"tokens ({_pct(entry['padding_share'])})")
     lines = [eager_line(r, entry["largest_captured"]) for r in entry["eager_steps"]]
+    held = never_held_line(entry)
+    if held:
+        lines.append(held)
     breakable = entry["breakable"]
     if len(breakable) > 3:
         lines.append(f"{len(breakable)} breakable captures: "

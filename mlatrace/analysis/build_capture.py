@@ -77,6 +77,9 @@ class CaptureHandlers:
         graph.eager_breaks = _int(rec.get("eager_breaks"))
         graph.dur_ns = _int(rec.get("dur_ns"))
         graph.capture_error = as_text(rec.get("error"))
+        graph.end_t = _int(rec.get("t"))
+        graph.pool_bytes = _int(rec.get("pool_bytes"))
+        graph.pool_shared = rec.get("pool_shared") is True
         self.dummy_runs.discard(rec.get("tid"))   # a dummy run that captured: it is over
         stack = self.stacks.get(rec.get("tid"))
         if stack and gid in stack:

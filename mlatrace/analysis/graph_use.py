@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlatrace.analysis.findings import Evidence, Finding, make_finding
-from mlatrace.analysis.model import GraphModel, Ref, TraceModel, Unpickled
+from mlatrace.analysis.model import GraphModel, Ref, TraceModel, Unpickled, _int
 
 MAX_SIZES = 512            # distinct (mode, size) entries kept per process; beyond: "other"
+GIB = 1 << 30
 OTHER = -1                 # the size of the entry that takes the rest
 
 _SIZE_RE = re.compile(r"\b(num_tokens|batch_size|bs|num_reqs)\s*[=:]\s*\"?(\d+)")
@@ -171,6 +172,43 @@ def _unit_replays(model: TraceModel, pid: int | None, roots: list[GraphModel]) -
     return out
 
 
+def _unit_pools(model: TraceModel, pid: int | None, roots: list[GraphModel],
+                t_end: int | None) -> dict[int, tuple[int | None, float | None, bool]]:
+    """Per capture unit: the reserved bytes its captures added (`pool_bytes` of the root,
+    else of the graphs nested in it, summed: a reading holds the captures inside it),
+    the GiB-seconds they have held from each capture's end to `t_end` (None: unknown)
+    and whether any of them allocated from a shared pool."""
+    kids: dict[int, list[GraphModel]] = {}
+    for g in model.graphs.values():
+        if g.pid == pid and g.parent is not None:
+            kids.setdefault(g.parent, []).append(g)
+    out: dict[int, tuple[int | None, float | None, bool]] = {}
+    for root in roots:
+        measured, stack, seen = [], [root], set()
+        while stack:
+            g = stack.pop()
+            if g.gid in seen:
+                continue
+            seen.add(g.gid)
+            if g.pool_bytes is not None:
+                measured.append(g)
+            else:
+                stack.extend(kids.get(g.gid, ()))
+        if not measured:
+            out[root.gid] = (None, None, False)
+            continue
+        held: float | None = 0.0
+        for g in measured:
+            if t_end is None or g.end_t is None:
+                held = None
+                break
+            held += g.pool_bytes * max(0, t_end - g.end_t) / 1e9 / GIB
+        out[root.gid] = (sum(g.pool_bytes for g in measured),
+                         None if held is None else round(held, 3),
+                         any(g.pool_shared for g in measured))
+    return out
+
+
 def _share(part: int, whole: int) -> float | None:
     return round(part / whole, 4) if whole else None
 
@@ -189,6 +227,9 @@ def process_graph_use(model: TraceModel, proc: Any) -> dict[str, Any] | None:
         captures.setdefault(size if size is not None else ("gid", root.gid), []).append(root)
     captured_sizes = sorted(s for s in captures if isinstance(s, int))
     unit_replays = _unit_replays(model, proc.pid, roots)
+    t_end = proc.t_last if proc.t_last is not None else (
+        _int(proc.end.get("t")) if isinstance(proc.end, dict) else None)
+    pools = _unit_pools(model, proc.pid, roots, t_end)
     largest = captured_sizes[-1] if captured_sizes else None
     dispatched = stats is not None and bool(stats.sizes)
     graphs_on = bool(roots) or (dispatched and any(m != "NONE" for m, _ in stats.sizes))
@@ -202,7 +243,7 @@ def process_graph_use(model: TraceModel, proc: Any) -> dict[str, Any] | None:
                 "size": size if isinstance(size, int) else None, "modes": [], "captures": [], "replays": 0, "steps": 0,
                 "decode_steps": 0, "real_steps": 0, "real_min": None, "real_max": None,
                 "real_mean": None, "tokens": 0, "padding_tokens": None, "padding_share": None,
-                "first": None}
+                "pool_bytes": None, "first": None}
         return row
 
     for size, graphs in captures.items():
@@ -214,8 +255,12 @@ def process_graph_use(model: TraceModel, proc: Any) -> dict[str, Any] | None:
             mode = model.effective_mode(g)
             if mode and mode not in row["modes"]:
                 row["modes"].append(mode)
+            pool = pools[g.gid][0]
             row["captures"].append({"gid": g.gid, "key": model.effective_key(g),
-                                    "mode": mode, "replays": unit_replays[g.gid]})
+                                    "mode": mode, "replays": unit_replays[g.gid],
+                                    "pool_bytes": pool})
+            if pool is not None:
+                row["pool_bytes"] = (row["pool_bytes"] or 0) + pool
         row["replays"] = sum(by_key.values())
 
     eager: list[dict[str, Any]] = []
@@ -269,9 +314,14 @@ def process_graph_use(model: TraceModel, proc: Any) -> dict[str, Any] | None:
 
     never = [{"gid": g.gid, "size": size if isinstance(size, int) else None,
               "key": model.effective_key(g),
-              "mode": model.effective_mode(g)}
+              "mode": model.effective_mode(g),
+              "pool_bytes": pools[g.gid][0], "pool_shared": pools[g.gid][2],
+              "held_s": _held_s(g, t_end) if pools[g.gid][0] is not None else None,
+              "gib_s": pools[g.gid][1]}
              for size, graphs in captures.items() for g in graphs
              if unit_replays[g.gid] == 0]
+    measured = [p for p in pools.values() if p[0] is not None]
+    never_measured = [n for n in never if n["pool_bytes"] is not None]
     breakable = [{"gid": g.gid, "size": key_size(model.effective_key(g)),
                   "eager_breaks": g.eager_breaks, "replays": unit_replays[g.gid],
                   "eager_pieces": g.eager_breaks * unit_replays[g.gid]}
@@ -292,12 +342,31 @@ def process_graph_use(model: TraceModel, proc: Any) -> dict[str, Any] | None:
         "eager_sizes": sorted(eager_sizes, key=lambda r: r["size"] if r["size"] is not None
                               else -1),
         "never_replayed": never,
+        "pool_bytes": sum(p[0] for p in measured) if measured else None,
+        "never_replayed_pool_bytes": (sum(n["pool_bytes"] for n in never_measured)
+                                      if never_measured else None),
+        "never_replayed_gib_s": _sum_known(n["gib_s"] for n in never_measured),
         "breakable": breakable,
         "replayed_tokens": replayed_tokens if padding_known else None,
         "padding_tokens": padding if padding_known else None,
         "padding_share": _share(padding, replayed_tokens) if padding_known else None,
         "estimated_steps": stats.estimated if stats is not None else 0,
     }
+
+
+def _held_s(graph: GraphModel, t_end: int | None) -> float | None:
+    """Seconds from a capture's end to the process's last record."""
+    if t_end is None or graph.end_t is None:
+        return None
+    return round(max(0, t_end - graph.end_t) / 1e9, 3)
+
+
+def _sum_known(values: Any) -> float | None:
+    """The sum, None when any value (or every value: none given) is unknown."""
+    values = list(values)
+    if not values or any(v is None for v in values):
+        return None
+    return round(sum(values), 3)
 
 
 def _eager_entry(size: int | None, use: SizeUse, graphs_on: bool,
@@ -356,6 +425,11 @@ def graph_use(model: TraceModel) -> dict[str, Any]:
                               if known else None)
     total["eager_share"] = _share(total["decode_eager"], total["decode_steps"])
     total["never_replayed"] = sum(len(p["never_replayed"]) for p in processes)
+    for name in ("pool_bytes", "never_replayed_pool_bytes"):
+        known_bytes = [p[name] for p in processes if p[name] is not None]
+        total[name] = sum(known_bytes) if known_bytes else None
+    total["never_replayed_gib_s"] = _sum_known(
+        p["never_replayed_gib_s"] for p in processes if p["never_replayed_pool_bytes"] is not None)
     total["captures"] = sum(len(r["captures"]) for p in processes for r in p["sizes"])
     return {"run": total, "processes": processes}
 

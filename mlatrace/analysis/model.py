@@ -113,6 +113,7 @@ class ProcessModel(Unpickled):
     # [records, {field: how many of them held null}] (a path that resolves to nothing)
     custom_nulls: dict[str, list] = field(default_factory=dict)
     graph_use: Any = None   # analysis.graph_use.GraphUseStats: its dispatched steps
+    t_last: int | None = None   # `t` of the last record read (graph use's memory-time)
 
 
 @dataclass
@@ -369,6 +370,9 @@ class GraphModel(Unpickled):
     eager_breaks: int | None = None
     dur_ns: int | None = None
     capture_error: str | None = None   # graph.capture.end error: the capture raised
+    end_t: int | None = None       # graph.capture.end `t`
+    pool_bytes: int | None = None  # graph.capture.end `pool_bytes`: reserved memory it added
+    pool_shared: bool = False      # graph.capture.end `pool_shared`: a pool other captures share
     capture_tid: Any = None
     device: int | None = None      # graph.capture.begin `device`: the index it captured on
     capture_metadata: Any = None   # the attn.metadata Record current when capture began (seq lens)

@@ -36,6 +36,8 @@ def feed_records(builder: ProcessBuilder, handlers: dict[str, Any], records: Ite
                 handler(rec)
             except (AttributeError, TypeError, ValueError, KeyError) as exc:
                 problems.append(bad_record(builder, rec, exc))
+    if records:
+        _note_t(builder.proc, records[-1])
     return len(records)
 
 
@@ -45,6 +47,7 @@ def feed_each(builder: ProcessBuilder, handlers: dict[str, Any], records: Iterab
     those of `TYPED_KINDS` made `Record`s first, and records the reader would not hand out."""
     kinds = builder.proc.kinds
     count = 0
+    rec = None
     for rec in records:
         count += 1
         try:
@@ -59,7 +62,16 @@ def feed_each(builder: ProcessBuilder, handlers: dict[str, Any], records: Iterab
                 builder.custom_record(kind, rec)
         except (AttributeError, TypeError, ValueError, KeyError) as exc:
             problems.append(bad_record(builder, rec, exc))
+    if count:
+        _note_t(builder.proc, rec)
     return count
+
+
+def _note_t(proc: Any, rec: Any) -> None:
+    """Keep the latest `t` read (the end of the time graph use counts memory held over)."""
+    t = rec.get("t") if hasattr(rec, "get") else None
+    if type(t) is int and (proc.t_last is None or t > proc.t_last):
+        proc.t_last = t
 
 
 def bad_record(builder: ProcessBuilder, rec: Any, exc: Exception) -> Problem:

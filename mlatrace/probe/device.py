@@ -61,3 +61,30 @@ def note_device() -> int | None:
         if fields is not None:
             record.emit("device", **fields)
     return index
+
+
+def reserved_bytes() -> tuple[int, int] | None:
+    """(current device index, bytes torch's caching allocator holds reserved there), or
+    None where CUDA is not initialised or torch cannot say.
+
+    `torch.cuda.memory_reserved` reads the allocator's counters (`memory_stats`: a copy of
+    its stats under its lock, on the host: no device work, no sync); it is only called once
+    `torch.cuda.is_initialized()` holds, so it never initialises CUDA."""
+    index = current_device()
+    if index is None:
+        return None
+    try:
+        return index, int(sys.modules["torch"].cuda.memory_reserved(index))
+    except Exception:
+        return None
+
+
+def reserved_growth(before: tuple[int, int] | None) -> int | None:
+    """Bytes reserved now beyond `before` (a `reserved_bytes()` reading) on the same device,
+    0 where nothing grew; None where either reading is missing or the device changed."""
+    if before is None:
+        return None
+    now = reserved_bytes()
+    if now is None or now[0] != before[0]:
+        return None
+    return max(0, now[1] - before[1])

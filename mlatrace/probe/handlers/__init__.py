@@ -64,13 +64,18 @@ def open_capture(src: str, key: Any, mode: Any) -> tuple[int, int]:
 
 
 def close_capture(gid: int, t0: int | None, error: BaseException | None,
-                  segments: int | None = 1, eager_breaks: int | None = 0) -> None:
-    """Leave capture `gid` and record its end: duration, segments, the error if it failed."""
+                  segments: int | None = 1, eager_breaks: int | None = 0,
+                  pool_bytes: int | None = None, pool_shared: bool | None = None) -> None:
+    """Leave capture `gid` and record its end: duration, segments, the error if it failed,
+    the reserved memory it added where it was measured."""
     graphs.remove_capture(gid)
     fields: dict[str, Any] = {"gid": gid, "segments": segments, "eager_breaks": eager_breaks,
                               "dur_ns": time.perf_counter_ns() - t0 if t0 is not None else None}
     if error is not None:
         fields["error"] = f"{type(error).__name__}: {error}"[:200]
+    if pool_bytes is not None:
+        fields["pool_bytes"] = pool_bytes
+        fields["pool_shared"] = bool(pool_shared)
     record.emit("graph.capture.end", **fields)
 
 

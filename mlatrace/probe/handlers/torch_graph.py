@@ -6,6 +6,7 @@ from typing import Any
 
 from mlatrace import record
 from mlatrace.probe import graph_data, graphs, replay_timing, sampling
+from mlatrace.probe.device import reserved_bytes, reserved_growth
 from mlatrace.probe.handlers import (
     GID_ATTR,
     T0_ATTR,
@@ -16,11 +17,18 @@ from mlatrace.probe.handlers import (
     open_capture,
 )
 
+# ((device, reserved bytes) when the capture began, or None; whether its pool is shared)
+RESERVED_ATTR = "_mlatrace_reserved0"
+
 
 class GraphCaptureBegin(Handler):
-    """capture_begin: give the graph a gid, note its parent, enter the capture."""
+    """capture_begin: give the graph a gid, note its parent, enter the capture.
 
-    OPTIONS = {"graph_nodes": bool}   # keep the graph for the node dump (torch graphs)
+    ``options.pool_bytes``: read the caching allocator's reserved bytes before the capture
+    starts (torch graphs; see GraphCaptureEnd)."""
+
+    OPTIONS = {"graph_nodes": bool,   # keep the graph for the node dump (torch graphs)
+               "pool_bytes": bool}    # reserved memory before the capture (torch graphs)
 
     def before(self, view: Any, info: Any) -> Any:
         graph = view.instance
@@ -30,7 +38,11 @@ class GraphCaptureBegin(Handler):
             enable = getattr(graph, "enable_debug_mode", None)
             if enable is not None:
                 enable()
-        return None
+        if not self.options.get("pool_bytes"):
+            return None
+        # read before the stream captures (None where CUDA is not initialised); a `pool`
+        # argument: the graph allocates from a pool other captures share
+        return reserved_bytes(), view.arg("pool") is not None
 
     def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
         if error is not None:
@@ -39,22 +51,39 @@ class GraphCaptureBegin(Handler):
         gid, t0 = open_capture(self.src, key=None, mode=None)
         setattr(graph, GID_ATTR, gid)
         setattr(graph, T0_ATTR, t0)
+        if self.options.get("pool_bytes"):
+            setattr(graph, RESERVED_ATTR, token)
         if self.options.get("graph_nodes") and getattr(graph, USER_KEEP_ATTR, None) is None \
                 and _graph_nodes_enabled():
             graph_data.hook_instantiate(graph, gid)   # torch with lifecycle hooks (#187749)
 
 
 class GraphCaptureEnd(Handler):
-    """capture_end: leave the capture, record its duration and its kernel nodes."""
+    """capture_end: leave the capture, record its duration and its kernel nodes.
 
-    OPTIONS = {"graph_nodes": bool}   # dump the captured graph's kernel nodes
+    ``options.pool_bytes``: also record `pool_bytes`, how much the caching allocator's
+    reserved memory grew during the capture (torch.cuda.memory_reserved before
+    capture_begin and after capture_end, host reads of its counters; nothing where CUDA
+    is not initialised): what the capture added to its graph's private pool, at most,
+    as other threads' allocations meanwhile count too; 0 where it reused memory already
+    reserved (a pool shared with earlier captures, as vLLM shares one: `pool_shared`,
+    capture_begin got a `pool`)."""
+
+    OPTIONS = {"graph_nodes": bool,   # dump the captured graph's kernel nodes
+               "pool_bytes": bool}    # the reserved memory the capture added
 
     def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
         graph = view.instance
         gid = getattr(graph, GID_ATTR, None)
         if gid is None:
             return
-        close_capture(gid, getattr(graph, T0_ATTR, None), error)
+        pool = shared = None
+        began = getattr(graph, RESERVED_ATTR, None) if self.options.get("pool_bytes") else None
+        if error is None and began is not None:
+            pool = reserved_growth(began[0])
+            shared = began[1] if pool is not None else None
+        close_capture(gid, getattr(graph, T0_ATTR, None), error, pool_bytes=pool,
+                      pool_shared=shared)
         if error is None and self.options.get("graph_nodes"):
             user_keep = getattr(graph, USER_KEEP_ATTR, None)
             if user_keep is not None:
