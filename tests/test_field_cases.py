@@ -8,7 +8,6 @@ need (the vLLM cases' fresh runs are `vllm`-marked: they need the venv)."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -137,12 +136,12 @@ def test_vllm_53658_dummy_runs_keep_seq_lens_past_max_model_len_beside_the_block
     assert {r["versions"]["vllm"] for r in bad if r["k"] == "process"} == {"0.32.0+cpu"}
     # the real CPUModelRunner's dummy runs, largest size first, as capture_model walks them
     assert [r["num_tokens"] for r in bad if r["k"] == "runner.dummy_run"] == [32, 16, 8]
-    # every dummy request's seq_len is the run's num_tokens (32 requests of one token each)
-    assert _dummy_sizes(bad) == [(32, 16, [32, 1]), (16, 16, [16, 1]), (8, 16, [8, 1])]
-    seq_len, _, (_, pages) = _dummy_sizes(bad)[0]
-    assert math.ceil(seq_len / 16) > pages      # block size 16: 2 pages, the row holds 1
+    # every dummy request's seq_len is the run's num_tokens (32 requests of one token each),
+    # the 32-token run's past max_model_len; the CPU runner's rows hold 8 pages of 16 tokens
+    assert _dummy_sizes(bad) == [(32, 16, [32, 8]), (16, 16, [16, 8]), (8, 16, [8, 8])]
+    assert [s for s, max_model_len, _ in _dummy_sizes(bad) if s > max_model_len] == [32]
     good = _records(FIXTURES / "vllm_53658_dummy_seq_lens_bounded_sizes")
-    assert _dummy_sizes(good) == [(16, 16, [16, 1]), (8, 16, [8, 1])]
+    assert _dummy_sizes(good) == [(16, 16, [16, 8]), (8, 16, [8, 8])]
     # both then serve real decode steps, within max_model_len
     for records in (bad, good):
         steps = [r for r in records if r["k"] == "attn.metadata" and not r.get("dummy")]

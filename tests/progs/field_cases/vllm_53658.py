@@ -11,10 +11,10 @@ the real _dummy_run(num_tokens, force_attention=True), which takes the same bran
 capture's dummy run (`if force_attention or cudagraph_runtime_mode == CUDAGraphMode.FULL`:
 optimistic_seq_lens_cpu[:num_reqs] = max_query_len) and builds the real attention metadata
 (CPU MLA, MLACommonMetadataBuilder.build). On CUDA the 32-token capture then fails in
-TRITON_ATTN's unified_attention (an unmasked block-table read past the row); the CPU build
-has no Triton backend and its MLA kernel does not check the row, so nothing fails here:
-the trace keeps the dummy metadata's seq_len_max beside max_model_len and the block-table
-width, which is what the bug is."""
+TRITON_ATTN's unified_attention (an unmasked block-table read past the row); here the CPU
+runner's block-table rows hold 8 pages of 16 tokens, so the dummy lengths fit and nothing
+fails: the trace keeps the dummy builds' seq_len_max beside max_model_len and the
+block-table shape, the host half of the bug. The capture failure needs CUDA vLLM."""
 
 import os
 
