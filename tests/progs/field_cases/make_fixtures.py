@@ -60,9 +60,9 @@ CASES = (
     Case("trtllm_7285_autotuner_tuned_graph_sizes", "trtllm_7285.py", ("trtllm_site",),
          "tune_graph_sizes"),
     Case("flashinfer_4390_mla_decode_runner_per_graph", "flashinfer_4390.py",
-         ("vllm_site", "flashinfer_site")),
+         ("flashinfer_site",), vllm=True),
     Case("flashinfer_4390_mla_decode_explicit_backend", "flashinfer_4390.py",
-         ("vllm_site", "flashinfer_site"), "trtllm_gen"),
+         ("flashinfer_site",), "heads_96", vllm=True),
     Case("trtllm_16706_t5_bias_from_capture", "trtllm_16706.py", ("trtllm_site",)),
     Case("trtllm_16706_t5_bias_rebuilt", "trtllm_16706.py", ("trtllm_site",), "rebuild"),
 )

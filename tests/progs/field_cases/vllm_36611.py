@@ -17,21 +17,18 @@ schedule: fresh (num_sm_parts, 8) and (batch + 1,) int32 tensors from the live s
 the kernel allocates) and flash_mla_with_kvcache_fp8 (a CPU launch through the HostGraph that
 reads the scheduled length from the tile metadata). FlashMLAImpl is made without __init__
 (which needs a kv_b_proj linear layer, a distributed group and asserts FlashMLA's Hopper
-support); forward_mqa is the installed method. The builder's attention layer is registered in
-static_forward_context with the tiny DeepSeek-V2 MLA model's dims (tests/e2e_vllm)."""
+support); forward_mqa is the installed method. The builder's config and attention layer:
+vllm_cpu_graph.mla_setup (the tiny DeepSeek-V2 MLA model of tests/e2e_vllm)."""
 
 import os
 
 import torch
 import vllm_cpu_graph
 from vllm.compilation.cuda_graph import CUDAGraphWrapper
-from vllm.config import CacheConfig, ModelConfig, VllmConfig, set_current_vllm_config
 from vllm.config.compilation import CUDAGraphMode
 from vllm.forward_context import BatchDescriptor, set_forward_context
 from vllm.utils.platform_utils import num_compute_units
-from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.attention.backends.mla import flashmla
-from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
 from mlatrace.reference import graph
 
@@ -70,36 +67,11 @@ flashmla.get_mla_metadata_dense_fp8 = get_mla_metadata_dense_fp8
 flashmla.flash_mla_with_kvcache_fp8 = flash_mla_with_kvcache_fp8
 vllm_cpu_graph.install()
 
-model_config = ModelConfig(model=str(vllm_cpu_graph.TINY_MODEL), max_model_len=2048)
-config = VllmConfig(model_config=model_config, cache_config=CacheConfig(cache_dtype="fp8"))
-hf = model_config.hf_config
-config.compilation_config.cudagraph_mode = (CUDAGraphMode.FULL_AND_PIECEWISE if PERSISTENT
-                                            else CUDAGraphMode.PIECEWISE)
-
-
-class PrefillBackend:               # the layer's MLA prefill backend: no prefills here
-    @classmethod
-    def clone(cls):
-        return cls
-
-
-class Layer:
-    """The model's MLA attention layer as the builder and forward_mqa read it."""
-    layer_name = LAYER
-    q_lora_rank, kv_lora_rank = hf.q_lora_rank, hf.kv_lora_rank
-    qk_nope_head_dim, qk_rope_head_dim, v_head_dim = (hf.qk_nope_head_dim, hf.qk_rope_head_dim,
-                                                      hf.v_head_dim)
-    prefill_backend = PrefillBackend
-    _q_scale, _k_scale = torch.ones(()), torch.ones(())
-
-
-layer = Layer()
-config.compilation_config.static_forward_context[LAYER] = layer
+config, layer, builder = vllm_cpu_graph.mla_setup(
+    flashmla.FlashMLAMetadataBuilder, "fp8",
+    CUDAGraphMode.FULL_AND_PIECEWISE if PERSISTENT else CUDAGraphMode.PIECEWISE, LAYER)
+hf = config.model_config.hf_config
 head_size = hf.kv_lora_rank + hf.qk_rope_head_dim
-spec = MLAAttentionSpec(block_size=64, num_kv_heads=1, head_size=head_size, dtype=torch.uint8,
-                        cache_dtype_str="fp8")
-with set_current_vllm_config(config):
-    builder = flashmla.FlashMLAMetadataBuilder(spec, [LAYER], config, torch.device("cpu"))
 
 impl = object.__new__(flashmla.FlashMLAImpl)
 impl.kv_cache_dtype, impl.kv_lora_rank, impl.scale = "fp8", hf.kv_lora_rank, head_size ** -0.5
@@ -112,11 +84,8 @@ query_start = torch.arange(BS + 1, dtype=torch.int32)
 model = CUDAGraphWrapper(lambda md: impl.forward_mqa(q, cache, md, layer)[0], config,
                          CUDAGraphMode.FULL)
 for length in (1, 2048, 2049, 2050, 2051):      # the capture's dummy step, then decode steps
-    seq_lens.fill_(length)
-    md = builder.build(0, CommonAttentionMetadata(
-        query_start_loc=query_start, query_start_loc_cpu=query_start, seq_lens=seq_lens,
-        num_reqs=BS, num_actual_tokens=BS, max_query_len=1, max_seq_len=length,
-        block_table_tensor=block_table, slot_mapping=torch.zeros(BS, dtype=torch.int64)))
+    md = builder.build(0, vllm_cpu_graph.decode_metadata(seq_lens, query_start, length,
+                                                         block_table))
     with set_forward_context({LAYER: md}, config, cudagraph_runtime_mode=CUDAGraphMode.FULL,
                              batch_descriptor=BatchDescriptor(num_tokens=BS)):
         out = model(md)
