@@ -1,7 +1,7 @@
 """Field cases of the bug class (docs/backends.md): real traces of programs under `mlatrace run`
-with the shipped packs (tests/progs/field_cases/make_fixtures.py): the vLLM cases drive the real
-vLLM CPU build (the vLLM venv of tests/e2e_vllm), the others stand-ins of libraries that do not
-install here. Each fixture keeps its verdict (read from the trace: the default run), and a
+with the shipped packs (tests/progs/field_cases/make_fixtures.py): where vLLM is in the path
+they drive the real vLLM CPU build (the vLLM venv of tests/e2e_vllm); libraries that do not
+install here are stand-ins. Each fixture keeps its verdict (read from the trace: the default run), and a
 fresh run of its program gives the same findings, so the packs still record what the rules
 need (the vLLM cases' fresh runs are `vllm`-marked: they need the venv)."""
 

@@ -1,12 +1,12 @@
 """Make the field cases' traces: python tests/progs/field_cases/make_fixtures.py [NAME ...]
 
-Each case is a small program run under `mlatrace run` with the shipped packs. The vLLM
-cases (`vllm=True`) drive the real vLLM CPU build in the vLLM venv (tests/e2e_vllm/
-setup_env.sh; MLATRACE_VLLM_VENV, default /work/vllm-venv), capturing through the reference
-HostGraph where a CUDA graph cannot be made (vllm_cpu_graph.py). The others call stand-ins of
-libraries that do not install here (AITER, TensorRT-LLM, FlashInfer, SGLang: the names and
-signatures the packs target, under <lib>_site/ with the release's dist-info, so the packs
-apply as they would to the real library) on the HostGraph. The bad and the healthy variant
+Each case is a small program run under `mlatrace run` with the shipped packs. The cases
+with vLLM in the path (`vllm=True`) drive the real vLLM CPU build in the vLLM venv
+(tests/e2e_vllm/setup_env.sh; MLATRACE_VLLM_VENV, default /work/vllm-venv), capturing
+through the reference HostGraph where a CUDA graph cannot be made (vllm_cpu_graph.py).
+Libraries that do not install here (AITER, TensorRT-LLM, FlashInfer, SGLang) are stand-ins:
+the names and signatures the packs target, under <lib>_site/ with the release's dist-info,
+so the packs apply as they would to the real library, on the HostGraph. The bad and the healthy variant
 of a case differ by MLATRACE_CASE_VARIANT (read by the program or the stand-ins; recorded in
 the trace header's env). The traces land in tests/fixtures/<name>/; tests/test_field_cases.py
 keeps their verdicts and re-runs the programs. docs/backends.md lists what each case shows.
@@ -46,10 +46,10 @@ CASES = (
     Case("sglang_26019_triton_splits_per_replay", "sglang_26019.py", ("sglang_site",)),
     Case("vllm_53658_dummy_seq_lens_past_max_model_len", "vllm_53658.py", (), vllm=True),
     Case("vllm_53658_dummy_seq_lens_bounded_sizes", "vllm_53658.py", (), "bounded", vllm=True),
-    Case("aiter_3773_topk_decode_stride_full_width", "aiter_3773.py",
-         ("vllm_site", "aiter_site")),
-    Case("aiter_3773_topk_decode_one_block", "aiter_3773.py", ("vllm_site", "aiter_site"),
-         "one_block"),
+    Case("aiter_3773_topk_decode_stride_full_width", "aiter_3773.py", ("aiter_site",),
+         vllm=True),
+    Case("aiter_3773_topk_decode_one_block", "aiter_3773.py", ("aiter_site",), "one_block",
+         vllm=True),
     Case("vllm_36611_flashmla_fp8_sched_meta_outside_graph", "vllm_36611.py", (), vllm=True),
     Case("vllm_36611_flashmla_fp8_sched_meta_persistent", "vllm_36611.py", (), "persistent",
          vllm=True),
