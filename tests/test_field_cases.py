@@ -1,11 +1,14 @@
-"""Field cases of the bug class (docs/backends.md): real traces of programs calling stand-ins
-of the upstream modules under `mlatrace run` with the shipped packs
-(tests/progs/field_cases/make_fixtures.py). Each fixture keeps its verdict, and a fresh run of
-its program gives the same findings, so the packs still record what the rules need."""
+"""Field cases of the bug class (docs/backends.md): real traces of programs under `mlatrace run`
+with the shipped packs (tests/progs/field_cases/make_fixtures.py): where vLLM is in the path
+they drive the real vLLM CPU build (the vLLM venv of tests/e2e_vllm); libraries that do not
+install here are stand-ins. Each fixture keeps its verdict (read from the trace: the default run), and a
+fresh run of its program gives the same findings, so the packs still record what the rules
+need (the vLLM cases' fresh runs are `vllm`-marked: they need the venv)."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,17 +21,20 @@ from mlatrace.trace import open_trace
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
 sys.path.insert(0, str(ROOT / "tests" / "progs" / "field_cases"))
-from make_fixtures import CASES, run_case  # noqa: E402
+from make_fixtures import CASES, VLLM_VENV, run_case  # noqa: E402
+
+TINY_MODEL = Path(os.environ.get("MLATRACE_TINY_MODEL",
+                                 Path.home() / ".cache" / "mlatrace" / "tiny-deepseek-v2-mla"))
 
 VERDICTS = {
     "sglang_26019_triton_splits_not_refreshed": [("MLT006", "error")],
     "sglang_26019_triton_splits_per_replay": [],
     "vllm_53658_dummy_seq_lens_past_max_model_len": [],
-    "vllm_53658_dummy_seq_lens_clamped": [],
+    "vllm_53658_dummy_seq_lens_bounded_sizes": [],
     "aiter_3773_topk_decode_stride_full_width": [("MLT006", "warning")],
     "aiter_3773_topk_decode_one_block": [],
     "vllm_36611_flashmla_fp8_sched_meta_outside_graph": [("MLT003", "error")],
-    "vllm_36611_flashmla_fp8_sched_meta_in_graph": [],
+    "vllm_36611_flashmla_fp8_sched_meta_persistent": [],
     "flashinfer_4002_fa2_no_split_padded_grid": [],     # recorded; no rule judges it
     "flashinfer_4002_fa2_no_split_exact_grid": [],
     "trtllm_7285_autotuner_fallback_in_capture": [],    # recorded; no rule judges it
@@ -73,10 +79,33 @@ def test_fixture_verdict(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", [c for c in CASES if not c.vllm], ids=lambda c: c.name)
 def test_fresh_run_gives_the_fixture_verdict(case, tmp_path):
     run_case(case, tmp_path / "trace")
     assert _verdict(tmp_path / "trace") == VERDICTS[case.name]
+
+
+@pytest.fixture(scope="module")
+def tiny_model() -> Path:
+    """The tiny DeepSeek-V2 MLA model the vLLM cases load, built in the vLLM venv."""
+    python = VLLM_VENV / "bin" / "python"
+    if not python.exists():
+        pytest.skip(f"no vLLM venv at {VLLM_VENV} (build it: bash tests/e2e_vllm/setup_env.sh "
+                    f"{VLLM_VENV}; or set MLATRACE_VLLM_VENV)")
+    subprocess.run([str(python), str(ROOT / "tests" / "e2e_vllm" / "make_tiny_model.py"),
+                    str(TINY_MODEL)], check=True, timeout=600)
+    return TINY_MODEL
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.parametrize("case", [c for c in CASES if c.vllm], ids=lambda c: c.name)
+def test_fresh_vllm_run_gives_the_fixture_verdict(case, tiny_model, tmp_path):
+    run_case(case, tmp_path / "trace")
+    assert _verdict(tmp_path / "trace") == VERDICTS[case.name]
+    fresh, kept = _records(tmp_path / "trace"), _records(FIXTURES / case.name)
+    assert fresh[0]["argv"][-1].endswith(case.program)
+    assert _dummy_sizes(fresh) == _dummy_sizes(kept)
 
 
 def test_sglang_26019_splits_are_re_decided_only_when_the_replay_path_calls_them():
@@ -96,27 +125,42 @@ def test_sglang_26019_splits_are_re_decided_only_when_the_replay_path_calls_them
     assert [d["inputs"]["seq_len_max"] for d in decisions(good)][1:] == list(range(4096, 4102))
 
 
-def test_vllm_53658_failed_capture_keeps_its_sizes_and_reason():
-    path = FIXTURES / "vllm_53658_dummy_seq_lens_past_max_model_len"
-    records = _records(path)
-    ends = [r for r in records if r["k"] == "graph.capture.end" and "error" in r]
-    assert ends and "block_table row holds 1 pages, seq_len 32 needs 2" in ends[0]["error"]
-    report = subprocess.run([sys.executable, "-m", "mlatrace", "report", str(path)],
-                            capture_output=True, text=True, timeout=120, cwd=ROOT)
-    line = " ".join(report.stdout.split())
-    assert ("capture failed: rank - pid" in line and "num_tokens=32" in line
-            and "(captured with num_reqs=32, num_tokens=32, seq_len_max=32, max_model_len=16)"
-            in line), report.stdout
-    unit = json.loads(subprocess.run(
-        [sys.executable, "-m", "mlatrace", "report", "--json", str(path)], capture_output=True,
-        text=True, timeout=120, cwd=ROOT).stdout)["graphs"][0]
-    assert unit["capture_error"].startswith("RuntimeError: block_table row holds")
-    assert unit["frozen"]["capture_sizes"]["max_model_len"] == 16
-    # bounded by max_model_len, every size captures and the 8-token graph serves the steps
-    clamped = _records(FIXTURES / "vllm_53658_dummy_seq_lens_clamped")
-    assert not [r for r in clamped if r["k"] == "graph.capture.end" and "error" in r]
-    dummy = [r for r in clamped if r["k"] == "attn.metadata" and r.get("dummy")]
-    assert dummy and max(r["seq_len_max"] for r in dummy) == 16
+def _dummy_sizes(records: list[dict]) -> list[tuple]:
+    """(seq_len_max, max_model_len, block-table shape) of each dummy run's metadata build."""
+    return [(r["seq_len_max"], r.get("max_model_len"), r.get("block_table"))
+            for r in records if r["k"] == "attn.metadata" and r.get("dummy")]
+
+
+def test_vllm_53658_dummy_runs_keep_seq_lens_past_max_model_len_beside_the_block_table():
+    bad = _records(FIXTURES / "vllm_53658_dummy_seq_lens_past_max_model_len")
+    assert {r["versions"]["vllm"] for r in bad if r["k"] == "process"} == {"0.32.0+cpu"}
+    # the real CPUModelRunner's dummy runs, largest size first, as capture_model walks them
+    assert [r["num_tokens"] for r in bad if r["k"] == "runner.dummy_run"] == [32, 16, 8]
+    # every dummy request's seq_len is the run's num_tokens (32 requests of one token each),
+    # the 32-token run's past max_model_len; the CPU runner's rows hold 8 pages of 16 tokens
+    assert _dummy_sizes(bad) == [(32, 16, [32, 8]), (16, 16, [16, 8]), (8, 16, [8, 8])]
+    assert [s for s, max_model_len, _ in _dummy_sizes(bad) if s > max_model_len] == [32]
+    good = _records(FIXTURES / "vllm_53658_dummy_seq_lens_bounded_sizes")
+    assert _dummy_sizes(good) == [(16, 16, [16, 8]), (8, 16, [8, 8])]
+    # both then serve real decode steps, within max_model_len
+    for records in (bad, good):
+        steps = [r for r in records if r["k"] == "attn.metadata" and not r.get("dummy")]
+        assert steps and max(r["seq_len_max"] for r in steps) <= 16
+
+
+def test_vllm_36611_builds_hand_the_graph_fresh_or_persistent_scheduler_metadata():
+    def tile_ptrs(name):
+        records = _records(FIXTURES / name)
+        assert {r["versions"]["vllm"] for r in records if r["k"] == "process"} == {"0.32.0+cpu"}
+        return [r["ptrs"]["tile_scheduler_metadata"] for r in records
+                if r["k"] == "attn.metadata" and r["backend"] == "FlashMLAMetadataBuilder"]
+
+    fresh = tile_ptrs("vllm_36611_flashmla_fp8_sched_meta_outside_graph")
+    persistent = tile_ptrs("vllm_36611_flashmla_fp8_sched_meta_persistent")
+    # the capture's build, then 4 decode steps (repeats of an unchanged build are folded)
+    assert len(fresh) == 5 and 2 <= len(persistent) <= 5
+    assert len(set(persistent)) == 1            # copied into cg_buf_tile_scheduler_metadata
+    assert len(set(fresh)) > 1                  # get_mla_metadata_dense_fp8's own tensors
 
 
 def test_flashinfer_4002_plan_records_the_padded_grid_beside_the_work():

@@ -21,5 +21,6 @@ bash tests/e2e_vllm/setup_env.sh "$MLATRACE_VLLM_VENV"
 "$MLATRACE_VLLM_VENV/bin/python" -c "import vllm, mlatrace" >/dev/null 2>&1 || {
     echo "ci.sh: vLLM venv unusable at $MLATRACE_VLLM_VENV" >&2; exit 1; }
 echo "ci.sh: venv ready after $(( $(date +%s) - t0 )) s"
-"$PYTHON" -m pytest -q -m vllm -p no:cacheprovider tests/test_vllm_e2e.py tests/test_watch_vllm.py
+"$PYTHON" -m pytest -q -m vllm -p no:cacheprovider tests/test_vllm_e2e.py tests/test_watch_vllm.py \
+    tests/test_field_cases.py
 echo "ci.sh: vLLM end to end done in $(( $(date +%s) - t0 )) s"

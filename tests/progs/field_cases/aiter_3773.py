@@ -2,21 +2,34 @@
 max_model_len 262144 wide; the live rows are ~8192 long. Before the fix the decode top-k asks
 topk_use_mulblocks(numRows, stride0=262144) at capture and freezes the multi-block path;
 MLATRACE_CASE_VARIANT=one_block: the fixed decode entry asks nothing. An eager prefill step
-asks the same query first: it is no decode graph's decision and is not recorded."""
+asks the same query first: it is no decode graph's decision and is not recorded.
+
+The installed vLLM's indexer top-k (vllm.v1.attention.ops.rocm_paged_mxfp4_indexer._topk, k =
+2048, DeepSeek's index top-k, so it takes AITER's top_k_per_row_decode) runs in its
+CUDAGraphWrapper (captured into the HostGraph: vllm_cpu_graph.py) over the AITER stand-in
+(aiter_site: AITER does not install here). The step's lengths come from the real
+MLACommonMetadataBuilder.build (the CPU MLA backend's builder), in place of
+ROCMAiterMLASparseMetadataBuilder, whose __init__ needs AITER's MLA metadata API
+(get_mla_metadata_info_v1), which the stand-in does not have."""
 
 import torch
+import vllm_cpu_graph
 from aiter.ops.topk import top_k_per_row_prefill
-from vllm.compilation.cuda_graph import BatchDescriptor, CUDAGraphMode, CUDAGraphWrapper
-from vllm.forward_context import set_forward_context
-from vllm.v1.attention.backends.mla.rocm_aiter_mla_sparse import ROCMAiterMLASparseMetadataBuilder
-from vllm.v1.attention.backends.triton_attn import CommonAttentionMetadata
+from vllm.compilation.cuda_graph import CUDAGraphWrapper
+from vllm.config.compilation import CUDAGraphMode
+from vllm.forward_context import BatchDescriptor, set_forward_context
+from vllm.model_executor.layers.attention.mla_attention import MLACommonMetadataBuilder
 from vllm.v1.attention.ops.rocm_paged_mxfp4_indexer import _topk
 
-BS, WIDTH, K = 8, 262144, 64
+BS, WIDTH, K, LAYER = 8, 262144, 2048, "model.layers.0.self_attn.attn"
+vllm_cpu_graph.install()
+config, layer, builder = vllm_cpu_graph.mla_setup(
+    MLACommonMetadataBuilder, "auto", CUDAGraphMode.FULL_AND_PIECEWISE, LAYER)
 logits = torch.zeros((BS, WIDTH))
 indices = torch.zeros((BS, K), dtype=torch.int32)
-builder = ROCMAiterMLASparseMetadataBuilder(torch.ones(BS, dtype=torch.int32),
-                                            torch.zeros((BS, 16), dtype=torch.int32))
+block_table = torch.zeros((BS, 16), dtype=torch.int32)
+seq_lens = torch.zeros(BS, dtype=torch.int32)            # the runner's persistent input buffers
+query_start = torch.arange(BS + 1, dtype=torch.int32)
 
 
 def forward(metadata):
@@ -24,24 +37,22 @@ def forward(metadata):
     return indices
 
 
-model = CUDAGraphWrapper(forward)
+model = CUDAGraphWrapper(forward, config, CUDAGraphMode.FULL)
 
 
-def step(length: int, mode) -> None:
-    lens = torch.full((BS,), length, dtype=torch.int32)
-    metadata = builder.build(0, CommonAttentionMetadata(
-        query_start_loc=torch.arange(BS + 1), seq_lens=lens, num_reqs=BS, num_actual_tokens=BS,
-        max_query_len=1, max_seq_len=length, block_table_tensor=builder.block_table))
-    with set_forward_context(metadata, None, cudagraph_runtime_mode=mode,
-                             batch_descriptor=BatchDescriptor(BS)):
-        model(metadata)
+def step(length: int) -> None:
+    md = builder.build(0, vllm_cpu_graph.decode_metadata(seq_lens, query_start, length,
+                                                         block_table))
+    with set_forward_context({LAYER: md}, config, cudagraph_runtime_mode=CUDAGraphMode.FULL,
+                             batch_descriptor=BatchDescriptor(num_tokens=BS)):
+        model(md)
 
 
 prefill_logits = torch.randn(16, WIDTH)        # an eager prefill step asks the query too
 top_k_per_row_prefill(prefill_logits, torch.zeros(16, dtype=torch.int32),
                       torch.full((16,), 4096, dtype=torch.int32), torch.zeros((16, K),
                       dtype=torch.int32), None, 16, prefill_logits.stride(0), 1, k=K)
-step(1, CUDAGraphMode.FULL)                 # the capture's dummy step
+step(1)                                        # the capture's dummy step
 for n in range(4):
     logits[:, : 8192 + n].normal_()
-    step(8192 + n, CUDAGraphMode.FULL)
+    step(8192 + n)

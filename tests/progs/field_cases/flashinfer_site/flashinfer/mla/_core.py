@@ -43,8 +43,8 @@ def trtllm_batch_decode_with_kv_cache_mla(query, kv_cache, workspace_buffer, qk_
     out = torch.zeros(query.shape[0], 2) if out is None else out
     inputs = [query, block_tables, seq_lens, out]
     runners = [TrtllmGenMLARunner(), CuteDslMLARunner()]
-    if backend == "trtllm-gen":
-        runner, tactic = runners[0], -1
+    if backend != "auto":
+        runner, tactic = runners[("trtllm-gen", "cute-dsl").index(backend)], -1
     else:
         runner, tactic = AutoTuner.get().choose_one(
             "trtllm_batch_decode_mla", runners, {"profile_seq_len": max_seq_len}, inputs)
