@@ -177,7 +177,7 @@ def run(out: str | None, ranks: str | None, probes: tuple[str, ...], replay_samp
 def watch(trace: str | None, once: bool, as_json: bool, config: str | None,
           html: str | None) -> None:
     """Findings live while the traced program runs (default: newest run in ./mlatrace-trace)."""
-    from mlatrace import watch as watch_mod
+    from mlatrace.output import watch as watch_mod
 
     sys.exit(watch_mod.main(trace, once=once, config=config, as_json=as_json, html=html))
 
@@ -219,7 +219,7 @@ def report(trace: tuple[str, ...], as_json: bool, verbose: bool, config: str | N
 
     Exit codes: 0 a report was made (findings or not), 2 unreadable trace or config.
     """
-    from mlatrace import report as report_mod
+    from mlatrace.output import report as report_mod
 
     sys.exit(report_mod.main(list(trace), as_json=as_json, verbose=verbose, config=config,
                              expect=list(expect), run_id=run_id, list_runs=list_runs,
@@ -232,7 +232,7 @@ def report(trace: tuple[str, ...], as_json: bool, verbose: bool, config: str | N
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (stable schema).")
 def diff(a: str, b: str, as_json: bool) -> None:
     """Topology differences between two traces (A -> B)."""
-    from mlatrace import diff as diff_mod
+    from mlatrace.output import diff as diff_mod
 
     sys.exit(diff_mod.main(a, b, as_json=as_json))
 
@@ -252,7 +252,7 @@ def diff(a: str, b: str, as_json: bool) -> None:
 def whatif(trace: str, device: str, save: bool, lengths: list[int] | None, replays: int,
            as_json: bool) -> None:
     """Frozen split vs device policy at the trace's shapes, with the reference kernel (GPU)."""
-    from mlatrace import whatif as whatif_mod
+    from mlatrace.output import whatif as whatif_mod
 
     sys.exit(whatif_mod.main(trace, device=device, save=save, lengths=lengths, replays=replays,
                              as_json=as_json))
@@ -298,7 +298,7 @@ def check(trace: tuple[str, ...], fail_on: str | None, rules: tuple[str, ...],
     finding starting with its id, its evidence and fix, coverage lines, then the
     verdict.
     """
-    from mlatrace import check as check_mod
+    from mlatrace.output import check as check_mod
 
     sys.exit(check_mod.main(list(trace), fail_on=fail_on, rules=list(rules), config=config,
                             junit=junit, expect=list(expect), run_id=run_id, html=html))
@@ -332,7 +332,7 @@ def merge(dirs: tuple[str, ...], out: str, run_id: str | None) -> None:
 def export(trace: str, otlp: str | None, protocol: str, service_name: str,
            perfetto: str | None) -> None:
     """Export a trace to OpenTelemetry (OTLP) and/or a Perfetto timeline."""
-    from mlatrace import export as export_mod
+    from mlatrace.output import export as export_mod
 
     sys.exit(export_mod.main(trace, otlp=otlp, protocol=protocol, service_name=service_name,
                              perfetto=perfetto))

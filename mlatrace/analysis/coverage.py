@@ -55,7 +55,7 @@ from mlatrace.kinds import (
     SAMPLE_RUN,
     SYNC,
 )
-from mlatrace.tables import plural
+from mlatrace.output.tables import plural
 
 ENGINES = ("vllm", "sglang", "aiter")
 """Engines with probe packs: their version in a header means graphs or attention are due."""

@@ -36,7 +36,7 @@ import tempfile
 from pathlib import Path
 
 from mlatrace.exitcodes import ExitCode, MlatraceError
-from mlatrace.tables import plural
+from mlatrace.output.tables import plural
 
 GOALS = {"full": 1.01, "breakable": 1.01, "none": 1.02}
 POLICY = {"full": "device", "breakable": "bucketed", "none": "device"}

@@ -56,7 +56,7 @@ def _install_probes() -> None:
 
 def _start_live_export(endpoint: str) -> None:
     try:
-        from mlatrace.export.live import start_live_export
+        from mlatrace.output.export.live import start_live_export
 
         start_live_export(endpoint)
     except Exception as exc:

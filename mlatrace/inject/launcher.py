@@ -197,7 +197,7 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
     `run_id` come checked (`check_*`: the types of the CLI's options).
 
     With `watch`, CMD's output goes to `cmd.log` in the trace dir and the watch view
-    (`mlatrace.watch`) follows the trace until CMD exits, then prints the final report.
+    (`mlatrace.output.watch`) follows the trace until CMD exits, then prints the final report.
     `run_id`: join a run traced on several hosts (each host's launcher given the same id).
     `quiet`: no closing lines (where the trace is), for scripts that run many commands.
     """
@@ -257,7 +257,7 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
                     max_mb=max_mb)
     output = None
     if watch:
-        from mlatrace.watch import LOG_NAME
+        from mlatrace.output.watch import LOG_NAME
 
         output = (out_dir / LOG_NAME).open("ab")
     try:
@@ -305,7 +305,7 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
                 process_files=len(files))
     _write_run_json(run_json, info)
     if view is not None:
-        from mlatrace.watch import LOG_NAME, print_final
+        from mlatrace.output.watch import LOG_NAME, print_final
 
         live, console = view
         print_final(live, console)
@@ -348,8 +348,8 @@ def _print_log_tail(log: Path, lines: int = LOG_TAIL_LINES) -> None:
 
 def _watch_child(out_dir: Path, child: subprocess.Popen) -> tuple | None:
     """The watch view until `child` exits (Ctrl-C reaches the child through `forward`)."""
-    from mlatrace.report import make_console
-    from mlatrace.watch import LOG_NAME, LiveRun, follow
+    from mlatrace.output.report import make_console
+    from mlatrace.output.watch import LOG_NAME, LiveRun, follow
 
     console = make_console()
     live = LiveRun([out_dir])

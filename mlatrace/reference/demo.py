@@ -77,7 +77,7 @@ def missing_reference_deps() -> str | None:
 def show_report(trace_dir: Path) -> set[str] | None:
     """Print the report; return the ids of error findings (None when analysis is unavailable)."""
     try:
-        from mlatrace import report
+        from mlatrace.output import report
     except ImportError:
         print_record_counts(trace_dir)
         return None
@@ -92,7 +92,7 @@ def show_report(trace_dir: Path) -> set[str] | None:
 
 def print_record_counts(trace_dir: Path) -> None:
     """Fallback before the report exists: record counts by kind per process file."""
-    print(f"trace: {trace_dir} (mlatrace.report is not available; record counts follow)")
+    print(f"trace: {trace_dir} (mlatrace.output.report is not available; record counts follow)")
     for path in sorted(trace_dir.glob("p*.jsonl")):
         counts: collections.Counter[str] = collections.Counter()
         with path.open() as lines:

@@ -20,7 +20,7 @@ from mlatrace.analysis.rules.common import (
     stage1_without_stage2,
 )
 from mlatrace.decisions import bucketed_splits, legacy_splits
-from mlatrace.tables import plural
+from mlatrace.output.tables import plural
 
 
 # -- MLT001 frozen-one-split ---------------------------------------------------------

@@ -24,7 +24,7 @@ from typing import Any
 from mlatrace.analysis import RULES, Analysis, ConfigError, Finding, at_or_above
 from mlatrace.analysis.load import Unusable, load, resolve_config
 from mlatrace.exitcodes import ExitCode  # also check.ExitCode, as before
-from mlatrace.report import (
+from mlatrace.output.report import (
     make_console,
     plural,
     print_warnings,
@@ -115,7 +115,7 @@ def main(trace: str | list[str], fail_on: str | None = "error", rules: list[str]
          expect: list[str] | None = None, run_id: str | None = None,
          html: str | None = None) -> int:
     """Analyse TRACE and return an ExitCode: 0 clean, 1 findings at/above fail_on,
-    2 unusable, 3 blind. `html`: also write the report's page there (mlatrace.html_report),
+    2 unusable, 3 blind. `html`: also write the report's page there (mlatrace.output.html_report),
     its verdict judged at fail_on; for a collection, the page of its last run listed. TRACE holding several runs (a collection): every run is judged,
     one verdict line each, and the exit is the worst (`worst`)."""
     if run_id is None:
@@ -222,7 +222,7 @@ def check_run(trace: str | list[str], fail_on: str | None = "error",
             return ExitCode.UNUSABLE
     data = report_dict(trace, result, run=opened.run)
     if html:
-        from mlatrace.html_report import save
+        from mlatrace.output.html_report import save
 
         if not save(html, data, result, err, fail_on=fail_on):
             return ExitCode.UNUSABLE

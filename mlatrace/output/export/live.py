@@ -1,7 +1,7 @@
 """Live OTLP export from inside a traced process (`mlatrace run --otlp URL`).
 
 The recorder hands each flushed batch of records to a sink on its background
-flush thread; the sink turns them into spans (`mlatrace.export.spans.ProcessSpans`)
+flush thread; the sink turns them into spans (`mlatrace.output.export.spans.ProcessSpans`)
 and a BatchSpanProcessor sends them from its own thread. So the traced
 program's hot path never sees OpenTelemetry, and a slow or dead collector only
 costs those two threads: export failures are swallowed and counted, reported in
@@ -206,7 +206,7 @@ def _install_filter() -> None:
 
 def _reachable(url: str) -> bool:
     """Whether something accepts TCP connections at the URL's host and port."""
-    from mlatrace.export.otlp import connect_error
+    from mlatrace.output.export.otlp import connect_error
 
     error = connect_error(url, CONNECT_CHECK_S)
     if error:
@@ -282,7 +282,7 @@ class _Live:
     def __init__(self, endpoint: str, service_name: str, header: dict) -> None:
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-        from mlatrace.export import otlp, spans
+        from mlatrace.output.export import otlp, spans
 
         self.pid = os.getpid()
         self.endpoint = endpoint

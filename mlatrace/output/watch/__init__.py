@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from mlatrace.exitcodes import ExitCode
-from mlatrace.watch.loop import (
+from mlatrace.output.watch.loop import (
     BACKLOG_REFRESH_S,
     IDLE_REFRESH_S,
     POLL_S,
@@ -33,7 +33,7 @@ from mlatrace.watch.loop import (
     refresh_due,
     snapshot,
 )
-from mlatrace.watch.state import LiveRun, newest_run
+from mlatrace.output.watch.state import LiveRun, newest_run
 
 DEFAULT_DIR = "mlatrace-trace"
 LOG_NAME = "cmd.log"    # `run --watch`: the command's output, in the trace dir
@@ -46,7 +46,7 @@ def main(path: str | None, once: bool = False, config: str | None = None,
          as_json: bool = False, html: str | None = None) -> int:
     """`mlatrace watch`: see the module docstring for what and the exit codes."""
     from mlatrace.analysis import ConfigError
-    from mlatrace.report import make_console, resolve_config
+    from mlatrace.output.report import make_console, resolve_config
 
     err = make_console(stderr=True)
     try:
@@ -68,7 +68,7 @@ def main(path: str | None, once: bool = False, config: str | None = None,
     console = make_console()
     page = None
     if html:
-        from mlatrace.html_report import LivePage
+        from mlatrace.output.html_report import LivePage
 
         page = LivePage(html)
     if once or as_json:

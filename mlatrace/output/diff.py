@@ -36,7 +36,7 @@ from mlatrace.analysis.kernels import kernel_view
 from mlatrace.analysis.load import Unusable, load, resolve_config
 from mlatrace.analysis.summary import units
 from mlatrace.exitcodes import ExitCode
-from mlatrace.report import (
+from mlatrace.output.report import (
     gpu_time,
     make_console,
     plural,
@@ -44,7 +44,7 @@ from mlatrace.report import (
     problems_of,
     rank_text,
 )
-from mlatrace.tables import Column, print_table
+from mlatrace.output.tables import Column, print_table
 
 DIFF_SCHEMA = "mlatrace.diff/1"
 

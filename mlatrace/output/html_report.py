@@ -6,7 +6,7 @@ and cost, then per capture unit what it froze, its replay lengths over time agai
 captured length (the frozen region shaded), its replay GPU times and the kernels its
 graph froze, the process tree with ranks, and how to open the trace in Perfetto.
 
-Charts are inline SVG drawn here (`mlatrace.charts.svg`): the file needs no network and
+Charts are inline SVG drawn here (`mlatrace.output.charts.svg`): the file needs no network and
 no library, and a browser shows it as it is. Everything that comes from the trace is
 escaped, and a Content-Security-Policy lets no script run but the page's own one (a few
 lines that note script errors and blocked content into the page, for tests and users
@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mlatrace.charts import captured_length, regions_of, unit_findings
-from mlatrace.charts.svg import HALF, compact, duration, esc, histogram_chart, series_chart
-from mlatrace.html_kernels import explained_by_pack, kernel_rows
+from mlatrace.output.charts import captured_length, regions_of, unit_findings
+from mlatrace.output.charts.svg import HALF, compact, duration, esc, histogram_chart, series_chart
+from mlatrace.output.html_kernels import explained_by_pack, kernel_rows
 
 MAX_CHARTED = 40       # capture units drawn with charts; the rest are listed
 MAX_FINDINGS = 200
@@ -133,7 +133,7 @@ def _anchor(pid: Any, gid: Any) -> str:
 # -- sections -------------------------------------------------------------------------
 
 def _header(data: dict[str, Any], generated: str, live: bool) -> str:
-    from mlatrace.report_data import summary_line
+    from mlatrace.output.report_data import summary_line
 
     trace = data["trace"]
     note = " (live snapshot, rewritten at each refresh)" if live else ""
@@ -199,7 +199,7 @@ def _coverage(data: dict[str, Any]) -> str:
 
 
 def _cost(f: dict[str, Any]) -> str:
-    from mlatrace.report_text import cost_line
+    from mlatrace.output.report_text import cost_line
 
     line = cost_line(f)
     return f'<p class="cost">cost: {esc(line)}</p>' if line else ""
@@ -358,7 +358,7 @@ def _charts(unit: dict[str, Any], mine: list[dict[str, Any]], far_factor: int) -
 
 def _unit(unit: dict[str, Any], data: dict[str, Any], model: Any, far_factor: int,
           charted: bool) -> str:
-    from mlatrace.report_text import gid_text
+    from mlatrace.output.report_text import gid_text
 
     mine = unit_findings(unit, data["findings"])
     bad = any(f["severity"] == "error" for f in mine)
@@ -467,7 +467,7 @@ def _marks_problems(data: dict[str, Any]) -> str:
                      + _table(["file", "rank", "seq", "name", "attrs"], rows) + "</details></section>")
     problems = data.get("problems") or []
     if problems:
-        from mlatrace.report_text import problem_text
+        from mlatrace.output.report_text import problem_text
 
         items = "".join(f"<li>{esc(problem_text(p))}</li>" for p in problems[:MAX_LIST])
         more = (f"<li>... {len(problems) - MAX_LIST} more</li>" if len(problems) > MAX_LIST
@@ -561,7 +561,7 @@ class LivePage:
         self.error: str | None = None
 
     def update(self, live: Any, final: bool = False) -> None:
-        from mlatrace.report_data import report_dict
+        from mlatrace.output.report_data import report_dict
 
         analysis = live.analysis
         if analysis is None or (analysis is self.shown and not final):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from mlatrace.charts.regions import Region
+from mlatrace.output.charts.regions import Region
 
 LEVELS = "▁▂▃▄▅▆▇█"
 LOG_FROM = 50   # a range whose max is this many times its min is drawn on a log scale
@@ -75,7 +75,7 @@ def sparkline_lines(data: dict[str, Any], limit: int | None = None,
     at lengths its findings say the frozen value is wrong for are red."""
     from rich.markup import escape
 
-    from mlatrace.charts.regions import captured_length, regions_of, unit_findings
+    from mlatrace.output.charts.regions import captured_length, regions_of, unit_findings
 
     lines = []
     for unit in data.get("graphs", []):

@@ -1,6 +1,6 @@
 """Sending spans to an OTLP collector, for `mlatrace export --otlp` and live export.
 
-The spans come from `mlatrace.export.spans`; this module is the transport: the
+The spans come from `mlatrace.output.export.spans`; this module is the transport: the
 exporter for a URL and protocol, a connect check that says at once why nothing
 listens, chunked sends, and one clear phrase for why an export failed.
 
@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from mlatrace import settings
-from mlatrace.export.spans import build_spans
+from mlatrace.output.export.spans import build_spans
 
 DEFAULT_TIMEOUT_S = 5.0
 CHUNK = 512

@@ -15,8 +15,8 @@ from typing import Any
 
 from mlatrace.analysis.coverage import Coverage
 from mlatrace.analysis.summary import root_graphs, topology
-from mlatrace.tables import DEFAULT_PIPE_WIDTH, Column, fit_table, shorten
-from mlatrace.watch.state import LiveRun
+from mlatrace.output.tables import DEFAULT_PIPE_WIDTH, Column, fit_table, shorten
+from mlatrace.output.watch.state import LiveRun
 
 SNAPSHOT_SCHEMA = "mlatrace.watch/1"
 
@@ -64,7 +64,7 @@ def render(live: LiveRun, log_path: str | None = None, width: int | None = None)
 
 def _fitted(title: str, columns: list[Column], rows: list[list[str]], width: int,
             caption: str | None = None) -> Any:
-    """A table of `rows` fitted to `width` (mlatrace.tables), naming what it left out."""
+    """A table of `rows` fitted to `width` (mlatrace.output.tables), naming what it left out."""
     from types import SimpleNamespace
 
     table, dropped = fit_table(SimpleNamespace(width=width), columns, rows, title=title)
@@ -307,7 +307,7 @@ def snapshot_dict(live: LiveRun, log_path: str | None = None) -> dict[str, Any]:
                       "probe_errors": [{"file", "probe", "target", "error"}]},
          "report": {...}}                    # report --json of the records read so far
     """
-    from mlatrace.report import report_dict
+    from mlatrace.output.report import report_dict
 
     model = live.model
     cov = live.analysis.coverage

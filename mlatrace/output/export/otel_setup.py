@@ -1,5 +1,5 @@
 """The OpenTelemetry set-up every mlatrace export shares: limits, deterministic ids, the
-resource of a process, attribute values. Imported lazily, as `mlatrace.export.spans` is.
+resource of a process, attribute values. Imported lazily, as `mlatrace.output.export.spans` is.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@
 the process span, one span per graph capture (frozen launches, split decisions,
 eager breaks and syncs as its events), one span per batch of replays of one graph,
 one short span per attention call, findings as events. `build_spans` runs it over a
-whole trace into memory; `mlatrace.export.otlp` sends what it built, and
-`mlatrace.export.live` feeds it record batches inside a traced process.
+whole trace into memory; `mlatrace.output.export.otlp` sends what it built, and
+`mlatrace.output.export.live` feeds it record batches inside a traced process.
 
 OpenTelemetry is imported here, so this module is only imported lazily.
 """
@@ -20,22 +20,6 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from mlatrace.export.otel_setup import (  # noqa: F401  (re-exported: live, otlp)
-    MAX_ATTN_SPANS,
-    MAX_ATTN_SPANS_LIVE,
-    MAX_REPLAY_SPAN_NS,
-    MAX_REPLAYS_PER_SPAN,
-    SCOPE,
-    SPAN_LIMITS_KW,
-    FixedIds,
-    ProcessIds,
-    attr_value,
-    attrs_of,
-    derive_id,
-    make_provider,
-    resource_attributes,
-    span_limits,
-)
 from mlatrace.kinds import (
     ATTN_CALL,
     ATTN_METADATA,
@@ -56,6 +40,22 @@ from mlatrace.kinds import (
     REPLAY_TIME,
     STEADY,
     SYNC,
+)
+from mlatrace.output.export.otel_setup import (  # noqa: F401  (re-exported: live, otlp)
+    MAX_ATTN_SPANS,
+    MAX_ATTN_SPANS_LIVE,
+    MAX_REPLAY_SPAN_NS,
+    MAX_REPLAYS_PER_SPAN,
+    SCOPE,
+    SPAN_LIMITS_KW,
+    FixedIds,
+    ProcessIds,
+    attr_value,
+    attrs_of,
+    derive_id,
+    make_provider,
+    resource_attributes,
+    span_limits,
 )
 
 

@@ -240,7 +240,7 @@ def main(trace: str, device: str = "cuda", save: bool = False,
          as_json: bool = False) -> int:
     """`mlatrace whatif`; `lengths`: the KV lengths to measure (positive; cli.Lengths
     checks them), None for the replays' shortest and longest."""
-    from mlatrace.report import Unusable, load, resolve_config
+    from mlatrace.output.report import Unusable, load, resolve_config
 
     explicit = lengths
     try:

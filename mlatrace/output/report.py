@@ -4,8 +4,8 @@ Exit codes: 0 a report was made (findings or not; `check` gives verdicts), 2 the
 is unreadable or holds nothing usable (bad --config too).
 
 `--json` prints `report_dict`'s object, schema `mlatrace.report/1` (stable: fields are only
-added; its fields are listed in mlatrace/report_data.py). The text helpers shared with the
-HTML page, `check` and `diff` are in mlatrace/report_text.py.
+added; its fields are listed in mlatrace/output/report_data.py). The text helpers shared with the
+HTML page, `check` and `diff` are in mlatrace/output/report_text.py.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from mlatrace.analysis import ConfigError
 from mlatrace.analysis.load import Unusable, load, resolve_config
 from mlatrace.analysis.model import MAX_MARKS
 from mlatrace.exitcodes import ExitCode
-from mlatrace.report_data import REPORT_SCHEMA, problems_of, report_dict, summary_line
-from mlatrace.report_text import (
+from mlatrace.output.report_data import REPORT_SCHEMA, problems_of, report_dict, summary_line
+from mlatrace.output.report_text import (
     GID_NOTE,
     cost_line,
     fmt,
@@ -32,7 +32,7 @@ from mlatrace.report_text import (
     problem_text,
     rank_text,
 )
-from mlatrace.tables import Column, make_console, plural, print_line, print_table, shorten
+from mlatrace.output.tables import Column, make_console, plural, print_line, print_table, shorten
 
 __all__ = ["REPORT_SCHEMA", "GID_NOTE", "Unusable", "cost_line", "gid_text", "gpu_time", "load",
            "main", "make_console", "plural", "problem_text", "problems_of", "rank_text", "render",
@@ -274,7 +274,7 @@ def render_graphs(console: Any, data: dict[str, Any], verbose: bool) -> None:
                     "graphs (what capture froze / what replays saw)")
     if any(g["nested_gids"] for g in graphs):
         console.print(f"({GID_NOTE})", highlight=False)
-    from mlatrace.charts.spark import sparkline_lines
+    from mlatrace.output.charts.spark import sparkline_lines
 
     spark = sparkline_lines(data, None if verbose else MAX_GRAPH_ROWS)
     if spark:
@@ -473,7 +473,7 @@ def main(trace: str | list[str], as_json: bool = False, verbose: bool = False,
          run_id: str | None = None, list_runs: bool = False, html: str | None = None) -> int:
     """Print the report of TRACE (one or several paths: one run); 0 when made, 2 when the
     trace (or config) is unusable. `list_runs`: the runs under the paths instead; `html`:
-    also write the page (mlatrace.html_report) there (2 when it cannot be written)."""
+    also write the page (mlatrace.output.html_report) there (2 when it cannot be written)."""
     err = make_console(stderr=True)
     if list_runs:
         return print_runs(trace, as_json)
@@ -486,7 +486,7 @@ def main(trace: str | list[str], as_json: bool = False, verbose: bool = False,
     shown = trace if isinstance(trace, str) else " ".join(trace)
     data = report_dict(shown, result, run=opened.run)
     if html:
-        from mlatrace.html_report import save
+        from mlatrace.output.html_report import save
 
         if not save(html, data, result, err):
             return ExitCode.UNUSABLE

@@ -2,7 +2,7 @@
 
 `mlatrace export TRACE --otlp URL` sends spans to a collector; `--perfetto OUT.json`
 writes Chrome trace-event JSON for ui.perfetto.dev. Live export from a traced
-process (`mlatrace run --otlp URL`) is `mlatrace.export.live`.
+process (`mlatrace run --otlp URL`) is `mlatrace.output.export.live`.
 
 Exit codes: 0 exported, 1 the OTLP endpoint failed (refused, timed out, rejected),
 2 usage error or unreadable trace. OpenTelemetry is imported only when --otlp is given.
@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from mlatrace.exitcodes import ExitCode, MlatraceError
-from mlatrace.tables import plural
+from mlatrace.output.tables import plural
 
 
 def _say(message: str) -> None:
@@ -56,7 +56,7 @@ def main(trace: str, otlp: str | None = None, protocol: str = "http/protobuf",
     processes = sum(1 for p in opened.processes if p.header)
     code = ExitCode.OK
     if perfetto:
-        from mlatrace.export import perfetto as perfetto_mod
+        from mlatrace.output.export import perfetto as perfetto_mod
 
         try:
             events = perfetto_mod.write(opened, perfetto, findings)
@@ -67,7 +67,7 @@ def main(trace: str, otlp: str | None = None, protocol: str = "http/protobuf",
               f"to {perfetto}; open it in https://ui.perfetto.dev")
     if otlp:
         try:
-            from mlatrace.export import otlp as otlp_mod
+            from mlatrace.output.export import otlp as otlp_mod
         except ImportError as exc:
             raise MlatraceError("error: --otlp needs the OTLP exporters (pip install "
                                 f"'mlatrace[otlp]'): {exc}") from exc

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mlatrace.watch.state import LiveRun
+from mlatrace.output.watch.state import LiveRun
 
 POLL_S = 0.25           # between polls while caught up: at most 4 refreshes a second
 BACKLOG_REFRESH_S = 1.0  # catching up on a backlog: the rules and the view this often
@@ -40,7 +40,7 @@ def refresh_due(live: LiveRun, unseen: bool, since: float) -> bool:
 def snapshot(live: LiveRun, console: Any, log_path: str | None = None,
              as_json: bool = False, page: Any = None) -> None:
     """One refresh printed as plain output (`--once`); a finished run is read to the end."""
-    from mlatrace.watch.view import render, snapshot_dict
+    from mlatrace.output.watch.view import render, snapshot_dict
 
     catch_up(live)
     if live.finished():
@@ -61,7 +61,7 @@ def follow(live: LiveRun, console: Any, log_path: str | None = None,
     `page` (html_report.LivePage, --html) is rewritten at each refresh."""
     from rich.live import Live
 
-    from mlatrace.watch.view import render
+    from mlatrace.output.watch.view import render
 
     done = until or live.finished
     live.poll()
@@ -91,8 +91,8 @@ def follow(live: LiveRun, console: Any, log_path: str | None = None,
 
 def print_final(live: LiveRun, console: Any, interrupted: bool = False) -> None:
     """Read the rest of the trace and print the report `mlatrace report` would print."""
-    from mlatrace.report import render as render_report
-    from mlatrace.report import report_dict
+    from mlatrace.output.report import render as render_report
+    from mlatrace.output.report import report_dict
 
     analysis = live.close()
     console.rule("final report" + (" (interrupted: the run may still be going)"

@@ -10,8 +10,8 @@ import math
 from html import escape
 from typing import Any
 
-from mlatrace.charts.regions import Region
-from mlatrace.charts.spark import scale
+from mlatrace.output.charts.regions import Region
+from mlatrace.output.charts.spark import scale
 
 WIDTH, HEIGHT = 1100, 250
 HALF = 545                       # two charts side by side
