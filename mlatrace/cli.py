@@ -157,10 +157,15 @@ def run(out: str | None, ranks: str | None, probes: tuple[str, ...], replay_samp
     """Run CMD with probes in every Python process it starts: mlatrace run -- CMD..."""
     from mlatrace.inject import launcher
 
+    view = None
+    if watch:
+        from mlatrace.output.watch.run_view import RunView
+
+        view = RunView()
     sys.exit(launcher.run(list(cmd), out=out, ranks=ranks, probes=list(probes),
                           replay_sample=replay_sample, launch_sample=launch_sample,
                           graph_nodes=graph_nodes, otlp=otlp, no_packs=list(no_packs),
-                          sample=sample, replay_timing=replay_timing, watch=watch,
+                          sample=sample, replay_timing=replay_timing, view=view,
                           run_id=run_id, step_aside=step_aside, quiet=quiet, fold=fold,
                           max_mb=max_mb))
 

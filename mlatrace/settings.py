@@ -23,6 +23,9 @@ DEFAULT_STEP_ASIDE = (8, 64)
 DEFAULT_REPLAY_TIMING = (8, 64)   # time the first 8 replays of each graph, then 1 in 64
 DEFAULT_FOLD_S = 10.0             # steady steps folded per graph and this many seconds
 PREFIX = "MLATRACE_"
+# The sitecustomize that starts tracing in every Python process of a run: first on the
+# PYTHONPATH of `run`'s child and of Ray's workers.
+BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "inject", "bootstrap")
 
 
 def parse_seconds(text: str | None, default: float | None) -> float | None:

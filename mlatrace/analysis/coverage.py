@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlatrace.analysis.model import ProcessModel, TraceModel
+from mlatrace.common import plural
 from mlatrace.kinds import (
     ATTN_CALL,
     ATTN_METADATA,
@@ -55,7 +56,6 @@ from mlatrace.kinds import (
     SAMPLE_RUN,
     SYNC,
 )
-from mlatrace.output.tables import plural
 
 ENGINES = ("vllm", "sglang", "aiter")
 """Engines with probe packs: their version in a header means graphs or attention are due."""

@@ -16,7 +16,6 @@ from mlatrace.inject.flush_hooks import install_flush_hooks
 from mlatrace.inject.launcher_watch import die_with_launcher
 from mlatrace.settings import Settings, current
 
-BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
 _installed = False
 
 

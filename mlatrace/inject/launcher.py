@@ -17,14 +17,28 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import mlatrace
 from mlatrace.exitcodes import SIGNALLED, ExitCode, MlatraceError
-from mlatrace.inject import BOOTSTRAP_DIR
 from mlatrace.record import parse_replay_timing, parse_step_aside
 from mlatrace.record.redact import allowed_env, redact_argv
-from mlatrace.settings import Settings
+from mlatrace.settings import BOOTSTRAP_DIR, Settings
+
+
+class RunView(Protocol):
+    """What `run --watch` shows while CMD runs (`mlatrace.output.watch.run_view.RunView`): the
+    launcher sends CMD's output to `log_name` in the trace dir and calls `follow` until
+    CMD exited, then `finish` with its exit code."""
+
+    log_name: str
+
+    def follow(self, out_dir: Path, done: Callable[[], bool]) -> None: ...
+
+    def finish(self, out_dir: Path, exit_code: int) -> None: ...
+
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 STRAGGLER_WAIT_S = 5.0
@@ -189,15 +203,16 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
         launch_sample: int | None = None, graph_nodes: bool = True,
         otlp: str | None = None, sample: int | None = None,
         no_packs: list[str] | None = None, replay_timing: str | None = None,
-        watch: bool = False, run_id: str | None = None,
+        view: RunView | None = None, run_id: str | None = None,
         step_aside: str | None = None, quiet: bool = False, fold: float | None = None,
         max_mb: float | None = None) -> int:
     """Run `cmd` traced; return its exit code (127 if not found, 126 if not executable);
     a usage error raises MlatraceError (exit 2). `ranks`, `replay_timing`, `step_aside` and
     `run_id` come checked (`check_*`: the types of the CLI's options).
 
-    With `watch`, CMD's output goes to `cmd.log` in the trace dir and the watch view
-    (`mlatrace.output.watch`) follows the trace until CMD exits, then prints the final report.
+    With a `view` (`run --watch`: the CLI passes `output.watch.run_view.RunView`), CMD's
+    output goes to `view.log_name` in the trace dir, `view.follow` shows the trace until CMD
+    exits, and `view.finish` closes it once run.json is written.
     `run_id`: join a run traced on several hosts (each host's launcher given the same id).
     `quiet`: no closing lines (where the trace is), for scripts that run many commands.
     """
@@ -255,11 +270,7 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
                     launch_sample=launch_sample, sample=sample, no_packs=no_packs,
                     replay_timing=replay_timing, step_aside=step_aside, fold=fold,
                     max_mb=max_mb)
-    output = None
-    if watch:
-        from mlatrace.output.watch import LOG_NAME
-
-        output = (out_dir / LOG_NAME).open("ab")
+    output = None if view is None else (out_dir / view.log_name).open("ab")
     try:
         if output is None:
             child = subprocess.Popen(cmd, env=env, start_new_session=True)
@@ -288,10 +299,9 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
             pass
 
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
-    view = None
     try:
-        if watch:
-            view = _watch_child(out_dir, child)
+        if view is not None:
+            view.follow(out_dir, lambda: child.poll() is not None)
         returncode = child.wait()
     finally:
         for sig, handler in previous.items():
@@ -305,12 +315,7 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
                 process_files=len(files))
     _write_run_json(run_json, info)
     if view is not None:
-        from mlatrace.output.watch import LOG_NAME, print_final
-
-        live, console = view
-        print_final(live, console)
-        if exit_code:
-            _print_log_tail(out_dir / LOG_NAME)
+        view.finish(out_dir, exit_code)
     if returncode < 0:
         ended = f"{cmd[0]} died of {signal.Signals(-returncode).name} (exit code {exit_code})"
     else:
@@ -325,33 +330,3 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
         print(f"mlatrace: {ended}; no Python process ran under it: nothing was traced "
               f"(run.json in {out_dir})", file=sys.stderr)
     return exit_code
-
-
-LOG_TAIL_LINES = 20
-
-
-def _print_log_tail(log: Path, lines: int = LOG_TAIL_LINES) -> None:
-    """The last lines of the command's output (`run --watch` sent it to cmd.log): why a
-    failing command failed, without opening the log."""
-    try:
-        with log.open("rb") as f:
-            f.seek(max(0, log.stat().st_size - 64 * 1024))
-            tail = f.read().decode(errors="replace").splitlines()[-lines:]
-    except OSError:
-        return
-    if tail:
-        print(f"mlatrace: the command's last {len(tail)} lines of output ({log}):",
-              file=sys.stderr)
-        for line in tail:
-            print(f"  | {line}", file=sys.stderr)
-
-
-def _watch_child(out_dir: Path, child: subprocess.Popen) -> tuple | None:
-    """The watch view until `child` exits (Ctrl-C reaches the child through `forward`)."""
-    from mlatrace.output.report import make_console
-    from mlatrace.output.watch import LOG_NAME, LiveRun, follow
-
-    console = make_console()
-    live = LiveRun([out_dir])
-    follow(live, console, str(out_dir / LOG_NAME), until=lambda: child.poll() is not None)
-    return live, console

@@ -19,6 +19,7 @@ from rich.markup import escape
 from mlatrace.analysis import ConfigError
 from mlatrace.analysis.load import Unusable, load, resolve_config
 from mlatrace.analysis.model import MAX_MARKS
+from mlatrace.common import plural, shorten
 from mlatrace.exitcodes import ExitCode
 from mlatrace.output.report_data import REPORT_SCHEMA, problems_of, report_dict, summary_line
 from mlatrace.output.report_text import (
@@ -32,7 +33,7 @@ from mlatrace.output.report_text import (
     problem_text,
     rank_text,
 )
-from mlatrace.output.tables import Column, make_console, plural, print_line, print_table, shorten
+from mlatrace.output.tables import Column, make_console, print_line, print_table
 
 __all__ = ["REPORT_SCHEMA", "GID_NOTE", "Unusable", "cost_line", "gid_text", "gpu_time", "load",
            "main", "make_console", "plural", "problem_text", "problems_of", "rank_text", "render",

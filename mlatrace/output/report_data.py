@@ -94,7 +94,7 @@ from typing import Any
 from mlatrace.analysis import Analysis
 from mlatrace.analysis.kernels import kernel_view
 from mlatrace.analysis.summary import root_graphs, units
-from mlatrace.output.tables import plural
+from mlatrace.common import plural
 
 REPORT_SCHEMA = "mlatrace.report/1"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlatrace.output.tables import plural
+from mlatrace.common import plural
 
 
 def rank_text(rank: Any) -> str:

@@ -36,20 +36,6 @@ class Column:
                                  # narrows below `want` (a message needs room to be read)
 
 
-def plural(n: int, word: str, many: str | None = None) -> str:
-    """'1 process', '2 processes': a count with its noun agreeing."""
-    return f"{n} {word if n == 1 else (many or word + 's')}"
-
-
-def shorten(text: str, limit: int) -> str:
-    """`text` cut at a word boundary to at most `limit` characters, with an ellipsis."""
-    if len(text) <= limit:
-        return text
-    cut = text[:limit - 1]
-    space = cut.rfind(" ")
-    return (cut[:space] if space > 0 else cut).rstrip(" ,;:") + "…"
-
-
 def console_width(stream: Any) -> int | None:
     """The width to render at: the terminal's (rich finds it), else COLUMNS, else 160."""
     columns = os.environ.get("COLUMNS", "")

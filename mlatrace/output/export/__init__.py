@@ -14,8 +14,8 @@ import os
 import sys
 from typing import Any
 
+from mlatrace.common import plural
 from mlatrace.exitcodes import ExitCode, MlatraceError
-from mlatrace.output.tables import plural
 
 
 def _say(message: str) -> None:

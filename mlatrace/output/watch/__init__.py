@@ -33,10 +33,10 @@ from mlatrace.output.watch.loop import (
     refresh_due,
     snapshot,
 )
+from mlatrace.output.watch.run_view import LOG_NAME
 from mlatrace.output.watch.state import LiveRun, newest_run
 
 DEFAULT_DIR = "mlatrace-trace"
-LOG_NAME = "cmd.log"    # `run --watch`: the command's output, in the trace dir
 
 __all__ = ["BACKLOG_REFRESH_S", "DEFAULT_DIR", "IDLE_REFRESH_S", "LOG_NAME", "POLL_S", "LiveRun",
            "catch_up", "follow", "main", "newest_run", "print_final", "refresh_due", "snapshot"]

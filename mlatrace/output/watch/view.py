@@ -15,7 +15,8 @@ from typing import Any
 
 from mlatrace.analysis.coverage import Coverage
 from mlatrace.analysis.summary import root_graphs, topology
-from mlatrace.output.tables import DEFAULT_PIPE_WIDTH, Column, fit_table, shorten
+from mlatrace.common import shorten
+from mlatrace.output.tables import DEFAULT_PIPE_WIDTH, Column, fit_table
 from mlatrace.output.watch.state import LiveRun
 
 SNAPSHOT_SCHEMA = "mlatrace.watch/1"
