@@ -33,28 +33,18 @@ from mlatrace.kinds import (
     ATTN_METADATA,
     CAPTURE_BEGIN,
     CAPTURE_END,
-    DISPATCH,
-    EAGER_BREAK,
-    GRAPH_NODES,
     KERNEL_LAUNCH,
     KERNEL_SKIP,
     KERNEL_SPLIT,
     MARK,
-    PROBE_ERROR,
     PROCESS,
     PROCESS_END,
-    PROCESS_RANK,
     REPLAY,
     REPLAY_TIME,
     STEADY,
     SYNC,
 )
 
-# Records shown as instants on their thread; the other known kinds have their own shape.
-INSTANT_KINDS = {
-    KERNEL_LAUNCH, KERNEL_SPLIT, KERNEL_SKIP, ATTN_CALL, ATTN_METADATA, DISPATCH,
-    SYNC, EAGER_BREAK, GRAPH_NODES, MARK, PROBE_ERROR, PROCESS_RANK,
-}
 # Thread idents are addresses (> 2**32), which trace viewers may not take as tids: each
 # thread's track is numbered 1, 2, ... in order of appearance, its ident in the track name.
 # Replays with GPU time go on one track per graph, tid GPU_TID_BASE + gid, because a wrapper
