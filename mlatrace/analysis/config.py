@@ -34,7 +34,12 @@ from typing import Any
 
 from mlatrace.analysis.kernels import GridRule
 
-RULE_IDS = ("MLT001", "MLT002", "MLT003", "MLT004", "MLT005", "MLT006", "MLT007", "MLT008")
+
+def rule_ids() -> tuple[str, ...]:
+    """The ids of the rules (their registry, analysis/rules, imports this module)."""
+    from mlatrace.analysis.rules import RULES
+
+    return tuple(RULES)
 
 
 class ConfigError(ValueError):
@@ -124,9 +129,9 @@ def _check_allow(entries: list[dict], source: str | None) -> None:
         if rule is None:
             raise ConfigError(f"{_where(source, 'allow')}: allow entry {describe_allow(entry)} "
                               "names no rule (it would suppress every finding); add rule = \"MLT...\"")
-        if not isinstance(rule, str) or rule.upper() not in RULE_IDS:
+        if not isinstance(rule, str) or rule.upper() not in rule_ids():
             raise ConfigError(f"{_where(source, 'allow')}: allow entry {describe_allow(entry)}: "
-                              f"unknown rule {rule!r} (known: {', '.join(RULE_IDS)})")
+                              f"unknown rule {rule!r} (known: {', '.join(rule_ids())})")
 
 
 _INT_KEYS = ("long_len_factor", "default_block_n", "far_factor", "far_min_len")
@@ -149,7 +154,7 @@ def config_from_dict(table: dict, source: str | None = None) -> Config:
         elif key == "disable":
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise ConfigError(f"{source}: disable must be a list of rule ids")
-            unknown = [v for v in value if v.upper() not in RULE_IDS]
+            unknown = [v for v in value if v.upper() not in rule_ids()]
             if unknown:
                 raise ConfigError(f"{source}: unknown rule id(s) in disable: {', '.join(unknown)}")
             cfg.disable = {v.upper() for v in value}

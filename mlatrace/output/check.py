@@ -51,9 +51,9 @@ def junit_xml(result: Analysis, fail_on: str, rules: list[str], trace: str) -> E
     """One testsuite `mlatrace`, one testcase per rule; a failure lists that rule's findings."""
     suite = ET.Element("testsuite", name="mlatrace")
     failures = skipped = 0
-    for rule_id, (name, severity) in RULES.items():
+    for rule_id, rule in RULES.items():
         case = ET.SubElement(suite, "testcase", classname="mlatrace.rules",
-                             name=f"{rule_id} {name}", file=str(trace), time="0")
+                             name=f"{rule_id} {rule.name}", file=str(trace), time="0")
         if rule_id not in rules:
             skipped += 1
             why = "disabled by config" if not result.config.enabled(rule_id) else "not selected (--rule)"
@@ -63,7 +63,7 @@ def junit_xml(result: Analysis, fail_on: str, rules: list[str], trace: str) -> E
         bad = failing(mine, fail_on)
         if bad:
             failures += 1
-            failure = ET.SubElement(case, "failure", type=severity,
+            failure = ET.SubElement(case, "failure", type=rule.severity,
                                     message=f"{plural(len(bad), 'finding')}: {bad[0].message}")
             failure.text = "\n\n".join(_finding_text(f) for f in bad)
         elif mine:  # below the threshold: visible, not failing
