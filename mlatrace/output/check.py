@@ -17,13 +17,16 @@ and evidence) and a `coverage` testcase that fails when the run is blind.
 
 from __future__ import annotations
 
+import sys
 import xml.etree.ElementTree as ET
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mlatrace.analysis import RULES, Analysis, ConfigError, Finding, at_or_above
 from mlatrace.analysis.load import Unusable, load, resolve_config
-from mlatrace.exitcodes import ExitCode  # also check.ExitCode, as before
+from mlatrace.exitcodes import ExitCode, MlatraceError  # also check.ExitCode, as before
 from mlatrace.output.report import (
     make_console,
     plural,
@@ -36,11 +39,33 @@ from mlatrace.output.report import (
 from mlatrace.trace import SCHEMA_MAJOR, SCHEMA_NAME, check_schema
 
 
-def verdict_code(bad: list[Finding], blind: bool) -> ExitCode:
-    """Findings first, then blindness."""
-    if bad:
-        return ExitCode.FINDINGS
-    return ExitCode.BLIND if blind else ExitCode.CLEAN
+@dataclass(frozen=True)
+class Verdict:
+    """What `check` says of one run: its exit code and headline. The one judgement of
+    findings and coverage: `check` prints it, the HTML page shows it."""
+
+    code: ExitCode
+    failing: int      # findings at or above `fail_on`
+    blind: bool
+    fail_on: str
+
+    @property
+    def headline(self) -> str:
+        if self.code is ExitCode.FINDINGS:
+            head = f"FAILED: {plural(self.failing, 'finding')} at or above {self.fail_on}"
+            return head + (" (and the trace is blind, see coverage)" if self.blind else "")
+        if self.code is ExitCode.BLIND:
+            return (f"BLIND: no finding at or above {self.fail_on}, but the trace cannot "
+                    "support a clean verdict")
+        return f"OK: no finding at or above {self.fail_on}"
+
+
+def judge(severities: Iterable[str], blind: bool, fail_on: str) -> Verdict:
+    """The verdict on findings of these severities and a run blind or not: findings at or
+    above `fail_on` first (exit 1), then blindness (3), else clean (0)."""
+    failing = sum(1 for s in severities if at_or_above(s, fail_on))
+    code = ExitCode.FINDINGS if failing else ExitCode.BLIND if blind else ExitCode.CLEAN
+    return Verdict(code, failing, blind, fail_on)
 
 
 def failing(findings: list[Finding], fail_on: str) -> list[Finding]:
@@ -143,9 +168,13 @@ def _check_collection(paths: list[str], runs: list[Any], fail_on: str | None,
     for run in runs:
         dirs = ", ".join(str(d) for d in run.dirs)
         out.print(f"== run {run.run_id} ({dirs})", highlight=False, soft_wrap=True)
-        code = check_run(paths, fail_on, rules, config, None, expect, run.run_id,
-                         junit_suites=suites if junit else None,
-                         html=html if run is runs[-1] else None)
+        try:
+            code = check_run(paths, fail_on, rules, config, None, expect, run.run_id,
+                             junit_suites=suites if junit else None,
+                             html=html if run is runs[-1] else None)
+        except MlatraceError as error:   # this run's verdict; the others are still judged
+            print(error.message, file=sys.stderr)
+            code = error.code
         codes.append(code)
     code = worst(codes)
     if junit and suites:
@@ -156,9 +185,7 @@ def _check_collection(paths: list[str], runs: list[Any], fail_on: str | None,
             Path(junit).parent.mkdir(parents=True, exist_ok=True)
             ET.ElementTree(root).write(junit, encoding="utf-8", xml_declaration=True)
         except OSError as exc:
-            make_console(stderr=True).print(f"[red]error:[/] cannot write {junit}: "
-                                            f"{exc.strerror or exc}", soft_wrap=True)
-            return ExitCode.UNUSABLE
+            raise MlatraceError(f"error: cannot write {junit}: {exc.strerror or exc}") from None
     for run, c in zip(runs, codes, strict=True):
         out.print(f"run {run.run_id}: {_VERDICT_WORD[ExitCode(c)]} (exit {c})", highlight=False,
                   soft_wrap=True)
@@ -176,37 +203,32 @@ def check_run(trace: str | list[str], fail_on: str | None = "error",
               junit: str | None = None, expect: list[str] | None = None,
               run_id: str | None = None, junit_suites: list | None = None,
               html: str | None = None) -> int:
-    """`check` of one run (TRACE's newest, or `run_id`): its ExitCode. `junit_suites`:
-    append the run's JUnit testsuite there instead of writing `junit`."""
-    err = make_console(stderr=True)
+    """`check` of one run (TRACE's newest, or `run_id`): its ExitCode (MlatraceError, exit 2,
+    when the run or the arguments are unusable). `junit_suites`: append the run's JUnit
+    testsuite there instead of writing `junit`."""
     paths, trace = trace, trace if isinstance(trace, str) else " ".join(trace)
     try:
         cfg = resolve_config(config, trace, expect)
     except ConfigError as exc:
-        err.print(f"[red]error:[/] {exc}", soft_wrap=True)
-        return ExitCode.UNUSABLE
+        raise MlatraceError(f"error: {exc}") from None
     fail_on = fail_on or cfg.fail_on
     if fail_on not in ("error", "warning"):
-        err.print(f"[red]error:[/] --fail-on must be error or warning, not {fail_on!r}")
-        return ExitCode.UNUSABLE
+        raise MlatraceError(f"error: --fail-on must be error or warning, not {fail_on!r}")
     selected = [r.upper() for r in rules or []]
     unknown = [r for r in selected if r not in RULES]
     if unknown:
-        err.print(f"[red]error:[/] unknown rule id(s): {', '.join(unknown)} "
-                  f"(known: {', '.join(RULES)})")
-        return ExitCode.UNUSABLE
+        raise MlatraceError(f"error: unknown rule id(s): {', '.join(unknown)} "
+                            f"(known: {', '.join(RULES)})")
     try:
         opened, result = load(paths, cfg, selected or None, run_id=run_id)
     except Unusable as exc:
-        err.print(f"[red]error:[/] {exc}", soft_wrap=True)
-        return ExitCode.UNUSABLE
+        raise MlatraceError(f"error: {exc}") from None
     unknown = unknown_schemas(result)
     if unknown:
         file, schema = unknown[0]
-        err.print(f"[red]error:[/] {file}: the header says schema {schema!r}, this mlatrace "
-                  f"reads {SCHEMA_NAME}/{SCHEMA_MAJOR}: no verdict (upgrade mlatrace; "
-                  "`mlatrace report` shows a best-effort view)", soft_wrap=True)
-        return ExitCode.UNUSABLE
+        raise MlatraceError(f"error: {file}: the header says schema {schema!r}, this "
+                            f"mlatrace reads {SCHEMA_NAME}/{SCHEMA_MAJOR}: no verdict "
+                            "(upgrade mlatrace; `mlatrace report` shows a best-effort view)")
     active = [r for r in RULES if cfg.enabled(r) and (not selected or r in selected)]
     if junit_suites is not None:
         suite = junit_xml(result, fail_on, active, trace).getroot()
@@ -218,17 +240,14 @@ def check_run(trace: str | list[str], fail_on: str | None = "error",
             junit_xml(result, fail_on, active, trace).write(junit, encoding="utf-8",
                                                             xml_declaration=True)
         except OSError as exc:
-            err.print(f"[red]error:[/] cannot write {junit}: {exc.strerror or exc}", soft_wrap=True)
-            return ExitCode.UNUSABLE
+            raise MlatraceError(f"error: cannot write {junit}: {exc.strerror or exc}") from None
     data = report_dict(trace, result, run=opened.run)
     if html:
         from mlatrace.output.html_report import save
 
-        if not save(html, data, result, err, fail_on=fail_on):
-            return ExitCode.UNUSABLE
+        save(html, data, result, make_console(stderr=True), fail_on=fail_on)
     out = make_console()
     print_warnings(out, data["problems"])   # on stdout, before the verdict they qualify
-    bad = failing(result.findings, fail_on)
     for f in result.findings:
         colour = "red" if f.severity == "error" else "yellow"
         out.print(f"[{colour}]{f.id}[/] {f.severity} rank {rank_text(f.rank)}: {f.message}",
@@ -240,24 +259,16 @@ def check_run(trace: str | list[str], fail_on: str | None = "error",
     summary = data["summary"]
     coverage = result.coverage
     render_coverage_lines(out, coverage)
-    code = verdict_code(bad, coverage.blind)
-    if code is ExitCode.FINDINGS:
-        verdict, colour = f"FAILED: {plural(len(bad), 'finding')} at or above {fail_on}", "red"
-        if coverage.blind:
-            verdict += " (and the trace is blind, see coverage)"
-    elif code is ExitCode.BLIND:
-        verdict, colour = ("BLIND: no finding at or above " + fail_on + ", but the trace "
-                           "cannot support a clean verdict"), "red"
-    else:
-        verdict, colour = f"OK: no finding at or above {fail_on}", "green"
+    verdict = judge((f.severity for f in result.findings), coverage.blind, fail_on)
+    colour = "green" if verdict.code is ExitCode.CLEAN else "red"
     problems = f", {plural(summary['problems'], 'problem')}" if summary["problems"] else ""
     if summary["exit_code"]:
         problems += f", the traced command exited with code {summary['exit_code']}"
-    out.print(f"[bold {colour}]{verdict}[/] "
+    out.print(f"[bold {colour}]{verdict.headline}[/] "
               f"({plural(summary['processes'], 'process', 'processes')}, "
               f"{plural(summary['graphs'], 'graph')}, {plural(summary['replays'], 'replay')}"
               f"{problems}; rules {','.join(active) or 'none'})", soft_wrap=True)
-    return int(code)
+    return int(verdict.code)
 
 
 def suppressed_by_entry(result: Analysis) -> list[tuple[dict, int]]:

@@ -35,7 +35,7 @@ from mlatrace.analysis import Analysis, ConfigError
 from mlatrace.analysis.kernels import kernel_view
 from mlatrace.analysis.load import Unusable, load, resolve_config
 from mlatrace.analysis.summary import units
-from mlatrace.exitcodes import ExitCode
+from mlatrace.exitcodes import MlatraceError
 from mlatrace.output.report import (
     gpu_time,
     make_console,
@@ -244,8 +244,7 @@ def main(a: str, b: str, as_json: bool = False) -> int:
             print_warnings(err, problems_of(result.model))
             results.append(result)
     except (Unusable, ConfigError) as exc:
-        err.print(f"[red]error:[/] {exc}", soft_wrap=True)
-        return ExitCode.UNUSABLE
+        raise MlatraceError(f"error: {exc}") from None
     data = diff_dict(a, results[0], b, results[1])
     if as_json:
         sys.stdout.write(json.dumps(data, indent=1, default=str) + "\n")

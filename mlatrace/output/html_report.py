@@ -85,19 +85,17 @@ def _csp(script: str) -> str:
             f"script-src 'sha256-{digest}'; base-uri 'none'; form-action 'none'")
 
 
+VERDICT_CLASS = {0: "v-ok", 1: "v-fail", 3: "v-blind"}   # by check's exit code
+
+
 def verdict(data: dict[str, Any], fail_on: str = "error") -> tuple[str, int, str]:
-    """(css class, `mlatrace check` exit code, headline) from the findings and coverage."""
-    order = {"warning": 1, "error": 2}
-    threshold = order.get(fail_on, 2)
-    bad = [f for f in data["findings"] if order.get(f["severity"], 0) >= threshold]
+    """(css class, `mlatrace check` exit code, headline): check's verdict (`check.judge`)
+    on the report data's findings and coverage."""
+    from mlatrace.output.check import judge
+
     blind = bool((data.get("coverage") or {}).get("blind"))
-    if bad:
-        head = f"FAILED: {len(bad)} finding{'s' if len(bad) != 1 else ''} at or above {fail_on}"
-        return "v-fail", 1, head + (" (and the trace is blind)" if blind else "")
-    if blind:
-        return "v-blind", 3, (f"BLIND: no finding at or above {fail_on}, but the trace cannot "
-                              "support a clean verdict")
-    return "v-ok", 0, f"OK: no finding at or above {fail_on}"
+    judged = judge((f["severity"] for f in data["findings"]), blind, fail_on)
+    return VERDICT_CLASS[judged.code], int(judged.code), judged.headline
 
 
 def _table(head: list[str], rows: list[list[Any]], num: set[int] | None = None,
@@ -533,20 +531,17 @@ def write_report(path: str, data: dict[str, Any], result: Any, **options: Any) -
                       far_factor=far if isinstance(far, int) else 8, **options)
 
 
-def save(path: str, data: dict[str, Any], result: Any, err: Any, **options: Any) -> bool:
-    """`--html FILE` of report and check: write the page, say so on stderr (`err`, a rich
-    console); False (the error said) when it cannot be written."""
+def save(path: str, data: dict[str, Any], result: Any, err: Any, **options: Any) -> None:
+    """`--html FILE` of report and check: write the page and say so on stderr (`err`, a
+    rich console); MlatraceError (exit 2) when it cannot be written."""
+    from mlatrace.exitcodes import MlatraceError
+
     try:
         size = write_report(path, data, result, **options)
     except OSError as exc:
-        from rich.markup import escape
-
-        err.print(f"[red]error:[/] cannot write {escape(path)}: {exc.strerror or exc}",
-                  highlight=False, soft_wrap=True)
-        return False
+        raise MlatraceError(f"error: cannot write {path}: {exc.strerror or exc}") from None
     err.print(f"wrote {path} ({size / 1024:.0f} KiB)", highlight=False, soft_wrap=True,
               markup=False)
-    return True
 
 
 class LivePage:

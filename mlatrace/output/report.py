@@ -20,7 +20,7 @@ from mlatrace.analysis import ConfigError
 from mlatrace.analysis.load import Unusable, load, resolve_config
 from mlatrace.analysis.model import MAX_MARKS
 from mlatrace.common import plural, shorten
-from mlatrace.exitcodes import ExitCode
+from mlatrace.exitcodes import MlatraceError
 from mlatrace.output.report_data import REPORT_SCHEMA, problems_of, report_dict, summary_line
 from mlatrace.output.report_text import (
     GID_NOTE,
@@ -482,15 +482,13 @@ def main(trace: str | list[str], as_json: bool = False, verbose: bool = False,
         cfg = resolve_config(config, trace, expect)
         opened, result = load(trace, cfg, run_id=run_id)
     except (Unusable, ConfigError) as exc:
-        err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
-        return ExitCode.UNUSABLE
+        raise MlatraceError(f"error: {exc}") from None
     shown = trace if isinstance(trace, str) else " ".join(trace)
     data = report_dict(shown, result, run=opened.run)
     if html:
         from mlatrace.output.html_report import save
 
-        if not save(html, data, result, err):
-            return ExitCode.UNUSABLE
+        save(html, data, result, err)
     if as_json:
         print_warnings(err, data["problems"])
         sys.stdout.write(json.dumps(data, indent=1, default=str) + "\n")
@@ -518,9 +516,7 @@ def print_runs(paths: str | list[str], as_json: bool = False) -> int:
     try:
         runs = find_runs([paths] if isinstance(paths, str) else paths)
     except TraceError as exc:
-        make_console(stderr=True).print(f"[red]error:[/] {exc}", highlight=False,
-                                            soft_wrap=True)
-        return ExitCode.UNUSABLE
+        raise MlatraceError(f"error: {exc}") from None
     if as_json:
         sys.stdout.write(json.dumps({"schema": "mlatrace.runs/1",
                                      "runs": [r.to_dict() for r in runs]}, indent=1) + "\n")

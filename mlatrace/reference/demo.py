@@ -49,8 +49,8 @@ def main(policy: str = "legacy", out: str | None = None, device: str = "auto",
     run = subprocess.run([sys.executable, "-m", "mlatrace", "run", "--out", str(out_dir),
                           "--", *serve])
     if run.returncode != 0:
-        print(f"demo: the traced run failed with exit code {run.returncode}; trace: {out_dir}")
-        return ExitCode.UNUSABLE
+        raise MlatraceError(f"demo: the traced run failed with exit code {run.returncode}; "
+                            f"trace: {out_dir}")
     print(flush=True)
     print(f"$ mlatrace report {out_dir}", flush=True)
     error_ids = show_report(out_dir)

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mlatrace.exitcodes import ExitCode
+from mlatrace.exitcodes import MlatraceError
 from mlatrace.output.watch.loop import (
     BACKLOG_REFRESH_S,
     IDLE_REFRESH_S,
@@ -52,14 +52,12 @@ def main(path: str | None, once: bool = False, config: str | None = None,
     try:
         cfg = resolve_config(config)
     except ConfigError as exc:
-        err.print(f"[red]error:[/] {exc}", highlight=False)
-        return ExitCode.UNUSABLE
+        raise MlatraceError(f"error: {exc}") from None
     where = Path(path or DEFAULT_DIR)
     roots = newest_run(where)
     if not roots:
-        err.print(f"[red]error:[/] {where}: no trace here (no run.json or p<pid>.jsonl, "
-                  "nor a run directory below it)", highlight=False)
-        return ExitCode.UNUSABLE
+        raise MlatraceError(f"error: {where}: no trace here (no run.json or p<pid>.jsonl, "
+                            "nor a run directory below it)")
     if path is None or roots[0] != where:
         err.print(f"mlatrace watch: following {roots[0]}", highlight=False)
     live = LiveRun(roots, cfg)
@@ -91,8 +89,8 @@ def main(path: str | None, once: bool = False, config: str | None = None,
 
 
 def _page_done(page: Any, err: Any) -> int:
-    """0, or 2 with the reason when the --html page could not be written."""
+    """0, or MlatraceError (exit 2) with the reason when the --html page could not be
+    written (the view ran to its end first)."""
     if page is not None and page.error:
-        err.print(f"error: {page.error}", highlight=False, markup=False, soft_wrap=True)
-        return ExitCode.UNUSABLE
+        raise MlatraceError(f"error: {page.error}")
     return 0
