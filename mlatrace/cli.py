@@ -106,7 +106,8 @@ def main() -> None:
               help="Trace directory, created if needed (default ./mlatrace-trace/<timestamp>).")
 @click.option("--ranks", type=RunOption("ranks"), default=None, show_default="all ranks",
               help="Keep only these ranks' events, e.g. 0 or 0,1.")
-@click.option("--probes", "probes", multiple=True, type=click.Path(exists=True, dir_okay=False),
+@click.option("--probes", "probes", multiple=True,
+              type=click.Path(exists=True, dir_okay=False, resolve_path=True),
               help="Extra probe pack (TOML); repeatable.")
 @click.option("--replay-sample", type=click.IntRange(min=1), default=None,
               show_default="keep every replay record",
@@ -136,7 +137,7 @@ def main() -> None:
               help="Per process file: past N MB keep only captures, changes, errors, folds "
                    "and process.end (default: no cap).")
 @click.option("--otlp", default=None, help="Also export spans live to this OTLP/HTTP endpoint.")
-@click.option("--no-pack", "no_packs", multiple=True, metavar="NAME",
+@click.option("--no-pack", "disable_packs", multiple=True, metavar="NAME",
               help="Do not install this probe pack (by name, see `probes list`); repeatable.")
 @click.option("--watch", "watch", is_flag=True,
               help="Show the live watch view while CMD runs; CMD's output goes to cmd.log "
@@ -149,25 +150,24 @@ def main() -> None:
               help="Print nothing of mlatrace's own when CMD ends (scripts that run many "
                    "traced commands); errors are still printed.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
-def run(out: str | None, ranks: str | None, probes: tuple[str, ...], replay_sample: int | None,
-        launch_sample: int | None, sample: int | None, replay_timing: str | None,
-        step_aside: str | None, graph_nodes: bool, otlp: str | None,
-        no_packs: tuple[str, ...], watch: bool, run_id: str | None, quiet: bool,
-        fold: float | None, max_mb: float | None, cmd: tuple[str, ...]) -> None:
+def run(out: str | None, watch: bool, quiet: bool, cmd: tuple[str, ...],
+        **options: Any) -> None:
     """Run CMD with probes in every Python process it starts: mlatrace run -- CMD..."""
-    from mlatrace.inject import launcher
+    from click.core import ParameterSource
 
+    from mlatrace.inject import launcher
+    from mlatrace.settings import Settings
+
+    # each option is the Settings field of its name; one not given keeps the default
+    ctx = click.get_current_context()
+    settings = Settings(**{name: value for name, value in options.items()
+                           if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT})
     view = None
     if watch:
         from mlatrace.output.watch.run_view import RunView
 
         view = RunView()
-    sys.exit(launcher.run(list(cmd), out=out, ranks=ranks, probes=list(probes),
-                          replay_sample=replay_sample, launch_sample=launch_sample,
-                          graph_nodes=graph_nodes, otlp=otlp, no_packs=list(no_packs),
-                          sample=sample, replay_timing=replay_timing, view=view,
-                          run_id=run_id, step_aside=step_aside, quiet=quiet, fold=fold,
-                          max_mb=max_mb))
+    sys.exit(launcher.run(list(cmd), settings, out=out, view=view, quiet=quiet))
 
 
 @main.command()
@@ -438,6 +438,9 @@ def bench_splits(out: str, quick: bool) -> None:
     if not gpu_device_present():  # before torch's import, which alone takes seconds
         raise MlatraceError("mlatrace bench splits needs a CUDA GPU (no GPU device on this "
                             "machine)")
+    from mlatrace.exitcodes import require_extra
+
+    require_extra("plot", "mlatrace bench splits (splits.png)")
     from mlatrace.bench import splits_bench
 
     sys.exit(splits_bench.main(out=out, quick=quick))

@@ -8,6 +8,7 @@ that breaks the layering fails here, not when a newcomer moves a file.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mlatrace"
@@ -76,3 +77,42 @@ def test_the_check_sees_a_lazy_import(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from mlatrace.output.tables import Column\n")
     assert "mlatrace.output.tables" in imports(module)
+
+
+NAME = re.compile(r"MLATRACE_[A-Z0-9_]*")
+
+
+def env_literals(path: Path) -> list[str]:
+    """MLATRACE_* names written in code (a string that is one, a keyword argument named
+    one); prose that mentions one (a docstring, a message) is not a spelling of it."""
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                       ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)
+                  and isinstance(node.body[0].value, ast.Constant)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and id(node) not in docstrings and NAME.fullmatch(node.value):
+            found.append(f"{path.name}:{node.lineno}: {node.value[:60]!r}")
+        elif isinstance(node, ast.keyword) and (node.arg or "").startswith("MLATRACE_"):
+            found.append(f"{path.name}:{node.lineno}: {node.arg}=")
+    return found
+
+
+def test_no_mlatrace_variable_is_spelled_outside_settings_and_the_bootstrap() -> None:
+    """Every MLATRACE_* name comes from settings.VARIABLES (name_of, to_env, from_env)."""
+    allowed = {"settings.py", "inject/bootstrap/sitecustomize.py"}
+    wrong = [hit for rel, path in modules() if rel not in allowed
+             for hit in env_literals(path)]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_literal_check_sees_a_name(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text('"""MLATRACE_OUT in a docstring is fine."""\n'
+                      'import os\nos.environ["MLATRACE_OUT"] = "x"\ndict(MLATRACE_FOLD="1")\n'
+                      'print("set MLATRACE_OUT to trace")\n')
+    assert [h.split(": ", 1)[1] for h in env_literals(module)] == ["'MLATRACE_OUT'",
+                                                                  "MLATRACE_FOLD="]

@@ -32,7 +32,7 @@ from typing import Any
 from mlatrace import settings
 from mlatrace.kinds import PROCESS_END
 
-PARENT_ENV = "MLATRACE_OTLP_PARENT"
+PARENT_ENV = settings.name_of("otlp_parent")
 EXPORT_TIMEOUT_S = 3.0       # per request; a live exporter must give up quickly
 SCHEDULE_DELAY_MS = 500      # spans reach the collector within about this much
 MAX_QUEUE = 8192             # spans waiting to be sent; beyond, the SDK drops them
