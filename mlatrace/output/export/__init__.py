@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from mlatrace.common import plural
-from mlatrace.exitcodes import ExitCode, MlatraceError
+from mlatrace.exitcodes import ExitCode, MlatraceError, require_extra
 
 
 def _say(message: str) -> None:
@@ -66,11 +66,9 @@ def main(trace: str, otlp: str | None = None, protocol: str = "http/protobuf",
         print(f"perfetto: wrote {events} events ({plural(processes, 'process', 'processes')}, {plural(len(findings), 'finding')}) "
               f"to {perfetto}; open it in https://ui.perfetto.dev")
     if otlp:
-        try:
-            from mlatrace.output.export import otlp as otlp_mod
-        except ImportError as exc:
-            raise MlatraceError("error: --otlp needs the OTLP exporters (pip install "
-                                f"'mlatrace[otlp]'): {exc}") from exc
+        require_extra("otlp", "mlatrace export --otlp")
+        from mlatrace.output.export import otlp as otlp_mod
+
         try:
             result = otlp_mod.export_trace(opened, otlp, protocol=protocol,
                                            service_name=service_name, findings=findings)
