@@ -111,6 +111,20 @@ class ProcessFile:
     # the next piece of the file begins
     lines_checked: int = field(default=0, repr=False)
 
+    # what reading the file advances: a worker that read on hands these back
+    # (`reading_state`, `resume_reading`; analysis/builder.py, parallel builds)
+    READING_STATE = ("header", "end", "gaps", "dropped", "records_read", "lines_checked",
+                     "_header_line_ok", "_header_problem", "_last_seq", "_jump", "_unreadable")
+
+    def reading_state(self) -> tuple:
+        """Where reading this file got to (picklable), for `resume_reading` elsewhere."""
+        return tuple(getattr(self, name) for name in self.READING_STATE)
+
+    def resume_reading(self, state: tuple) -> None:
+        """Go on from where another reader of this file got to (`reading_state`)."""
+        for name, value in zip(self.READING_STATE, state, strict=True):
+            setattr(self, name, value)
+
     @property
     def name(self) -> str:
         """How problems and evidence name this file: `p<pid>.jsonl`, or `<host dir>/p<pid>.jsonl`
