@@ -15,6 +15,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+COMMON_FIELDS = {
+    "k": "the record kind",
+    "t": "int ns since the process header (a monotonic clock)",
+    "seq": "per-process sequence number, strictly increasing: a gap means records were "
+           "dropped (the writer's queue was full)",
+    "tid": "the Python thread id",
+}
+"""The fields the recorder adds to every record, first on its line."""
+
+
 @dataclass(frozen=True)
 class Kind:
     """One record kind and its properties (all off unless declared)."""
@@ -45,8 +55,8 @@ PROCESS = _declare("process", "the header, first line of every file",
                    at_cap=True, built=True, perfetto=True, otlp=True)
 PROCESS_RANK = _declare("process.rank", "the rank, learned after start",
                         at_cap=True, built=True, otlp=True)
-PROCESS_INFO = _declare("process.info", "what the process learned after start (engine, "
-                        "versions)", at_cap=True, built=True)
+PROCESS_INFO = _declare("process.info", "rank and world size, as process.rank (an older "
+                        "name, still read)", at_cap=True, built=True)
 PROCESS_END = _declare("process.end", "the last line: counts, drops, coverage",
                        at_cap=True, built=True, perfetto=True, otlp=True)
 PROBE_ERROR = _declare("probe.error", "a probe that failed and stepped aside",
