@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
 COMMON_FIELDS = {
     "k": "the record kind",
     "t": "int ns since the process header (a monotonic clock)",
