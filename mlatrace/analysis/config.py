@@ -30,7 +30,9 @@ import re
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, get_args, get_type_hints
+
+import msgspec
 
 from mlatrace.analysis.kernels import GridRule
 
@@ -134,72 +136,98 @@ def _check_allow(entries: list[dict], source: str | None) -> None:
                               f"unknown rule {rule!r} (known: {', '.join(rule_ids())})")
 
 
-_INT_KEYS = ("long_len_factor", "default_block_n", "far_factor", "far_min_len")
-_KNOWN_KEYS = (*_INT_KEYS, "fail_on", "disable", "allow", "expect", "underfill_fraction",
-               "growth_factor", "min_timed_replays", "attention_names")
+def _must(what: str, **constraints: Any) -> Any:
+    """A msgspec constraint with the words that say it in an error (`... must be WHAT`)."""
+    return msgspec.Meta(description=what, **constraints)
+
+
+PositiveInt = Annotated[int, _must("a positive integer", ge=1)]
+
+
+class Table(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One `[tool.mlatrace]` table as written: types and ranges checked by msgspec, the
+    rule ids, allow entries and expectations by `config_from_dict` (they need the rule
+    registry, the kinds and a "did you mean")."""
+
+    long_len_factor: PositiveInt = 8
+    default_block_n: PositiveInt = 64
+    far_factor: PositiveInt = 8
+    far_min_len: PositiveInt = 256
+    fail_on: Annotated[Literal["error", "warning"], _must("'error' or 'warning'")] = "error"
+    disable: Annotated[list[str], _must("a list of rule ids")] = []
+    allow: Annotated[list[dict[str, Any]], _must(
+        'a list of tables, e.g. [{rule = "MLT006", key = "..."}]')] = []
+    expect: Annotated[list[str], _must(
+        'a list of record kinds, e.g. ["graphs", "attn.call"]')] = []
+    underfill_fraction: Annotated[float, _must("a positive number up to 1", gt=0, le=1)] \
+        | msgspec.UnsetType = msgspec.UNSET
+    growth_factor: Annotated[float, _must("a positive number", gt=0)] \
+        | msgspec.UnsetType = msgspec.UNSET
+    min_timed_replays: Annotated[int, _must("an integer >= 2", ge=2)] \
+        | msgspec.UnsetType = msgspec.UNSET
+    attention_names: Annotated[list[Annotated[str, msgspec.Meta(min_length=1)]], _must(
+        'a non-empty list of strings, e.g. ["attn", "mla"]', min_length=1)] \
+        | msgspec.UnsetType = msgspec.UNSET
+
+
+_KNOWN_KEYS = Table.__struct_fields__
+
+
+def _what(key: str) -> str:
+    """The words of `key`'s constraint (its msgspec.Meta description)."""
+    hint = get_type_hints(Table, include_extras=True)[key]
+    for arg in (hint, *get_args(hint)):
+        for meta in getattr(arg, "__metadata__", ()):
+            if getattr(meta, "description", None):
+                return meta.description
+    return "valid"
+
+
+def _table(table: dict, source: str | None) -> Table:
+    """`table` as a Table, or ConfigError `file:line: key must be ..., got value`."""
+    try:
+        return msgspec.convert(table, Table)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+    unknown = re.search(r"unknown field `([^`]+)`", text)
+    if unknown:  # a mistyped key would silently leave its default in force
+        key = unknown[1]
+        close = difflib.get_close_matches(key, _KNOWN_KEYS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"{_where(source, key)}: unknown key {key!r}{hint}; the keys are "
+                          f"{', '.join(_KNOWN_KEYS)}") from None
+    at = re.search(r"at `\$\.(\w+)", text)
+    key = at[1] if at else "?"
+    raise ConfigError(f"{_where(source, key)}: {key} must be {_what(key)}, got "
+                      f"{table.get(key)!r}") from None
 
 
 def config_from_dict(table: dict, source: str | None = None) -> Config:
     """Validate one `[tool.mlatrace]` table into a Config (ConfigError on wrong values)."""
-    cfg = Config(source=source)
-    for key, value in table.items():
-        if key in _INT_KEYS:
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{source}: {key} must be a positive integer, got {value!r}")
-            setattr(cfg, key, value)
-        elif key == "fail_on":
-            if value not in ("error", "warning"):
-                raise ConfigError(f"{source}: fail_on must be 'error' or 'warning', got {value!r}")
-            cfg.fail_on = value
-        elif key == "disable":
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise ConfigError(f"{source}: disable must be a list of rule ids")
-            unknown = [v for v in value if v.upper() not in rule_ids()]
-            if unknown:
-                raise ConfigError(f"{source}: unknown rule id(s) in disable: {', '.join(unknown)}")
-            cfg.disable = {v.upper() for v in value}
-        elif key == "allow":
-            if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
-                raise ConfigError(f"{source}: allow must be a list of tables, e.g. "
-                                  "[{rule = \"MLT006\", key = \"...\"}]")
-            _check_allow(value, source)
-            cfg.allow = [dict(v) for v in value]
-        elif key == "expect":
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise ConfigError(f"{source}: expect must be a list of record kinds, e.g. "
-                                  "[\"graphs\", \"attn.call\"]")
-            from mlatrace.analysis.coverage import ExpectError, expect_kinds
+    checked = _table(table, source)
+    unknown = [v for v in checked.disable if v.upper() not in rule_ids()]
+    if unknown:
+        raise ConfigError(f"{_where(source, 'disable')}: unknown rule id(s) in disable: "
+                          f"{', '.join(unknown)}")
+    _check_allow(checked.allow, source)
+    from mlatrace.analysis.coverage import ExpectError, expect_kinds
 
-            for what in value:
-                try:
-                    expect_kinds(what)
-                except ExpectError as exc:
-                    raise ConfigError(f"{source}: {exc}") from None
-            cfg.expect = list(value)
-        elif key in ("underfill_fraction", "growth_factor"):
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0 \
-                    or (key == "underfill_fraction" and value > 1):
-                raise ConfigError(f"{source}: {key} must be a positive number"
-                                  + (" up to 1" if key == "underfill_fraction" else "")
-                                  + f", got {value!r}")
-            cfg.grid = replace(cfg.grid, **{key: float(value)})
-        elif key == "min_timed_replays":
-            if not isinstance(value, int) or isinstance(value, bool) or value < 2:
-                raise ConfigError(f"{source}: min_timed_replays must be an integer >= 2, "
-                                  f"got {value!r}")
-            cfg.grid = replace(cfg.grid, min_timed_replays=value)
-        elif key == "attention_names":
-            if not isinstance(value, list) or not value or \
-                    not all(isinstance(v, str) and v for v in value):
-                raise ConfigError(f"{source}: attention_names must be a non-empty list of "
-                                  "strings, e.g. [\"attn\", \"mla\"]")
-            cfg.grid = replace(cfg.grid, attention_names=tuple(value))
-        else:  # a mistyped key would silently leave its default in force
-            close = difflib.get_close_matches(str(key), _KNOWN_KEYS, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{_where(source, str(key))}: unknown key {key!r}{hint}; the "
-                              f"keys are {', '.join(_KNOWN_KEYS)}")
-    return cfg
+    for what in checked.expect:
+        try:
+            expect_kinds(what)
+        except ExpectError as exc:
+            raise ConfigError(f"{_where(source, 'expect')}: {exc}") from None
+    grid = {key: getattr(checked, key) for key in ("underfill_fraction", "growth_factor",
+                                                     "min_timed_replays", "attention_names")
+            if getattr(checked, key) is not msgspec.UNSET}
+    if "attention_names" in grid:
+        grid["attention_names"] = tuple(grid["attention_names"])
+    return Config(long_len_factor=checked.long_len_factor,
+                  default_block_n=checked.default_block_n, far_factor=checked.far_factor,
+                  far_min_len=checked.far_min_len, fail_on=checked.fail_on,
+                  disable={v.upper() for v in checked.disable},
+                  allow=[dict(v) for v in checked.allow], expect=list(checked.expect),
+                  grid=replace(GridRule(), **grid), source=source)
 
 
 def _read_toml(path: Path) -> dict:
