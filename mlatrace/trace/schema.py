@@ -3,9 +3,9 @@ the reader use: the kinds and their properties (mlatrace/kinds.py), the fields e
 record carries, the fields the reader decodes into typed records (trace/typed.py), and
 the kinds whose fields it checks (trace/validate.py, with each check's rule).
 
-`python -m mlatrace.trace.schema` prints it; docs/trace-schema.json is that output and
-tests/test_trace_schema.py fails when it is not current. Readers accept kinds and fields
-a schema does not name (docs/trace-format.md, "Compatibility rules").
+`python -m mlatrace.trace.schema` prints it (nothing checked in to go stale: adding a kind
+changes it with kinds.py). Readers accept kinds and fields a schema does not name
+(docs/trace-format.md, "Compatibility rules").
 """
 
 from __future__ import annotations
