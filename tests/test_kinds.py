@@ -55,6 +55,8 @@ def test_every_kind_is_declared_once_with_its_constant() -> None:
 def test_the_builder_has_a_handler_for_exactly_the_built_kinds() -> None:
     builder = ProcessBuilder(TraceModel(root="t"), SimpleNamespace(name="p1.jsonl", pid=1, header=None))
     assert set(builder.handlers()) == kinds.BUILT
+    # each kind in one family only
+    assert sum(len(f.HANDLES) for f in ProcessBuilder.FAMILIES) == len(builder.handlers())
 
 
 def test_the_reader_checks_exactly_the_checked_kinds() -> None:
