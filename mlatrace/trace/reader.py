@@ -471,6 +471,13 @@ def open_trace(path: str | Path) -> Trace:
                 run = json.loads(run_json.read_text())
             except (OSError, ValueError) as exc:
                 problems.append(Problem("run.json", 1, f"unreadable: {exc}"))
+            else:
+                from mlatrace.trace.run_info import run_problem
+
+                problem = run_problem(run)
+                if problem:
+                    problems.append(Problem("run.json", 1, problem))
+                    run = run if isinstance(run, dict) else None   # a list reads as no run.json
             if isinstance(run, dict) and run.get("abnormal_end"):
                 problems.append(Problem("run.json", 0, "the run ended abnormally: "
                                         f"{run['abnormal_end']}"))
