@@ -63,12 +63,6 @@ def default_out_dir(run_id: str | None = None) -> Path:
     return path
 
 
-def child_env(settings: Settings, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment CMD runs in (`settings.run_env`: the bootstrap first on PYTHONPATH,
-    the run's settings as MLATRACE_* variables)."""
-    return run_env(settings, os.environ if base is None else base)
-
-
 def check_ranks(ranks: str) -> frozenset[int] | None:
     """`run --ranks` as Settings.ranks ("0, 1" -> {0, 1}; "" -> None, all); MlatraceError
     when bad. This and the other `check_*` are the types of `run`'s options (cli.py)."""
@@ -233,7 +227,7 @@ def run(cmd: list[str], settings: Settings | None = None, *, out: str | None = N
         raise MlatraceError(f"mlatrace run: {out_dir} already holds a run (its run.json: "
                             "another `mlatrace run` writes there, or wrote there before); "
                             "choose another --out")
-    env = child_env(replace(settings, out=str(out_dir)))
+    env = run_env(replace(settings, out=str(out_dir)), os.environ)
     output = None if view is None else (out_dir / view.log_name).open("ab")
     try:
         if output is None:
