@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mlatrace.analysis.config import ConfigError, Table, load_config
+from mlatrace.analysis.config import ConfigError, load_config
+from mlatrace.analysis.config_table import Table
 
 
 @pytest.mark.parametrize("line, message", [

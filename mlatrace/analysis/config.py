@@ -30,9 +30,7 @@ import re
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args, get_type_hints
-
-import msgspec
+from typing import Any
 
 from mlatrace.analysis.kernels import GridRule
 
@@ -136,75 +134,14 @@ def _check_allow(entries: list[dict], source: str | None) -> None:
                               f"unknown rule {rule!r} (known: {', '.join(rule_ids())})")
 
 
-def _must(what: str, **constraints: Any) -> Any:
-    """A msgspec constraint with the words that say it in an error (`... must be WHAT`)."""
-    return msgspec.Meta(description=what, **constraints)
-
-
-PositiveInt = Annotated[int, _must("a positive integer", ge=1)]
-
-
-class Table(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """One `[tool.mlatrace]` table as written: types and ranges checked by msgspec, the
-    rule ids, allow entries and expectations by `config_from_dict` (they need the rule
-    registry, the kinds and a "did you mean")."""
-
-    long_len_factor: PositiveInt = 8
-    default_block_n: PositiveInt = 64
-    far_factor: PositiveInt = 8
-    far_min_len: PositiveInt = 256
-    fail_on: Annotated[Literal["error", "warning"], _must("'error' or 'warning'")] = "error"
-    disable: Annotated[list[str], _must("a list of rule ids")] = []
-    allow: Annotated[list[dict[str, Any]], _must(
-        'a list of tables, e.g. [{rule = "MLT006", key = "..."}]')] = []
-    expect: Annotated[list[str], _must(
-        'a list of record kinds, e.g. ["graphs", "attn.call"]')] = []
-    underfill_fraction: Annotated[float, _must("a positive number up to 1", gt=0, le=1)] \
-        | msgspec.UnsetType = msgspec.UNSET
-    growth_factor: Annotated[float, _must("a positive number", gt=0)] \
-        | msgspec.UnsetType = msgspec.UNSET
-    min_timed_replays: Annotated[int, _must("an integer >= 2", ge=2)] \
-        | msgspec.UnsetType = msgspec.UNSET
-    attention_names: Annotated[list[Annotated[str, msgspec.Meta(min_length=1)]], _must(
-        'a non-empty list of strings, e.g. ["attn", "mla"]', min_length=1)] \
-        | msgspec.UnsetType = msgspec.UNSET
-
-
-_KNOWN_KEYS = Table.__struct_fields__
-
-
-def _what(key: str) -> str:
-    """The words of `key`'s constraint (its msgspec.Meta description)."""
-    hint = get_type_hints(Table, include_extras=True)[key]
-    for arg in (hint, *get_args(hint)):
-        for meta in getattr(arg, "__metadata__", ()):
-            if getattr(meta, "description", None):
-                return meta.description
-    return "valid"
-
-
-def _table(table: dict, source: str | None) -> Table:
-    """`table` as a Table, or ConfigError `file:line: key must be ..., got value`."""
-    try:
-        return msgspec.convert(table, Table)
-    except msgspec.ValidationError as exc:
-        text = str(exc)
-    unknown = re.search(r"unknown field `([^`]+)`", text)
-    if unknown:  # a mistyped key would silently leave its default in force
-        key = unknown[1]
-        close = difflib.get_close_matches(key, _KNOWN_KEYS, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"{_where(source, key)}: unknown key {key!r}{hint}; the keys are "
-                          f"{', '.join(_KNOWN_KEYS)}") from None
-    at = re.search(r"at `\$\.(\w+)", text)
-    key = at[1] if at else "?"
-    raise ConfigError(f"{_where(source, key)}: {key} must be {_what(key)}, got "
-                      f"{table.get(key)!r}") from None
-
-
 def config_from_dict(table: dict, source: str | None = None) -> Config:
     """Validate one `[tool.mlatrace]` table into a Config (ConfigError on wrong values)."""
-    checked = _table(table, source)
+    try:
+        from mlatrace.analysis.config_table import UNSET, checked_table
+    except ImportError:   # msgspec is a core dependency; an image without it reads no config
+        raise ConfigError(f"{source}: reading a config needs msgspec (pip install msgspec)"
+                          ) from None
+    checked = checked_table(table, source)
     unknown = [v for v in checked.disable if v.upper() not in rule_ids()]
     if unknown:
         raise ConfigError(f"{_where(source, 'disable')}: unknown rule id(s) in disable: "
@@ -219,7 +156,7 @@ def config_from_dict(table: dict, source: str | None = None) -> Config:
             raise ConfigError(f"{_where(source, 'expect')}: {exc}") from None
     grid = {key: getattr(checked, key) for key in ("underfill_fraction", "growth_factor",
                                                      "min_timed_replays", "attention_names")
-            if getattr(checked, key) is not msgspec.UNSET}
+            if getattr(checked, key) is not UNSET}
     if "attention_names" in grid:
         grid["attention_names"] = tuple(grid["attention_names"])
     return Config(long_len_factor=checked.long_len_factor,

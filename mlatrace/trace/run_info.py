@@ -1,7 +1,8 @@
 """The launcher's `run.json` as the readers expect it: one msgspec Struct with the types of
 its fields (docs/trace-format.md, "run.json"). A field of the wrong type is one problem
 (`run.json:1: field ... must be ...`) and the rest of the run is kept; fields a newer
-launcher adds are accepted.
+launcher adds are accepted. Without msgspec (the H200 image) the reader skips these
+checks and reads the fields leniently, as every consumer of run.json does.
 """
 
 from __future__ import annotations
