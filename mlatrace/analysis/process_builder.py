@@ -3,7 +3,12 @@ handler of each record kind. The handlers live by family in `build_capture` (cap
 nodes, kernels, devices), `build_replay` (replays, replay times, steady folds),
 `build_attention` (attention, host decisions) and `build_process` (header, end, marks,
 syncs), each family naming the kinds it handles (`HANDLES`); `stream` feeds records to
-them."""
+them.
+
+One class, not parts with state of their own: what a record means depends on what the
+other families saw on its thread (a replay reads the step's metadata, the decisions made
+before it and the syncs since the last one), so the per-thread state is declared once,
+in `ProcessBuilder.__init__`, and a family only adds the handlers of its kinds."""
 
 from __future__ import annotations
 
