@@ -106,7 +106,8 @@ def main() -> None:
               help="Trace directory, created if needed (default ./mlatrace-trace/<timestamp>).")
 @click.option("--ranks", type=RunOption("ranks"), default=None, show_default="all ranks",
               help="Keep only these ranks' events, e.g. 0 or 0,1.")
-@click.option("--probes", "probes", multiple=True, type=click.Path(exists=True, dir_okay=False),
+@click.option("--probes", "probes", multiple=True,
+              type=click.Path(exists=True, dir_okay=False, resolve_path=True),
               help="Extra probe pack (TOML); repeatable.")
 @click.option("--replay-sample", type=click.IntRange(min=1), default=None,
               show_default="keep every replay record",
@@ -136,7 +137,7 @@ def main() -> None:
               help="Per process file: past N MB keep only captures, changes, errors, folds "
                    "and process.end (default: no cap).")
 @click.option("--otlp", default=None, help="Also export spans live to this OTLP/HTTP endpoint.")
-@click.option("--no-pack", "no_packs", multiple=True, metavar="NAME",
+@click.option("--no-pack", "disable_packs", multiple=True, metavar="NAME",
               help="Do not install this probe pack (by name, see `probes list`); repeatable.")
 @click.option("--watch", "watch", is_flag=True,
               help="Show the live watch view while CMD runs; CMD's output goes to cmd.log "
@@ -149,20 +150,32 @@ def main() -> None:
               help="Print nothing of mlatrace's own when CMD ends (scripts that run many "
                    "traced commands); errors are still printed.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
-def run(out: str | None, ranks: str | None, probes: tuple[str, ...], replay_sample: int | None,
-        launch_sample: int | None, sample: int | None, replay_timing: str | None,
-        step_aside: str | None, graph_nodes: bool, otlp: str | None,
-        no_packs: tuple[str, ...], watch: bool, run_id: str | None, quiet: bool,
-        fold: float | None, max_mb: float | None, cmd: tuple[str, ...]) -> None:
+def run(out: str | None, watch: bool, quiet: bool, cmd: tuple[str, ...],
+        **options: Any) -> None:
     """Run CMD with probes in every Python process it starts: mlatrace run -- CMD..."""
-    from mlatrace.inject import launcher
+    from dataclasses import replace
 
-    sys.exit(launcher.run(list(cmd), out=out, ranks=ranks, probes=list(probes),
-                          replay_sample=replay_sample, launch_sample=launch_sample,
-                          graph_nodes=graph_nodes, otlp=otlp, no_packs=list(no_packs),
-                          sample=sample, replay_timing=replay_timing, watch=watch,
-                          run_id=run_id, step_aside=step_aside, quiet=quiet, fold=fold,
-                          max_mb=max_mb))
+    from click.core import ParameterSource
+
+    from mlatrace.inject import launcher
+    from mlatrace.settings import Settings
+
+    # each option is the Settings field of its name; one not given keeps the default
+    ctx = click.get_current_context()
+    settings = Settings(**{name: value for name, value in options.items()
+                           if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT})
+    view = None
+    if watch:
+        from mlatrace.output.watch.run_view import RunView
+        from mlatrace.settings import WATCH_FOLD_S
+
+        view = RunView()
+        if ctx.get_parameter_source("fold") is ParameterSource.DEFAULT:
+            # the view shows a steady stretch when its fold closes: close folds every
+            # WATCH_FOLD_S, not every 10 s (a steady record per graph and second: the
+            # trace stays small, and no reader has to peek into the recorder's open fold)
+            settings = replace(settings, fold=WATCH_FOLD_S)
+    sys.exit(launcher.run(list(cmd), settings, out=out, view=view, quiet=quiet))
 
 
 @main.command()
@@ -177,7 +190,7 @@ def run(out: str | None, ranks: str | None, probes: tuple[str, ...], replay_samp
 def watch(trace: str | None, once: bool, as_json: bool, config: str | None,
           html: str | None) -> None:
     """Findings live while the traced program runs (default: newest run in ./mlatrace-trace)."""
-    from mlatrace import watch as watch_mod
+    from mlatrace.output import watch as watch_mod
 
     sys.exit(watch_mod.main(trace, once=once, config=config, as_json=as_json, html=html))
 
@@ -219,7 +232,7 @@ def report(trace: tuple[str, ...], as_json: bool, verbose: bool, config: str | N
 
     Exit codes: 0 a report was made (findings or not), 2 unreadable trace or config.
     """
-    from mlatrace import report as report_mod
+    from mlatrace.output import report as report_mod
 
     sys.exit(report_mod.main(list(trace), as_json=as_json, verbose=verbose, config=config,
                              expect=list(expect), run_id=run_id, list_runs=list_runs,
@@ -232,7 +245,7 @@ def report(trace: tuple[str, ...], as_json: bool, verbose: bool, config: str | N
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (stable schema).")
 def diff(a: str, b: str, as_json: bool) -> None:
     """Topology differences between two traces (A -> B)."""
-    from mlatrace import diff as diff_mod
+    from mlatrace.output import diff as diff_mod
 
     sys.exit(diff_mod.main(a, b, as_json=as_json))
 
@@ -252,7 +265,7 @@ def diff(a: str, b: str, as_json: bool) -> None:
 def whatif(trace: str, device: str, save: bool, lengths: list[int] | None, replays: int,
            as_json: bool) -> None:
     """Frozen split vs device policy at the trace's shapes, with the reference kernel (GPU)."""
-    from mlatrace import whatif as whatif_mod
+    from mlatrace.output import whatif as whatif_mod
 
     sys.exit(whatif_mod.main(trace, device=device, save=save, lengths=lengths, replays=replays,
                              as_json=as_json))
@@ -299,7 +312,7 @@ def check(trace: tuple[str, ...], fail_on: str | None, rules: tuple[str, ...],
     finding starting with its id, its evidence and fix, coverage lines, then the
     verdict.
     """
-    from mlatrace import check as check_mod
+    from mlatrace.output import check as check_mod
 
     sys.exit(check_mod.main(list(trace), fail_on=fail_on, rules=list(rules), config=config,
                             junit=junit, expect=list(expect), run_id=run_id, html=html))
@@ -334,7 +347,7 @@ def merge(dirs: tuple[str, ...], out: str, run_id: str | None) -> None:
 def export(trace: str, otlp: str | None, protocol: str, service_name: str,
            perfetto: str | None) -> None:
     """Export a trace to OpenTelemetry (OTLP) and/or a Perfetto timeline."""
-    from mlatrace import export as export_mod
+    from mlatrace.output import export as export_mod
 
     sys.exit(export_mod.main(trace, otlp=otlp, protocol=protocol, service_name=service_name,
                              perfetto=perfetto))
@@ -435,6 +448,9 @@ def bench_splits(out: str, quick: bool) -> None:
     if not gpu_device_present():  # before torch's import, which alone takes seconds
         raise MlatraceError("mlatrace bench splits needs a CUDA GPU (no GPU device on this "
                             "machine)")
+    from mlatrace.exitcodes import require_extra
+
+    require_extra("plot", "mlatrace bench splits (splits.png)")
     from mlatrace.bench import splits_bench
 
     sys.exit(splits_bench.main(out=out, quick=quick))

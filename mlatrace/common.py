@@ -1,4 +1,5 @@
-"""Small helpers shared by the probe side (inside traced processes) and the readers.
+"""Small helpers shared by the probe side (inside traced processes), the readers and the
+outputs (`plural`, `shorten`: the wording of findings and reports).
 
 Standard library only, and cheap to import: the bootstrap imports this in every traced
 process, and the analysis imports it on a CI box with no GPU stack.
@@ -55,3 +56,17 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """'1 process', '2 processes': a count with its noun agreeing."""
+    return f"{n} {word if n == 1 else (many or word + 's')}"
+
+
+def shorten(text: str, limit: int) -> str:
+    """`text` cut at a word boundary to at most `limit` characters, with an ellipsis."""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > 0 else cut).rstrip(" ,;:") + "…"

@@ -9,7 +9,8 @@ The codes (README, "Commands and exit codes"):
   endpoint refused the spans (`export`), the demo's report did not find what its policy
   should produce. Takes precedence over 3.
 - 2 `UNUSABLE` (alias `USAGE`): bad arguments or config, an unreadable trace or nothing
-  usable in it, a file that cannot be written, a missing requirement (a CUDA GPU, torch).
+  usable in it, a file that cannot be written, a missing requirement (a CUDA GPU, torch,
+  an optional extra: `require_extra` names the one to install).
 - 3 `BLIND`: `check` only, the trace cannot support a clean verdict (analysis/coverage.py).
 - `run` passes the traced command's code through: 128+N (`SIGNALLED` + N) when it died of
   signal N, 127 `NOT_FOUND` and 126 `NOT_EXECUTABLE` when it could not be started, as a
@@ -59,3 +60,21 @@ class MlatraceError(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+
+EXTRAS = {"otlp": "opentelemetry.exporter.otlp.proto.http", "plot": "matplotlib"}
+"""The optional extras of the package (pyproject.toml) and a module each one installs."""
+
+
+def require_extra(extra: str, what: str) -> None:
+    """MlatraceError (exit 2, one line naming the extra) when `extra` is not installed:
+    `what` (a command or option) needs it."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec(EXTRAS[extra]) is not None
+    except ImportError:   # a parent package that is absent or broken
+        found = False
+    if not found:
+        raise MlatraceError(f"error: {what} needs the {extra!r} extra: "
+                            f"pip install 'mlatrace[{extra}]'")

@@ -24,6 +24,9 @@ DEFAULT_REPLAY_TIMING = (8, 64)   # time the first 8 replays of each graph, then
 DEFAULT_FOLD_S = 10.0             # steady steps folded per graph and this many seconds
 WATCH_FOLD_S = 1.0                # ... under `run --watch` (no --fold): the live view's lag
 PREFIX = "MLATRACE_"
+# The sitecustomize that starts tracing in every Python process of a run: first on the
+# PYTHONPATH of `run`'s child and of Ray's workers.
+BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "inject", "bootstrap")
 
 
 def parse_seconds(text: str | None, default: float | None) -> float | None:
@@ -222,11 +225,18 @@ class Settings:
         env = os.environ if environ is None else environ
         return cls(**{v.field: v.parse(env.get(v.name)) for v in VARIABLES})
 
-    def to_env(self) -> dict[str, str]:
-        """The variables of the settings that differ from the defaults."""
+    def to_env(self, fields: tuple[str, ...] | None = None) -> dict[str, str]:
+        """The variables of the settings (of `fields`, default all) that differ from the
+        defaults: what a process started with them must find in its environment."""
         default = Settings()
         return {v.name: v.format(getattr(self, v.field)) for v in VARIABLES
-                if getattr(self, v.field) != getattr(default, v.field)}
+                if (fields is None or v.field in fields)
+                and getattr(self, v.field) != getattr(default, v.field)}
+
+    def options(self, fields: tuple[str, ...]) -> dict[str, str | None]:
+        """`fields` as their variables' text, None at the default (run.json's `options`)."""
+        env = self.to_env(fields)
+        return {field: env.get(name_of(field)) for field in fields}
 
     @property
     def launch_every(self) -> int:
@@ -237,6 +247,37 @@ class Settings:
     def traced(self) -> bool:
         """This process records (MLATRACE_OUT set, not disabled)."""
         return bool(self.out) and not self.disabled
+
+
+RUN_FIELDS = ("out", "run_id", "host", "launcher_pid", "home", "ranks", "replay_sample",
+              "sample", "launch_sample", "graph_nodes", "replay_timing", "step_aside", "fold",
+              "max_mb", "probes", "disable_packs", "otlp")
+"""The settings `mlatrace run` gives its command (the launcher's own, then its options):
+in the command's environment they come from the launcher only (`run_env`)."""
+RUN_OPTIONS = RUN_FIELDS[5:]
+"""The fields that are options of `mlatrace run` (same names, `--no-pack`: disable_packs)."""
+
+_BY_FIELD = {v.field: v for v in VARIABLES}
+
+
+def name_of(field: str) -> str:
+    """The MLATRACE_* variable of a Settings field (KeyError for an unknown field)."""
+    return _BY_FIELD[field].name
+
+
+def run_env(settings: Settings, base: Mapping[str, str]) -> dict[str, str]:
+    """The environment `mlatrace run` starts its command in: `base` with the bootstrap
+    first on PYTHONPATH and the RUN_FIELDS of `settings` in place of any it had (a pack
+    turned off in `base`'s MLATRACE_DISABLE_PACKS stays off)."""
+    inherited = Settings.from_env(base).disable_packs
+    settings = dataclasses.replace(settings, disable_packs=tuple(
+        dict.fromkeys(inherited + settings.disable_packs)))
+    env = {k: v for k, v in base.items() if k not in {name_of(f) for f in RUN_FIELDS}}
+    env.update(settings.to_env(RUN_FIELDS))
+    old = env.get("PYTHONPATH", "")
+    parts = [BOOTSTRAP_DIR] + [p for p in old.split(os.pathsep) if p and p != BOOTSTRAP_DIR]
+    env["PYTHONPATH"] = os.pathsep.join(parts)
+    return env
 
 
 def current() -> Settings:

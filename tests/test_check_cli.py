@@ -9,7 +9,7 @@ import synth
 from click.testing import CliRunner
 from conftest import FIXTURES
 
-from mlatrace.analysis import ConfigError, load_config
+from mlatrace.analysis import RULES, ConfigError, load_config
 from mlatrace.cli import main
 
 
@@ -84,10 +84,11 @@ def test_junit_xml(tmp_path):
     result = run(FIXTURES / "legacy_one_split", "--junit", out, "--config", cfg)
     assert result.exit_code == 1
     suite = ET.parse(out).getroot()
-    assert suite.tag == "testsuite" and suite.get("tests") == "10"   # 9 rules + coverage
+    rules = len(RULES)
+    assert suite.tag == "testsuite" and suite.get("tests") == str(rules + 1)   # + coverage
     assert suite.get("failures") == "1" and suite.get("skipped") == "1"
     cases = {c.get("name"): c for c in suite.iter("testcase")}
-    assert len(cases) == 10
+    assert len(cases) == rules + 1
     assert cases["coverage"].find("failure") is None   # an older trace, not blind
     failure = cases["MLT001 frozen-one-split"].find("failure")
     assert failure is not None and "replayed 3 times" in failure.get("message")

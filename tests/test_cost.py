@@ -97,7 +97,7 @@ def test_whatif_without_gpu_says_which_gpu_and_exits_2(cpu_trace):
 
 
 def test_whatif_cases_from_the_h200_trace():
-    from mlatrace import whatif
+    from mlatrace.output import whatif
 
     result = analyze(open_trace(LEGACY))
     (case,) = whatif.cases(result.model, result.findings)

@@ -15,7 +15,7 @@ import pytest
 from conftest import FIXTURES, MLATRACE, SAMPLES
 
 from mlatrace.analysis import analyze
-from mlatrace.check import ExitCode
+from mlatrace.output.check import ExitCode
 from mlatrace.trace import open_trace
 
 USER_MODULE = """\

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from test_export_support import PYTHON, WALL_NS, env_with_repo, records_of, write_fixture
 
-from mlatrace.export.perfetto import GPU_TID_BASE
+from mlatrace.output.export.perfetto import GPU_TID_BASE
 
 PHASES = {"X", "i", "M", "C"}
 

@@ -26,8 +26,8 @@ from conftest import finding_keys
 pytest.importorskip("torch")
 
 from mlatrace.analysis import analyze  # noqa: E402
+from mlatrace.output.report import report_dict  # noqa: E402
 from mlatrace.record import fold  # noqa: E402
-from mlatrace.report import report_dict  # noqa: E402
 from mlatrace.trace import open_trace  # noqa: E402
 
 SERVE = ["--device", "cpu", "--ctx", "2048", "--steps", "14", "--batch", "2", "--layers", "2",

@@ -21,7 +21,7 @@ pytest.importorskip("torch")
 
 from mlatrace.analysis import analyze  # noqa: E402
 from mlatrace.analysis.graph_use import key_size, key_uniform  # noqa: E402
-from mlatrace.report import report_dict  # noqa: E402
+from mlatrace.output.report import report_dict  # noqa: E402
 from mlatrace.trace import open_trace  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -224,7 +224,7 @@ def test_hf_transformers_continuous_batching_on_the_h200_lists_the_graphs_it_set
 
 
 def test_the_text_section_keeps_ten_bucket_lines_and_sums_the_rest():
-    from mlatrace.report_graph_use import MAX_LINES, process_lines
+    from mlatrace.output.report_graph_use import MAX_LINES, process_lines
 
     def row(size: int, steps: int) -> dict[str, Any]:
         return {"size": size, "modes": ["FULL"], "captures": [{"gid": size}], "replays": steps,

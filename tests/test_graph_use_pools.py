@@ -24,9 +24,9 @@ from synth import SynthProcess, write_run
 torch = pytest.importorskip("torch")
 
 from mlatrace.analysis import analyze  # noqa: E402
+from mlatrace.output.report import report_dict  # noqa: E402
+from mlatrace.output.report_graph_use import graph_use_lines  # noqa: E402
 from mlatrace.probe import graph_data  # noqa: E402
-from mlatrace.report import report_dict  # noqa: E402
-from mlatrace.report_graph_use import graph_use_lines  # noqa: E402
 from mlatrace.trace import open_trace  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,7 +103,7 @@ def test_captures_never_replayed_hold_their_pool_until_the_process_ends(tmp_path
     assert "    never replayed: gid 1 held 1.0 GiB for 60 s (60 GiB*s)" in lines
     assert len([line for line in lines if "never replayed: " in line]) == 2   # not p7002's
 
-    from mlatrace.html_graph_use import graph_use_section
+    from mlatrace.output.html_graph_use import graph_use_section
     html = graph_use_section({"graph_use": view})
     assert "gid 5 (size -, 512 MiB for 40 min)" in html and "; 1200 GiB*s held in all" in html
     assert "<th>memory captured</th>" in html and '<td class="num">1.5 GiB</td>' in html

@@ -20,7 +20,7 @@ import pytest
 from synth import SynthProcess, write_run
 
 from mlatrace.analysis.series import SERIES_BUCKETS, Series
-from mlatrace.charts import Region, regions_of, sparkline
+from mlatrace.output.charts import Region, regions_of, sparkline
 
 ROOT = Path(__file__).resolve().parents[1]
 FROZEN = ROOT / "samples" / "gpu_backends" / "vllm_triton_mla_frozen_one"   # MLT001, H200
@@ -279,8 +279,8 @@ def test_watch_rewrites_the_page_as_the_run_goes_on(tmp_path: Path) -> None:
 
     from rich.console import Console
 
-    from mlatrace.html_report import LivePage
-    from mlatrace.watch import LiveRun, follow
+    from mlatrace.output.html_report import LivePage
+    from mlatrace.output.watch import LiveRun, follow
 
     src = next(FROZEN_TIMED.glob("p*.jsonl"))
     lines = src.read_text().splitlines(keepends=True)

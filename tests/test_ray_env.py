@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from mlatrace.inject import BOOTSTRAP_DIR
 from mlatrace.probe.handlers.ray import merge_runtime_env, tracing_env_vars
+from mlatrace.settings import BOOTSTRAP_DIR
 
 TRACED = {"MLATRACE_OUT": "/runs/t", "MLATRACE_RUN_ID": "abc", "HOME": "/root"}
 

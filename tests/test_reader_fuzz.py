@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mlatrace.analysis import analyze
-from mlatrace.diff import diff_dict
-from mlatrace.report import report_dict
+from mlatrace.output.diff import diff_dict
+from mlatrace.output.report import report_dict
 from mlatrace.trace import open_trace
 from mlatrace.trace.typed import TYPED_KINDS, to_record
 

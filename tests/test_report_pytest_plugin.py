@@ -100,7 +100,7 @@ def test_plugin_is_inert_and_torch_free():
     code = ("import sys, mlatrace.pytest_plugin; "
             "assert 'torch' not in sys.modules, 'torch imported'; "
             "assert 'mlatrace.record' not in sys.modules; "
-            "import mlatrace.analysis, mlatrace.report, mlatrace.check, mlatrace.diff; "
+            "import mlatrace.analysis, mlatrace.output.report, mlatrace.output.check, mlatrace.output.diff; "
             "assert 'torch' not in sys.modules, 'torch imported by analysis'")
     env = dict(os.environ, PYTHONPATH=str(REPO))
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)

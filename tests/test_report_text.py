@@ -86,8 +86,8 @@ def _host_timed(root: Path, lens: tuple[int, ...]) -> Path:
 
 
 def test_units_labels_and_plurals(tmp_path: Path) -> None:
-    from mlatrace.report import gpu_time
-    from mlatrace.tables import shorten
+    from mlatrace.common import shorten
+    from mlatrace.output.report import gpu_time
 
     trace = _host_timed(tmp_path / "t", (100001,))
     report = subprocess.run([*MLATRACE, "report", str(trace)], capture_output=True, text=True,

@@ -77,7 +77,7 @@ def test_bootstrap_loads_no_analysis_stage(tmp_path: Path) -> None:
     loaded = set(listing.read_text().split())
     assert "mlatrace.probe.engine" in loaded and "mlatrace.record" in loaded
     heavy = {"mlatrace.analysis.builder", "mlatrace.analysis.model", "mlatrace.analysis.rules",
-             "mlatrace.trace", "mlatrace.report"}
+             "mlatrace.trace", "mlatrace.output.report"}
     assert not heavy & loaded, sorted(heavy & loaded)
 
 

@@ -76,3 +76,23 @@ def test_to_env_reads_back_as_the_same_settings() -> None:
            "MLATRACE_DISABLE_PACKS": "x,y", "MLATRACE_GRAPH_NODES": "0", "MLATRACE_DISABLE": "1"}
     settings = Settings.from_env(env)
     assert Settings.from_env(settings.to_env()) == settings
+
+
+def test_run_env_is_the_settings_in_place_of_the_inherited_run_variables() -> None:
+    """`mlatrace run`'s child environment (settings.run_env): the run's settings replace
+    any inherited run variable, others pass through, a pack turned off stays off."""
+    import os
+
+    from mlatrace.settings import BOOTSTRAP_DIR, run_env
+
+    base = {"MLATRACE_FOLD": "3", "MLATRACE_RANKS": "1", "MLATRACE_DISABLE_PACKS": "a",
+            "MLATRACE_KERNELS": "mla", "PYTHONPATH": f"/x{os.pathsep}{BOOTSTRAP_DIR}",
+            "HOME": "/root"}
+    env = run_env(Settings(out="/t", run_id="r1", fold=0.0, disable_packs=("b",),
+                           replay_timing=None), base)
+    assert env["PYTHONPATH"] == f"{BOOTSTRAP_DIR}{os.pathsep}/x"
+    child = Settings.from_env(env)
+    assert (child.out, child.run_id, child.fold, child.ranks) == ("/t", "r1", 0.0, None)
+    assert child.disable_packs == ("a", "b") and child.replay_timing is None
+    assert env["MLATRACE_KERNELS"] == "mla" and env["HOME"] == "/root"
+    assert "MLATRACE_RANKS" not in env and "MLATRACE_GRAPH_NODES" not in env

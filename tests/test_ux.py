@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from conftest import FIXTURES, MLATRACE, PROGS, REPO, SAMPLES
 
 from mlatrace.cli import main
-from mlatrace.tables import Column, fit_columns
+from mlatrace.output.tables import Column, fit_columns
 from mlatrace.trace import open_trace
 
 GPU_TRACES = sorted([*SAMPLES.glob("gpu_serve_*"), SAMPLES / "capture_triton"])
@@ -94,7 +94,7 @@ def test_diff_table_never_splits_a_word() -> None:
 
 TTY_CHILD = """
 import fcntl, struct, sys, termios
-from mlatrace import report
+from mlatrace.output import report
 for width in map(int, sys.argv[2:]):
     fcntl.ioctl(1, termios.TIOCSWINSZ, struct.pack("HHHH", 50, width, 0, 0))
     print(f"=== {width}", flush=True)

@@ -258,7 +258,7 @@ def test_run_watch_at_80x24_keeps_severity_and_graphs_on_screen(tmp_path: Path) 
 def test_run_watch_view_sees_steady_replays_while_the_run_goes_on(tmp_path: Path) -> None:
     import time
 
-    from mlatrace.watch import LiveRun
+    from mlatrace.output.watch import LiveRun
 
     out = tmp_path / "trace"
     proc = subprocess.Popen(
@@ -427,8 +427,8 @@ def test_a_watch_apart_from_the_run_says_how_often_folds_arrive(tmp_path: Path) 
 
     from rich.console import Console
 
-    from mlatrace.watch import LiveRun
-    from mlatrace.watch.view import render
+    from mlatrace.output.watch import LiveRun
+    from mlatrace.output.watch.view import render
 
     out = tmp_path / "trace"
     proc = subprocess.Popen(

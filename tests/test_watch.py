@@ -20,11 +20,11 @@ from synth import SEQ_INFO_PTR, SynthProcess, mla_decode, write_run
 
 from mlatrace.analysis import analyze, analyze_model
 from mlatrace.analysis.builder import IncrementalBuilder
-from mlatrace.report import report_dict
+from mlatrace.output.report import report_dict
+from mlatrace.output.watch import LiveRun, newest_run
 from mlatrace.trace import open_trace
 from mlatrace.trace import tail as tail_mod
 from mlatrace.trace.tail import TailReader
-from mlatrace.watch import LiveRun, newest_run
 
 TRACE_DIRS = sorted({p.parent for base in (REPO / "samples", REPO / "tests" / "fixtures")
                      for p in base.rglob("p*.jsonl")})
@@ -484,7 +484,7 @@ def test_a_backlog_is_read_in_chunks_and_caught_up(tmp_path: Path) -> None:
     live = LiveRun([src])
     live.tail.chunk = 4096
     assert live.poll() > 0 and live.tail.behind
-    from mlatrace.watch import catch_up
+    from mlatrace.output.watch import catch_up
 
     catch_up(live)
     assert not live.tail.behind
@@ -525,7 +525,7 @@ def test_a_feed_worker_reads_its_own_files(tmp_path: Path,
     """A poll fed over forked workers: the watch process reads only the files it feeds
     itself; a worker reads its own, and the watch goes on from where the worker stopped."""
     from mlatrace.analysis import parallel
-    from mlatrace.watch import state
+    from mlatrace.output.watch import state
 
     src = mla_decode(tmp_path / "src", policy="legacy", replay_lens=tuple(range(9000, 9300)),
                      ranks=2)
@@ -555,7 +555,7 @@ def test_a_feed_worker_reads_its_own_files(tmp_path: Path,
 def test_refreshes_while_catching_up_are_fewer(tmp_path: Path) -> None:
     """The follow loop shows new records within POLL_S once caught up, but only every
     BACKLOG_REFRESH_S while a backlog remains; with nothing new, every IDLE_REFRESH_S."""
-    from mlatrace.watch import BACKLOG_REFRESH_S, IDLE_REFRESH_S, POLL_S, refresh_due
+    from mlatrace.output.watch import BACKLOG_REFRESH_S, IDLE_REFRESH_S, POLL_S, refresh_due
 
     live = LiveRun([tmp_path])
     assert POLL_S < BACKLOG_REFRESH_S < IDLE_REFRESH_S
@@ -576,7 +576,7 @@ def test_a_backlog_fed_over_forked_workers_equals_the_report(
     """Every poll that brings records of several processes goes to the parallel feed
     (forked workers continue the builders of their pids and hand them back)."""
     from mlatrace.analysis import parallel
-    from mlatrace.watch import state
+    from mlatrace.output.watch import state
 
     ran: list[int | None] = []
     feed = parallel.feed_parallel
@@ -603,7 +603,7 @@ def test_bad_lines_fed_over_forked_workers_are_named_as_the_report_names_them(
     """Line numbers carry over from a worker's poll to the next (the reader's state comes
     back with its builders): bad lines late in a file fed by workers are reported at the
     lines the batch reader names."""
-    from mlatrace.watch import state
+    from mlatrace.output.watch import state
 
     src = mla_decode(tmp_path / "src", policy="legacy", replay_lens=tuple(range(9000, 9300)),
                      ranks=2)
@@ -630,7 +630,7 @@ def test_a_feed_worker_that_dies_is_made_up_for(tmp_path: Path,
     import signal
 
     from mlatrace.analysis import parallel
-    from mlatrace.watch import state
+    from mlatrace.output.watch import state
 
     trace_dir = MULTI_PROCESS_DIRS[0]
     feed_bucket = parallel._feed_bucket
@@ -659,7 +659,7 @@ def test_watch_coverage_is_the_reports(tmp_path: Path) -> None:
     """The view's coverage line and --json coverage are analysis.coverage's judgement."""
     from rich.console import Console
 
-    from mlatrace.watch.view import render, snapshot_dict
+    from mlatrace.output.watch.view import render, snapshot_dict
 
     proc = SynthProcess(tmp_path, 7)
     proc.emit("probe.error", probe="vllm.attn", target="vllm.x.forward", reason="drift",
@@ -688,9 +688,9 @@ _NO_MSGSPEC_CHILD = """
 import json, sys
 sys.modules["msgspec"] = None   # import msgspec raises ImportError: the stdlib-json reader
 from mlatrace.analysis import analyze
-from mlatrace.report import report_dict
+from mlatrace.output.report import report_dict
 from mlatrace.trace import open_trace, typed
-from mlatrace.watch import LiveRun
+from mlatrace.output.watch import LiveRun
 assert typed.decode_records is None
 out = {}
 for path in sys.argv[1:]:

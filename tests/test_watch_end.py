@@ -56,9 +56,9 @@ FIXTURES = Path(__file__).parent / "fixtures"
 def _screen(width: int) -> list[str]:
     from rich.console import Console
 
-    from mlatrace.watch import catch_up
-    from mlatrace.watch.state import LiveRun
-    from mlatrace.watch.view import render
+    from mlatrace.output.watch import catch_up
+    from mlatrace.output.watch.state import LiveRun
+    from mlatrace.output.watch.view import render
 
     live = LiveRun([FIXTURES / "legacy_one_split"])
     catch_up(live)

@@ -24,7 +24,7 @@ _EXPORTS = {
     "build_model": "builder",
     "Config": "config", "ConfigError": "config", "load_config": "config",
     "Coverage": "coverage", "ExpectError": "coverage",
-    "RULES": "findings", "Evidence": "findings", "Finding": "findings",
+    "RULES": "rules", "Rule": "rules", "Evidence": "findings", "Finding": "findings",
     "at_or_above": "findings",
     "GraphModel": "model", "TraceModel": "model",
 }

@@ -22,6 +22,9 @@ class AttentionHandlers:
     """Handlers of `ProcessBuilder` (mlatrace.analysis.process_builder): attention metadata
     and calls, host decisions."""
 
+    HANDLES = {ATTN_METADATA: "attn_metadata", ATTN_CALL: "attn_call",
+               HOST_DECISION: "host_decision"}   # kind -> its handler, in this family
+
     def _count_attention(self, rec: dict, kind: str, name: str,
                          capturing: Any = None) -> AttentionStats:
         key = f"{kind}:{name}"

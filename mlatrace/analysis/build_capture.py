@@ -28,6 +28,10 @@ class CaptureHandlers:
     """Handlers of `ProcessBuilder` (mlatrace.analysis.process_builder): captures, nodes,
     kernels, devices."""
 
+    HANDLES = {CAPTURE_BEGIN: "capture_begin", CAPTURE_END: "capture_end",
+               GRAPH_NODES: "graph_nodes", DEVICE: "device", KERNEL_SKIP: "kernel_skip",
+               KERNEL_SPLIT: "kernel_split", KERNEL_LAUNCH: "kernel_launch"}
+
     def capture_begin(self, rec: dict) -> None:
         gid = _int(rec.get("gid"))
         if gid is None:

@@ -14,13 +14,15 @@ from mlatrace.analysis.graph_use import (
     step_is_decode,
 )
 from mlatrace.analysis.model import _int
-from mlatrace.kinds import DISPATCH
+from mlatrace.kinds import DISPATCH, RUNNER_DUMMY_RUN
 
 _ANY = object()   # a cached dispatch whose entry holds whatever its real size
 
 
 class GraphUseHandlers:
     """Handlers of `ProcessBuilder` (mlatrace.analysis.process_builder): dispatches."""
+
+    HANDLES = {DISPATCH: "dispatch", RUNNER_DUMMY_RUN: "runner_dummy_run"}
 
     def _graph_use(self) -> GraphUseStats:
         stats = self.proc.graph_use

@@ -14,7 +14,15 @@ from mlatrace.analysis.model import (
     _int,
 )
 from mlatrace.common import hashable
-from mlatrace.kinds import SYNC
+from mlatrace.kinds import (
+    MARK,
+    PROBE_ERROR,
+    PROCESS,
+    PROCESS_END,
+    PROCESS_INFO,
+    PROCESS_RANK,
+    SYNC,
+)
 
 MAX_PROBE_ERRORS = 200     # probe.error records kept per process (all are counted in kinds)
 
@@ -22,6 +30,10 @@ MAX_PROBE_ERRORS = 200     # probe.error records kept per process (all are count
 class ProcessHandlers:
     """Handlers of `ProcessBuilder` (mlatrace.analysis.process_builder): header, rank, end,
     probe errors, marks, syncs."""
+
+    HANDLES = {PROCESS: "header", PROCESS_RANK: "process_info", PROCESS_INFO: "process_info",
+               PROCESS_END: "process_end", PROBE_ERROR: "probe_error", MARK: "mark",
+               SYNC: "sync"}
 
     def header(self, rec: dict) -> None:
         p = self.proc

@@ -26,6 +26,7 @@ from mlatrace.kinds import (
     KERNEL_SPLIT,
     REPLAY,
     REPLAY_TIME,
+    STEADY,
 )
 from mlatrace.trace.typed import Record
 
@@ -35,6 +36,8 @@ _GPU_ROUNDED_FROM = 1 << GPU_HIST_BITS   # GPU times from here on lose their low
 class ReplayHandlers:
     """Handlers of `ProcessBuilder` (mlatrace.analysis.process_builder): replays, replay
     times, steady folds."""
+
+    HANDLES = {REPLAY: "replay", REPLAY_TIME: "replay_time", STEADY: "steady"}
 
     def replay(self, rec: Record) -> None:
         # the hottest path of a trace (one or two per decode step): keep it lean; what

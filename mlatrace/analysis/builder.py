@@ -107,10 +107,7 @@ class IncrementalBuilder:
             "graphs": {k: g for k, g in model.graphs.items() if k[0] in pids},
             "runtime_eager": {k: v for k, v in model.runtime_eager.items() if k[0] in pids},
             "runtime_splits": {k: v for k, v in model.runtime_splits.items() if k in pids},
-            "files": {id(f): (f.gaps, f.dropped, f.records_read, f._last_seq, f.end,
-                              f.lines_checked, f.header, f._header_line_ok, f._header_problem,
-                              f._captured)
-                      for f in proc_files},
+            "files": {id(f): f.reading_state() for f in proc_files},
             "reader_problems": proc_files[0].problems[reader_from:] if proc_files else [],
             "problems": self.problems[own_from:],
         }
@@ -142,10 +139,7 @@ class IncrementalBuilder:
         model.runtime_splits.update(state["runtime_splits"])
         for proc_file in proc_files:
             if id(proc_file) in state["files"]:
-                (proc_file.gaps, proc_file.dropped, proc_file.records_read,
-                 proc_file._last_seq, proc_file.end, proc_file.lines_checked,
-                 proc_file.header, proc_file._header_line_ok,
-                 proc_file._header_problem, proc_file._captured) = state["files"][id(proc_file)]
+                proc_file.resume_reading(state["files"][id(proc_file)])
         if proc_files:
             proc_files[0].problems.extend(state["reader_problems"])
         self.problems.extend(state["problems"])

@@ -41,8 +41,12 @@ from typing import Any
 from mlatrace.analysis.graph_use import GraphUseRule
 from mlatrace.analysis.kernels import GridRule
 
-RULE_IDS = ("MLT001", "MLT002", "MLT003", "MLT004", "MLT005", "MLT006", "MLT007", "MLT008",
-            "MLT009")
+
+def rule_ids() -> tuple[str, ...]:
+    """The ids of the rules (their registry, analysis/rules, imports this module)."""
+    from mlatrace.analysis.rules import RULES
+
+    return tuple(RULES)
 
 
 class ConfigError(ValueError):
@@ -133,90 +137,47 @@ def _check_allow(entries: list[dict], source: str | None) -> None:
         if rule is None:
             raise ConfigError(f"{_where(source, 'allow')}: allow entry {describe_allow(entry)} "
                               "names no rule (it would suppress every finding); add rule = \"MLT...\"")
-        if not isinstance(rule, str) or rule.upper() not in RULE_IDS:
+        if not isinstance(rule, str) or rule.upper() not in rule_ids():
             raise ConfigError(f"{_where(source, 'allow')}: allow entry {describe_allow(entry)}: "
-                              f"unknown rule {rule!r} (known: {', '.join(RULE_IDS)})")
-
-
-_INT_KEYS = ("long_len_factor", "default_block_n", "far_factor", "far_min_len")
-_KNOWN_KEYS = (*_INT_KEYS, "fail_on", "disable", "allow", "expect", "underfill_fraction",
-               "growth_factor", "error_growth_factor", "min_timed_replays", "attention_names",
-               "graph_eager_share", "graph_padding_share", "graph_min_steps")
+                              f"unknown rule {rule!r} (known: {', '.join(rule_ids())})")
 
 
 def config_from_dict(table: dict, source: str | None = None) -> Config:
     """Validate one `[tool.mlatrace]` table into a Config (ConfigError on wrong values)."""
-    cfg = Config(source=source)
-    for key, value in table.items():
-        if key in _INT_KEYS:
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{source}: {key} must be a positive integer, got {value!r}")
-            setattr(cfg, key, value)
-        elif key == "fail_on":
-            if value not in ("error", "warning"):
-                raise ConfigError(f"{source}: fail_on must be 'error' or 'warning', got {value!r}")
-            cfg.fail_on = value
-        elif key == "disable":
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise ConfigError(f"{source}: disable must be a list of rule ids")
-            unknown = [v for v in value if v.upper() not in RULE_IDS]
-            if unknown:
-                raise ConfigError(f"{source}: unknown rule id(s) in disable: {', '.join(unknown)}")
-            cfg.disable = {v.upper() for v in value}
-        elif key == "allow":
-            if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
-                raise ConfigError(f"{source}: allow must be a list of tables, e.g. "
-                                  "[{rule = \"MLT006\", key = \"...\"}]")
-            _check_allow(value, source)
-            cfg.allow = [dict(v) for v in value]
-        elif key == "expect":
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise ConfigError(f"{source}: expect must be a list of record kinds, e.g. "
-                                  "[\"graphs\", \"attn.call\"]")
-            from mlatrace.analysis.coverage import ExpectError, expect_kinds
+    try:
+        from mlatrace.analysis.config_table import UNSET, checked_table
+    except ImportError:   # msgspec is a core dependency; an image without it reads no config
+        raise ConfigError(f"{source}: reading a config needs msgspec (pip install msgspec)"
+                          ) from None
+    checked = checked_table(table, source)
+    unknown = [v for v in checked.disable if v.upper() not in rule_ids()]
+    if unknown:
+        raise ConfigError(f"{_where(source, 'disable')}: unknown rule id(s) in disable: "
+                          f"{', '.join(unknown)}")
+    _check_allow(checked.allow, source)
+    from mlatrace.analysis.coverage import ExpectError, expect_kinds
 
-            for what in value:
-                try:
-                    expect_kinds(what)
-                except ExpectError as exc:
-                    raise ConfigError(f"{source}: {exc}") from None
-            cfg.expect = list(value)
-        elif key in ("underfill_fraction", "growth_factor", "error_growth_factor"):
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0 \
-                    or (key == "underfill_fraction" and value > 1):
-                raise ConfigError(f"{source}: {key} must be a positive number"
-                                  + (" up to 1" if key == "underfill_fraction" else "")
-                                  + f", got {value!r}")
-            cfg.grid = replace(cfg.grid, **{key: float(value)})
-        elif key == "min_timed_replays":
-            if not isinstance(value, int) or isinstance(value, bool) or value < 2:
-                raise ConfigError(f"{source}: min_timed_replays must be an integer >= 2, "
-                                  f"got {value!r}")
-            cfg.grid = replace(cfg.grid, min_timed_replays=value)
-        elif key == "attention_names":
-            if not isinstance(value, list) or not value or \
-                    not all(isinstance(v, str) and v for v in value):
-                raise ConfigError(f"{source}: attention_names must be a non-empty list of "
-                                  "strings, e.g. [\"attn\", \"mla\"]")
-            cfg.grid = replace(cfg.grid, attention_names=tuple(value))
-        elif key in ("graph_eager_share", "graph_padding_share"):
-            if not isinstance(value, (int, float)) or isinstance(value, bool) \
-                    or not 0 <= value < 1:
-                raise ConfigError(f"{_where(source, key)}: {key} must be a share from 0 up to "
-                                  f"(not including) 1, got {value!r}")
-            name = "eager_share" if key == "graph_eager_share" else "padding_share"
-            cfg.graph_use = replace(cfg.graph_use, **{name: float(value)})
-        elif key == "graph_min_steps":
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{_where(source, key)}: graph_min_steps must be a positive "
-                                  f"integer, got {value!r}")
-            cfg.graph_use = replace(cfg.graph_use, min_steps=value)
-        else:  # a mistyped key would silently leave its default in force
-            close = difflib.get_close_matches(str(key), _KNOWN_KEYS, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{_where(source, str(key))}: unknown key {key!r}{hint}; the "
-                              f"keys are {', '.join(_KNOWN_KEYS)}")
-    return cfg
+    for what in checked.expect:
+        try:
+            expect_kinds(what)
+        except ExpectError as exc:
+            raise ConfigError(f"{_where(source, 'expect')}: {exc}") from None
+    grid = {key: getattr(checked, key) for key in ("underfill_fraction", "growth_factor",
+                                                     "error_growth_factor", "min_timed_replays",
+                                                     "attention_names")
+            if getattr(checked, key) is not UNSET}
+    graph_use = {name: getattr(checked, key) for key, name in (
+        ("graph_eager_share", "eager_share"), ("graph_padding_share", "padding_share"),
+        ("graph_min_steps", "min_steps")) if getattr(checked, key) is not UNSET}
+    if "attention_names" in grid:
+        grid["attention_names"] = tuple(grid["attention_names"])
+    return Config(long_len_factor=checked.long_len_factor,
+                  default_block_n=checked.default_block_n, far_factor=checked.far_factor,
+                  far_min_len=checked.far_min_len, fail_on=checked.fail_on,
+                  disable={v.upper() for v in checked.disable},
+                  allow=[dict(v) for v in checked.allow], expect=list(checked.expect),
+                  grid=replace(GridRule(), **grid),
+                  graph_use=replace(GraphUseRule(), **graph_use), source=source)
 
 
 def _read_toml(path: Path) -> dict:

@@ -1,7 +1,7 @@
 """What a finding costs: the GPU time of its graph's replays, and what a fix would buy.
 
-Applied after the rules to every finding whose rule is in COST_RULES and that names a
-graph (matched by rule id, so new rules on graphs get a cost by joining the tuple):
+Applied after the rules to every finding whose rule is `costed` (analysis/rules) and names a
+graph (a new rule on graphs gets a cost by being declared `costed`):
 
     finding.cost = {"replays": int,                 # replays of the finding's graph
                     "timed": int,                   # of them timed (graph.replay.time)
@@ -25,16 +25,17 @@ from typing import Any
 
 from mlatrace.analysis.findings import Finding
 from mlatrace.analysis.model import TraceModel
+from mlatrace.analysis.rules import RULES
 from mlatrace.trace import Problem
 
-COST_RULES = ("MLT001", "MLT006", "MLT007", "MLT008")
 WHATIF_FILE = "whatif.json"
 WHATIF_SCHEMA = "mlatrace.whatif/1"
 
 
 def attach_costs(model: TraceModel, findings: list[Finding]) -> None:
-    """Set `cost` on each finding of COST_RULES that names a graph of the model."""
-    wanted = [f for f in findings if f.id in COST_RULES and f.gid is not None]
+    """Set `cost` on each finding of a `costed` rule that names a graph of the model."""
+    wanted = [f for f in findings
+              if f.id in RULES and RULES[f.id].costed and f.gid is not None]
     if not wanted:
         return
     whatif = load_whatif(model)

@@ -29,35 +29,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlatrace.analysis.model import ProcessModel, TraceModel
+from mlatrace.common import plural
 from mlatrace.kinds import (
     ATTN_CALL,
     ATTN_METADATA,
     CAPTURE_BEGIN,
     CAPTURE_END,
-    DEVICE,
     DISPATCH,
-    EAGER_BREAK,
     GRAPH_NODES,
     HOST_DECISION,
     KERNEL_LAUNCH,
-    KERNEL_SKIP,
     KERNEL_SPLIT,
-    MARK,
+    KINDS,
     PROBE_ERROR,
-    PROCESS,
-    PROCESS_END,
-    PROCESS_RANK,
-    RAY_INIT,
-    RAY_WORKER,
-    RECORD_ERROR,
     REPLAY,
     REPLAY_TIME,
-    RUNNER_CAPTURE_MODEL,
-    RUNNER_DUMMY_RUN,
-    SAMPLE_RUN,
-    SYNC,
 )
-from mlatrace.tables import plural
 
 ENGINES = ("vllm", "sglang", "aiter")
 """Engines with probe packs: their version in a header means graphs or attention are due."""
@@ -73,14 +60,8 @@ EXPECT_ALIASES: dict[str, tuple[str, ...]] = {
 }
 """Words `--expect` accepts besides record kinds (a kind has a dot: attn.call)."""
 
-KNOWN_KINDS = (
-    PROCESS, PROCESS_RANK, PROCESS_END, PROBE_ERROR, CAPTURE_BEGIN,
-    CAPTURE_END, GRAPH_NODES, REPLAY, EAGER_BREAK, DISPATCH,
-    ATTN_METADATA, ATTN_CALL, KERNEL_SPLIT, KERNEL_LAUNCH, KERNEL_SKIP, SYNC,
-    HOST_DECISION, MARK, RUNNER_DUMMY_RUN, RUNNER_CAPTURE_MODEL, REPLAY_TIME,
-    RAY_INIT, RAY_WORKER, RECORD_ERROR, SAMPLE_RUN, DEVICE,
-)
-"""The record kinds of schema mlatrace/1 (docs/trace-format.md)."""
+KNOWN_KINDS = tuple(KINDS)
+"""The record kinds of schema mlatrace/1 (mlatrace/kinds.py), each a valid --expect."""
 
 MAX_REASONS_PER_CAUSE = 10
 

@@ -7,19 +7,6 @@ from typing import Any
 
 SEVERITY_ORDER = {"warning": 1, "error": 2}
 
-RULES: dict[str, tuple[str, str]] = {
-    "MLT001": ("frozen-one-split", "error"),
-    "MLT002": ("replay-beyond-capture", "error"),
-    "MLT003": ("static-buffer-drift", "error"),
-    "MLT004": ("host-sync-in-decode", "warning"),
-    "MLT005": ("mixed-kernels-in-graph", "error"),
-    "MLT006": ("frozen-host-decision", "warning"),
-    "MLT007": ("decision-mismatch", "error"),
-    "MLT008": ("frozen-underfilled-grid", "warning"),
-    "MLT009": ("graph-underused", "warning"),
-}
-
-
 @dataclass
 class Evidence:
     """One record a finding rests on: open `file` and look for `"seq": seq`."""
@@ -60,9 +47,11 @@ def make_finding(rule_id: str, message: str, hint: str, evidence: list[Evidence]
                  pid: int | None, rank: int | None, gid: int | None, details: dict,
                  severity: str | None = None) -> Finding:
     """A finding of `rule_id`; `severity` overrides the rule's default (MLT002, MLT006)."""
-    name, default = RULES[rule_id]
-    return Finding(rule_id, name, severity or default, message, hint, evidence, pid, rank, gid,
-                   details)
+    from mlatrace.analysis.rules import RULES  # the registry imports the rules, which import this
+
+    rule = RULES[rule_id]
+    return Finding(rule_id, rule.name, severity or rule.severity, message, hint, evidence, pid,
+                   rank, gid, details)
 
 
 def at_or_above(severity: str, threshold: str) -> bool:

@@ -15,7 +15,7 @@ from mlatrace.analysis.coverage import Coverage, judge
 from mlatrace.analysis.findings import SEVERITY_ORDER, Finding
 from mlatrace.analysis.kernels import merge_into_explaining, unavailable
 from mlatrace.analysis.model import TraceModel
-from mlatrace.analysis.rules import RULE_FUNCTIONS
+from mlatrace.analysis.rules import RULES
 
 __all__ = ["Analysis", "analyze", "analyze_model"]
 
@@ -46,10 +46,10 @@ def analyze_model(model: TraceModel, config: Config | None = None,
     wanted = {r.upper() for r in rules} if rules else None
     findings, suppressed = [], []
     seen: set[tuple] = set()
-    for rule_id, rule in RULE_FUNCTIONS.items():
+    for rule_id, rule in RULES.items():
         if not config.enabled(rule_id) or (wanted is not None and rule_id not in wanted):
             continue
-        for finding in rule(model, config):
+        for finding in rule.find(model, config):
             if not finding.evidence:
                 continue  # no finding without evidence
             identity = _identity(finding)

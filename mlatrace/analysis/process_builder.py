@@ -2,7 +2,13 @@
 handler of each record kind. The handlers live by family in `build_capture` (captures,
 nodes, kernels, devices), `build_replay` (replays, replay times, steady folds),
 `build_attention` (attention, host decisions) and `build_process` (header, end, marks,
-syncs); `stream` feeds records to them."""
+syncs), each family naming the kinds it handles (`HANDLES`); `stream` feeds records to
+them.
+
+One class, not parts with state of their own: what a record means depends on what the
+other families saw on its thread (a replay reads the step's metadata, the decisions made
+before it and the syncs since the last one), so the per-thread state is declared once,
+in `ProcessBuilder.__init__`, and a family only adds the handlers of its kinds."""
 
 from __future__ import annotations
 
@@ -25,28 +31,7 @@ from mlatrace.analysis.model import (
     _int,
 )
 from mlatrace.kinds import (
-    ATTN_CALL,
     ATTN_METADATA,
-    CAPTURE_BEGIN,
-    CAPTURE_END,
-    DEVICE,
-    DISPATCH,
-    GRAPH_NODES,
-    HOST_DECISION,
-    KERNEL_LAUNCH,
-    KERNEL_SKIP,
-    KERNEL_SPLIT,
-    MARK,
-    PROBE_ERROR,
-    PROCESS,
-    PROCESS_END,
-    PROCESS_INFO,
-    PROCESS_RANK,
-    REPLAY,
-    REPLAY_TIME,
-    RUNNER_DUMMY_RUN,
-    STEADY,
-    SYNC,
 )
 
 CUSTOM_SKIPPED = frozenset(("k", "t", "seq", "tid", "repeat"))  # not probe fields
@@ -134,32 +119,15 @@ class ProcessBuilder(CaptureHandlers, ReplayHandlers, AttentionHandlers, Process
             if name not in CUSTOM_SKIPPED:
                 nulls[name] = nulls.get(name, 0) + (value is None)
 
+    FAMILIES = (ReplayHandlers, AttentionHandlers, CaptureHandlers, ProcessHandlers,
+                GraphUseHandlers)
+
     def handlers(self) -> dict[str, Any]:
-        """Kind -> handler; probe.error and unknown kinds need nothing here."""
-        return {
-            REPLAY: self.replay,
-            REPLAY_TIME: self.replay_time,
-            ATTN_METADATA: self.attn_metadata,
-            ATTN_CALL: self.attn_call,
-            KERNEL_LAUNCH: self.kernel_launch,
-            KERNEL_SPLIT: self.kernel_split,
-            KERNEL_SKIP: self.kernel_skip,
-            SYNC: self.sync,
-            HOST_DECISION: self.host_decision,
-            CAPTURE_BEGIN: self.capture_begin,
-            CAPTURE_END: self.capture_end,
-            GRAPH_NODES: self.graph_nodes,
-            DEVICE: self.device,
-            PROCESS: self.header,
-            PROCESS_RANK: self.process_info,
-            PROCESS_INFO: self.process_info,
-            PROCESS_END: self.process_end,
-            PROBE_ERROR: self.probe_error,
-            MARK: self.mark,
-            STEADY: self.steady,
-            DISPATCH: self.dispatch,
-            RUNNER_DUMMY_RUN: self.runner_dummy_run,
-        }
+        """Kind -> handler: each family's `HANDLES` (a kind the analysis reads is declared
+        `built` in mlatrace/kinds.py and handled in one family); probe.error and unknown
+        kinds need nothing here."""
+        return {kind: getattr(self, name) for family in self.FAMILIES
+                for kind, name in family.HANDLES.items()}
 
     def finish(self, proc_file: Any) -> ProcessModel:
         """Close the per-process aggregates as of the records fed so far.

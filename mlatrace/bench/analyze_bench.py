@@ -112,7 +112,7 @@ def write_trace(root: Path, events: int) -> int:
 _CHILD = """
 import json, resource, sys, time
 from mlatrace.analysis.load import load, resolve_config
-from mlatrace.report import report_dict
+from mlatrace.output.report import report_dict
 path = sys.argv[1]
 _trace, result = load(path, resolve_config(None))
 text = json.dumps(report_dict(path, result), indent=1, default=str)
@@ -154,8 +154,8 @@ _FOLLOW_CHILD = """
 import io, json, resource, sys, time
 t0 = time.perf_counter()
 from rich.console import Console
-from mlatrace.watch import LiveRun, POLL_S, IDLE_REFRESH_S, refresh_due
-from mlatrace.watch.view import render
+from mlatrace.output.watch import LiveRun, POLL_S, IDLE_REFRESH_S, refresh_due
+from mlatrace.output.watch.view import render
 path, idle_s = sys.argv[1], float(sys.argv[2])
 def children_cpu():
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -169,7 +169,7 @@ def draw():  # what the view does at each refresh, timed apart from the follow
     draws.append(time.perf_counter() - start)
 started, cpu_started, workers_started = time.perf_counter(), time.process_time(), children_cpu()
 live = LiveRun([__import__("pathlib").Path(path)])
-# the watch catching up (mlatrace.watch.follow, less its sleeps): the rules and the view
+# the watch catching up (mlatrace.output.watch.follow, less its sleeps): the rules and the view
 # when refresh_due says, and once more when caught up
 live.poll()
 live.refresh()

@@ -35,8 +35,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from mlatrace.common import plural
 from mlatrace.exitcodes import ExitCode, MlatraceError
-from mlatrace.tables import plural
 
 GOALS = {"full": 1.01, "breakable": 1.01, "none": 1.02}
 POLICY = {"full": "device", "breakable": "bucketed", "none": "device"}

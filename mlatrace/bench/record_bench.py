@@ -30,6 +30,7 @@ from pathlib import Path
 
 from mlatrace import record
 from mlatrace.exitcodes import ExitCode
+from mlatrace.settings import name_of
 
 GOAL_NS = 1000
 LOOP_MODULE = '''
@@ -66,7 +67,7 @@ def run_loop(workdir: Path, workload: str, calls: int, traced: bool
                *cmd]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(workdir), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    env.pop("MLATRACE_OUT", None)
+    env.pop(name_of("out"), None)
     cpu0, wall0 = _children_cpu_s(), time.perf_counter()
     subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
     return _children_cpu_s() - cpu0, time.perf_counter() - wall0, out

@@ -16,7 +16,6 @@ from mlatrace.inject.flush_hooks import install_flush_hooks
 from mlatrace.inject.launcher_watch import die_with_launcher
 from mlatrace.settings import Settings, current
 
-BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
 _installed = False
 
 
@@ -56,7 +55,7 @@ def _install_probes() -> None:
 
 def _start_live_export(endpoint: str) -> None:
     try:
-        from mlatrace.export.live import start_live_export
+        from mlatrace.output.export.live import start_live_export
 
         start_live_export(endpoint)
     except Exception as exc:

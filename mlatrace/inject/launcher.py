@@ -17,14 +17,29 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+from typing import Protocol
 
 import mlatrace
-from mlatrace.exitcodes import SIGNALLED, ExitCode, MlatraceError
-from mlatrace.inject import BOOTSTRAP_DIR
+from mlatrace.exitcodes import SIGNALLED, ExitCode, MlatraceError, require_extra
 from mlatrace.record import parse_replay_timing, parse_step_aside
 from mlatrace.record.redact import allowed_env, redact_argv
-from mlatrace.settings import Settings
+from mlatrace.settings import RUN_OPTIONS, Settings, run_env
+
+
+class RunView(Protocol):
+    """What `run --watch` shows while CMD runs (`mlatrace.output.watch.run_view.RunView`): the
+    launcher sends CMD's output to `log_name` in the trace dir and calls `follow` until
+    CMD exited, then `finish` with its exit code."""
+
+    log_name: str
+
+    def follow(self, out_dir: Path, done: Callable[[], bool]) -> None: ...
+
+    def finish(self, out_dir: Path, exit_code: int) -> None: ...
+
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 STRAGGLER_WAIT_S = 5.0
@@ -48,72 +63,34 @@ def default_out_dir(run_id: str | None = None) -> Path:
     return path
 
 
-def child_env(out_dir: Path, run_id: str, *, ranks: str | None, probes: list[str],
-              replay_sample: int | None, graph_nodes: bool, otlp: str | None,
-              launch_sample: int | None = None, sample: int | None = None,
-              no_packs: list[str] | None = None, replay_timing: str | None = None,
-              step_aside: str | None = None, fold: float | None = None,
-              max_mb: float | None = None,
-              base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment CMD runs in: bootstrap first on PYTHONPATH plus MLATRACE_* settings."""
-    env = dict(os.environ if base is None else base)
-    if no_packs:  # --no-pack adds to what MLATRACE_DISABLE_PACKS already turns off
-        names = list(Settings.from_env(env).disable_packs)
-        env["MLATRACE_DISABLE_PACKS"] = ",".join(dict.fromkeys(names + list(no_packs)))
-    old = env.get("PYTHONPATH", "")
-    parts = [BOOTSTRAP_DIR] + [p for p in old.split(os.pathsep) if p and p != BOOTSTRAP_DIR]
-    env["PYTHONPATH"] = os.pathsep.join(parts)
-    env["MLATRACE_OUT"] = str(out_dir)
-    env["MLATRACE_RUN_ID"] = run_id
-    env["MLATRACE_HOME"] = str(Path(mlatrace.__file__).resolve().parent.parent)
-    env["MLATRACE_LAUNCHER_PID"] = str(os.getpid())
-    # Processes that start on another host (a Ray worker) write under <out>/<their host>.
-    env["MLATRACE_HOST"] = socket.gethostname()
-    env["MLATRACE_GRAPH_NODES"] = "1" if graph_nodes else "0"
-    for name, value in (("MLATRACE_RANKS", ranks),
-                        ("MLATRACE_PROBES", os.pathsep.join(str(Path(p).resolve()) for p in probes)),
-                        ("MLATRACE_REPLAY_SAMPLE", str(replay_sample) if replay_sample else ""),
-                        ("MLATRACE_LAUNCH_SAMPLE",
-                         "" if launch_sample is None else str(launch_sample)),
-                        ("MLATRACE_SAMPLE", "" if sample is None else str(sample)),
-                        ("MLATRACE_REPLAY_TIMING", replay_timing or ""),
-                        ("MLATRACE_STEP_ASIDE", step_aside or ""),
-                        ("MLATRACE_FOLD", "" if fold is None else repr(float(fold))),
-                        ("MLATRACE_MAX_MB", "" if max_mb is None else repr(float(max_mb))),
-                        ("MLATRACE_OTLP", otlp or "")):
-        if value:
-            env[name] = value
-        else:
-            env.pop(name, None)
-    return env
-
-
-def check_ranks(ranks: str | None) -> str | None:
-    """`run --ranks` normalised ("0, 1" -> "0,1"; "" -> None); MlatraceError when bad.
-    This and the other `check_*` are the types of `run`'s options (cli.py)."""
-    if not ranks:
-        return None
+def check_ranks(ranks: str) -> frozenset[int] | None:
+    """`run --ranks` as Settings.ranks ("0, 1" -> {0, 1}; "" -> None, all); MlatraceError
+    when bad. This and the other `check_*` are the types of `run`'s options (cli.py)."""
     values = [r.strip() for r in ranks.split(",") if r.strip()]
     if not all(v.isdigit() for v in values):
         raise MlatraceError(f"mlatrace run: --ranks wants comma-separated integers, got "
                             f"{ranks!r}")
-    return ",".join(values)
+    return frozenset(int(v) for v in values) or None
 
 
-def check_replay_timing(replay_timing: str) -> str:
-    if replay_timing != "off" and parse_replay_timing(replay_timing) is None:
+def check_replay_timing(replay_timing: str) -> tuple[int, int] | None:
+    """`run --replay-timing N:M` as Settings.replay_timing ("off": None)."""
+    parsed = parse_replay_timing(replay_timing)
+    if replay_timing != "off" and parsed is None:
         raise MlatraceError("mlatrace run: --replay-timing wants N:M (first N replays per "
                             "graph, then 1 in M; M >= 1) or off, got "
                             f"{replay_timing!r}")
-    return replay_timing
+    return parsed
 
 
-def check_step_aside(step_aside: str) -> str:
-    if step_aside not in ("0", "off") and parse_step_aside(step_aside) is None:
+def check_step_aside(step_aside: str) -> tuple[int, int] | None:
+    """`run --step-aside SETTLE,VERIFY` as Settings.step_aside ("0" or "off": None)."""
+    parsed = parse_step_aside(step_aside)
+    if step_aside not in ("0", "off") and parsed is None:
         raise MlatraceError("mlatrace run: --step-aside wants SETTLE,VERIFY (steady steps "
                             "before a probe steps aside, SETTLE >= 1; a whole step looked at "
                             f"every VERIFY-th, VERIFY >= 2) or 0, got {step_aside!r}")
-    return step_aside
+    return parsed
 
 
 def check_run_id(run_id: str) -> str:
@@ -205,21 +182,17 @@ def _wait_for_stragglers(pgid: int, timeout_s: float = STRAGGLER_WAIT_S) -> None
         time.sleep(0.02)
 
 
-def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
-        probes: list[str] | None = None, replay_sample: int | None = None,
-        launch_sample: int | None = None, graph_nodes: bool = True,
-        otlp: str | None = None, sample: int | None = None,
-        no_packs: list[str] | None = None, replay_timing: str | None = None,
-        watch: bool = False, run_id: str | None = None,
-        step_aside: str | None = None, quiet: bool = False, fold: float | None = None,
-        max_mb: float | None = None) -> int:
+def run(cmd: list[str], settings: Settings | None = None, *, out: str | None = None,
+        view: RunView | None = None, quiet: bool = False) -> int:
     """Run `cmd` traced; return its exit code (127 if not found, 126 if not executable);
-    a usage error raises MlatraceError (exit 2). `ranks`, `replay_timing`, `step_aside` and
-    `run_id` come checked (`check_*`: the types of the CLI's options).
+    a usage error raises MlatraceError (exit 2). `settings`: `run`'s options (RUN_OPTIONS,
+    checked by `check_*`, the types of the CLI's options) and `run_id`, or nothing.
 
-    With `watch`, CMD's output goes to `cmd.log` in the trace dir and the watch view
-    (`mlatrace.watch`) follows the trace until CMD exits, then prints the final report.
-    `run_id`: join a run traced on several hosts (each host's launcher given the same id).
+    With a `view` (`run --watch`: the CLI passes `output.watch.run_view.RunView`), CMD's
+    output goes to `view.log_name` in the trace dir, `view.follow` shows the trace until CMD
+    exits, and `view.finish` closes it once run.json is written.
+    `settings.run_id`: join a run traced on several hosts (each host's launcher given the
+    same id).
     `quiet`: no closing lines (where the trace is), for scripts that run many commands.
     """
     if cmd and cmd[0] == "--":
@@ -229,16 +202,13 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
                             "CMD...)")
     if out is not None and not out.strip():
         raise MlatraceError("mlatrace run: --out is empty; give a directory")
-    unknown = _unknown_packs(no_packs or [], probes or [])
+    settings = settings or Settings()
+    if settings.otlp:   # checked here, not once per traced process
+        require_extra("otlp", "mlatrace run --otlp")
+    run_id = settings.run_id
+    unknown = _unknown_packs(list(settings.disable_packs), list(settings.probes))
     if unknown:
         raise MlatraceError(f"mlatrace run: {unknown}")
-    if watch and fold is None:
-        # the view shows a steady stretch when its fold closes: close folds every
-        # WATCH_FOLD_S, not every 10 s (a steady record per graph and second: the trace
-        # stays small, and no reader has to peek into the recorder's open fold)
-        from mlatrace.settings import WATCH_FOLD_S
-
-        fold = WATCH_FOLD_S
     out_dir = (Path(out) if out else default_out_dir(run_id)).resolve()
     if out_dir.exists() and any(out_dir.glob("p*.jsonl")):
         raise MlatraceError(f"mlatrace run: {out_dir} already holds a trace; choose another "
@@ -248,6 +218,9 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
         raise MlatraceError(f"mlatrace run: cannot write the trace to {out_dir}: {problem}")
     fixed_dir = bool(out) or run_id is not None  # else a default name, free to move on
     run_id = run_id or uuid.uuid4().hex[:12]
+    settings = replace(settings, run_id=run_id, host=socket.gethostname(),
+                       launcher_pid=str(os.getpid()),
+                       home=str(Path(mlatrace.__file__).resolve().parent.parent))
     info = {
         "schema": mlatrace.SCHEMA,
         "run_id": run_id,
@@ -261,19 +234,14 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
         "host": socket.gethostname(),
         "mlatrace": mlatrace.__version__,
         "env": allowed_env(os.environ),
-        "options": {"ranks": ranks, "probes": list(probes or []), "replay_sample": replay_sample,
-                    "launch_sample": launch_sample, "sample": sample,
-                    "graph_nodes": graph_nodes, "otlp": otlp, "replay_timing": replay_timing,
-                    "step_aside": step_aside, "fold": fold, "max_mb": max_mb},
+        "options": settings.options(RUN_OPTIONS),
     }
-    for line in pack_problems(list(probes or [])):
+    for line in pack_problems(list(settings.probes)):
         print(f"mlatrace run: {line}; the command runs without it (report and check "
               "will say BLIND)", file=sys.stderr)
-    if max_mb == 0:
-        unfolded = fold == 0 or (fold is None and os.environ.get("MLATRACE_FOLD", "").strip()
-                                 in ("0", "0.0"))
+    if settings.max_mb == 0:
         kept = ("captures, syncs, eager breaks, marks, errors and process.end (no folding: "
-                "no replay, metadata or call record)" if unfolded else
+                "no replay, metadata or call record)" if settings.fold == 0 else
                 "captures, syncs, eager breaks, marks, errors, folds, the steps folding "
                 "writes in full and process.end")
         print(f"mlatrace run: --max-mb 0: every process file keeps only {kept} from the start",
@@ -287,16 +255,8 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
         raise MlatraceError(f"mlatrace run: {out_dir} already holds a run (its run.json: "
                             "another `mlatrace run` writes there, or wrote there before); "
                             "choose another --out")
-    env = child_env(out_dir, run_id, ranks=ranks, probes=list(probes or []),
-                    replay_sample=replay_sample, graph_nodes=graph_nodes, otlp=otlp,
-                    launch_sample=launch_sample, sample=sample, no_packs=no_packs,
-                    replay_timing=replay_timing, step_aside=step_aside, fold=fold,
-                    max_mb=max_mb)
-    output = None
-    if watch:
-        from mlatrace.watch import LOG_NAME
-
-        output = (out_dir / LOG_NAME).open("ab")
+    env = run_env(replace(settings, out=str(out_dir)), os.environ)
+    output = None if view is None else (out_dir / view.log_name).open("ab")
     try:
         if output is None:
             child = subprocess.Popen(cmd, env=env, start_new_session=True)
@@ -325,10 +285,9 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
             pass
 
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
-    view = None
     try:
-        if watch:
-            view = _watch_child(out_dir, child)
+        if view is not None:
+            view.follow(out_dir, lambda: child.poll() is not None)
         returncode = child.wait()
     finally:
         for sig, handler in previous.items():
@@ -342,12 +301,7 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
                 process_files=len(files))
     _write_run_json(run_json, info)
     if view is not None:
-        from mlatrace.watch import LOG_NAME, print_final
-
-        live, console = view
-        print_final(live, console)
-        if exit_code:
-            _print_log_tail(out_dir / LOG_NAME)
+        view.finish(out_dir, exit_code)
     if returncode < 0:
         ended = f"{cmd[0]} died of {signal.Signals(-returncode).name} (exit code {exit_code})"
     else:
@@ -362,8 +316,6 @@ def run(cmd: list[str], *, out: str | None = None, ranks: str | None = None,
               f"(run.json in {out_dir})", file=sys.stderr)
     return exit_code
 
-
-LOG_TAIL_LINES = 20
 
 
 def _closing_lines(ended: str, out_dir: str) -> str:
@@ -381,30 +333,3 @@ def _closing_lines(ended: str, out_dir: str) -> str:
               else f"{head}\n  {command}" if 2 + len(command) <= width
               else f"{head} mlatrace report \\\n  {out_dir}")
     return f"{first}\n{second}"
-
-
-def _print_log_tail(log: Path, lines: int = LOG_TAIL_LINES) -> None:
-    """The last lines of the command's output (`run --watch` sent it to cmd.log): why a
-    failing command failed, without opening the log."""
-    try:
-        with log.open("rb") as f:
-            f.seek(max(0, log.stat().st_size - 64 * 1024))
-            tail = f.read().decode(errors="replace").splitlines()[-lines:]
-    except OSError:
-        return
-    if tail:
-        print(f"mlatrace: the command's last {len(tail)} lines of output ({log}):",
-              file=sys.stderr)
-        for line in tail:
-            print(f"  | {line}", file=sys.stderr)
-
-
-def _watch_child(out_dir: Path, child: subprocess.Popen) -> tuple | None:
-    """The watch view until `child` exits (Ctrl-C reaches the child through `forward`)."""
-    from mlatrace.report import make_console
-    from mlatrace.watch import LOG_NAME, LiveRun, follow
-
-    console = make_console()
-    live = LiveRun([out_dir])
-    follow(live, console, str(out_dir / LOG_NAME), until=lambda: child.poll() is not None)
-    return live, console

@@ -286,8 +286,9 @@ def check_isolated(extra: list[str]) -> list[TargetStatus]:
     crashed: dict[str, str] = {}
     while True:
         with tempfile.NamedTemporaryFile("r", suffix=".mlatrace-doctor") as log:
-            env = dict(os.environ, MLATRACE_DOCTOR_LOG=log.name,
-                       MLATRACE_DOCTOR_SKIP=json.dumps(crashed))
+            env = dict(os.environ, **Settings(doctor_log=log.name,
+                                              doctor_skip=json.dumps(crashed)).to_env(
+                ("doctor_log", "doctor_skip")))
             with tempfile.TemporaryFile("w+") as err:
                 child = subprocess.Popen([sys.executable, "-c", "from mlatrace.probe.commands "
                                           "import _check_child; _check_child()", *extra],

@@ -11,6 +11,8 @@ from __future__ import annotations
 import itertools
 import threading
 
+from mlatrace import kinds
+
 _gid_counter = itertools.count(1)
 
 
@@ -48,7 +50,7 @@ class _Step:
 
 STEP = _Step()
 # Record kinds whose calls begin a step (once per forward pass in every backend).
-STEP_KINDS = frozenset(("attn.metadata", "dispatch"))
+STEP_KINDS = kinds.STEP
 
 
 # Wrappers a stepped-aside probe took off for the rest of a step (owner, attr, wrapper,

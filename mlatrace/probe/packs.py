@@ -56,7 +56,6 @@ from mlatrace.settings import Settings
 
 WHEN = ("call", "return", "both")
 ENTRY_POINT_GROUP = "mlatrace.packs"
-DISABLE_ENV = "MLATRACE_DISABLE_PACKS"
 
 
 class PackError(ValueError):

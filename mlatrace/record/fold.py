@@ -36,14 +36,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from mlatrace import kinds
 from mlatrace.settings import DEFAULT_FOLD_S as FOLD_S
 
-STEP_KINDS = frozenset(("attn.metadata", "dispatch"))
-FOLDABLE = frozenset(("attn.metadata", "dispatch", "host.decision", "attn.call", "kernel.split",
-                      "kernel.launch", "graph.replay"))
+STEP_KINDS = kinds.STEP
+FOLDABLE = kinds.FOLDS
 # written as they come, never ending a fold: the replay-time sample and sampling's run
 # ends (no rule reads a sample.run; it accounts for the records sampling left out)
-PASS = frozenset(("graph.replay.time", "sample.run"))
+PASS = kinds.FOLD_PASSES
 SKIPPED = frozenset(("k", "t", "seq", "tid"))
 # numeric fields whose exact value rules read (a set of values, not a range)
 EXACT = frozenset(("layer", "gid", "n", "num_kv_splits", "block_n", "value", "parent",

@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import Callable
 
 import mlatrace.record.fold as _fold
-from mlatrace import SCHEMA
+from mlatrace import SCHEMA, kinds
 from mlatrace.record.encode import encode_now, line_of
 from mlatrace.record.process_info import env_rank, process_argv, versions
 from mlatrace.record.redact import allowed_env, redact_argv
@@ -48,11 +48,7 @@ CLOSE_TIMEOUT_S = 2.0
 # what a process file keeps once it reached --max-mb: captures, errors, folds and the
 # records that rules read when they are written in full (changes: folding writes a
 # set-up record or replay in full only when it differs from the step before)
-KEEP_AT_CAP = frozenset(("process", "process.end", "process.rank", "process.info", "device",
-                         "graph.capture.begin", "graph.capture.end", "graph.nodes",
-                         "graph.eager_break", "probe.error", "record.error", "kernel.skip", "steady",
-                         "sync",
-                         "mark"))
+KEEP_AT_CAP = kinds.AT_CAP
 
 Sink = Callable[[list[dict]], None]
 _clock = time.perf_counter_ns

@@ -11,6 +11,8 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 
+from mlatrace.settings import PREFIX
+
 REDACTED = "***"
 # Matched against the dash/underscore-separated parts of a name, so that
 # --hf-token and VLLM_API_KEY are secret but --max-num-batched-tokens and
@@ -28,7 +30,7 @@ _ALLOWED_ENV_EXACT = {
     "WORLD_SIZE",
     "LOCAL_WORLD_SIZE",
 }
-_ALLOWED_ENV_PREFIXES = ("MLATRACE_", "VLLM_", "SGLANG_")
+_ALLOWED_ENV_PREFIXES = (PREFIX, "VLLM_", "SGLANG_")
 # A value that looks like a credential even where its flag name does not say so.
 _SECRET_VALUE = re.compile(r"^(sk-|hf_|ghp_|gho_|xox[bap]-|AKIA)[A-Za-z0-9_\-]{6,}")
 

@@ -78,9 +78,9 @@ def traced_demo(policy: str, out_dir: Path, device: str, graph: str) -> int:
     shown = " ".join(["python", *serve[1:]])
     print(f"$ mlatrace run --out {out_dir} -- {shown}", flush=True)
     code = relay([sys.executable, "-m", "mlatrace", "run", "--out", str(out_dir), "--", *serve])
-    if code != 0:
-        print(f"demo: the traced run failed with exit code {code}; trace: {out_dir}")
-        return ExitCode.UNUSABLE
+    if code != 0:   # the trace is kept (the caller's `finally`): it says why
+        raise MlatraceError(f"demo: the traced run failed with exit code {code}; "
+                            f"trace: {out_dir}")
     print(flush=True)
     print(f"$ mlatrace report {out_dir}", flush=True)
     error_ids = show_report(out_dir)
@@ -156,7 +156,7 @@ def missing_reference_deps() -> str | None:
 def show_report(trace_dir: Path) -> set[str] | None:
     """Print the report; return the ids of error findings (None when analysis is unavailable)."""
     try:
-        from mlatrace import report
+        from mlatrace.output import report
     except ImportError:
         print_record_counts(trace_dir)
         return None
@@ -171,7 +171,7 @@ def show_report(trace_dir: Path) -> set[str] | None:
 
 def print_record_counts(trace_dir: Path) -> None:
     """Fallback before the report exists: record counts by kind per process file."""
-    print(f"trace: {trace_dir} (mlatrace.report is not available; record counts follow)")
+    print(f"trace: {trace_dir} (mlatrace.output.report is not available; record counts follow)")
     for path in sorted(trace_dir.glob("p*.jsonl")):
         counts: collections.Counter[str] = collections.Counter()
         with path.open() as lines:

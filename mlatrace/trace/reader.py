@@ -114,6 +114,21 @@ class ProcessFile:
     # any other gid stands for replays of a graph this process never captured (skipped)
     _captured: set = field(default_factory=set, repr=False)
 
+    # what reading the file advances: a worker that read on hands these back
+    # (`reading_state`, `resume_reading`; analysis/builder.py, parallel builds)
+    READING_STATE = ("header", "end", "gaps", "dropped", "records_read", "lines_checked",
+                     "_header_line_ok", "_header_problem", "_last_seq", "_jump", "_unreadable",
+                     "_captured")
+
+    def reading_state(self) -> tuple:
+        """Where reading this file got to (picklable), for `resume_reading` elsewhere."""
+        return tuple(getattr(self, name) for name in self.READING_STATE)
+
+    def resume_reading(self, state: tuple) -> None:
+        """Go on from where another reader of this file got to (`reading_state`)."""
+        for name, value in zip(self.READING_STATE, state, strict=True):
+            setattr(self, name, value)
+
     @property
     def name(self) -> str:
         """How problems and evidence name this file: `p<pid>.jsonl`, or `<host dir>/p<pid>.jsonl`
@@ -493,6 +508,16 @@ def open_trace(path: str | Path) -> Trace:
                 run = json.loads(run_json.read_text())
             except (OSError, ValueError) as exc:
                 problems.append(Problem("run.json", 1, f"unreadable: {exc}"))
+            else:
+                try:
+                    from mlatrace.trace.run_info import run_problem
+                except ImportError:   # no msgspec (the H200 image): read leniently
+                    def run_problem(run: Any) -> str | None:
+                        return None if isinstance(run, dict) else "not a JSON object"
+                problem = run_problem(run)
+                if problem:
+                    problems.append(Problem("run.json", 1, problem))
+                    run = run if isinstance(run, dict) else None   # a list reads as no run.json
             if isinstance(run, dict) and run.get("abnormal_end"):
                 problems.append(Problem("run.json", 0, "the run ended abnormally: "
                                         f"{run['abnormal_end']}"))

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlatrace.tables import shorten
+from mlatrace.common import shorten
 from mlatrace.trace.reader import Problem, ProcessFile, Trace, TraceError, open_trace
 
 MAX_DEPTH = 3  # how far below a given path trace directories are looked for

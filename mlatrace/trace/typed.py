@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlatrace.kinds import ATTN_METADATA, DISPATCH, REPLAY, REPLAY_TIME
+from mlatrace.kinds import TYPED
 
-TYPED_KINDS = frozenset({REPLAY, REPLAY_TIME, ATTN_METADATA, DISPATCH})
+TYPED_KINDS = TYPED
 
 # the fields the builder and the rules read of the typed kinds (besides k, t, seq)
 RECORD_FIELDS = ("tid", "gid", "n", "gpu_ns", "capturing", "backend", "layer", "seq_len_min",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlatrace.kinds import DEVICE, GRAPH_NODES, STEADY
+from mlatrace.kinds import CHECKED, DEVICE, GRAPH_NODES, STEADY
 
 
 def _int(value: Any) -> bool:
@@ -22,7 +22,8 @@ def _opt_str(value: Any) -> bool:
 
 
 def check_device(rec: dict) -> str | None:
-    """Why a `device` record is malformed, or None."""
+    """`index` a non-negative integer, `sms` a positive integer, `name` and `arch`
+    strings or null: why a `device` record is not, or None."""
     index, sms = rec.get("index"), rec.get("sms")
     if not _int(index) or index < 0:
         return f"device record: index must be a non-negative integer, got {index!r}"
@@ -39,7 +40,9 @@ def _dims(value: Any) -> bool:
 
 
 def check_nodes(rec: dict) -> str | None:
-    """Why a `graph.nodes` record is malformed, or None."""
+    """`gid` an integer, `kernels` a list of objects each with a `name` (string), a `grid`
+    of 3 non-negative integers and, when present, a `block` of 3: why a `graph.nodes`
+    record is not, or None."""
     gid, kernels = rec.get("gid"), rec.get("kernels")
     if not _int(gid):
         return f"graph.nodes record: gid must be an integer, got {gid!r}"
@@ -94,13 +97,16 @@ def steady_problem(rec: dict[str, Any]) -> str | None:
 
 
 def check_steady(rec: dict) -> str | None:
-    """Why a `steady` record is malformed, or None."""
+    """`steps` a count >= 1, `replays` a count, `gid` an integer or null, `n_first` <=
+    `n_last` integers when it has replays, `fields` and `same` objects, each `pattern`
+    entry a kind with `range` ({field: [lo, hi]}) and `same` objects: why a `steady`
+    record is not, or None."""
     problem = steady_problem(rec)
     return None if problem is None else f"malformed steady record (seq {rec.get('seq')}): {problem}"
 
 
 CHECKS = {DEVICE: check_device, GRAPH_NODES: check_nodes, STEADY: check_steady}
-CHECKED_KINDS = frozenset(CHECKS)
+CHECKED_KINDS = CHECKED   # CHECKS has one check each (tests/test_kinds.py)
 
 
 def check(rec: dict) -> str | None:

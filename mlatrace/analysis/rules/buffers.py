@@ -15,7 +15,7 @@ from mlatrace.analysis.rules.common import (
     key_text,
     replayed_graphs,
 )
-from mlatrace.tables import plural
+from mlatrace.common import plural
 
 
 # -- MLT003 static-buffer-drift ------------------------------------------------------

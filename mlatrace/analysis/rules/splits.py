@@ -19,8 +19,8 @@ from mlatrace.analysis.rules.common import (
     split_decisions,
     stage1_without_stage2,
 )
+from mlatrace.common import plural
 from mlatrace.decisions import bucketed_splits, legacy_splits
-from mlatrace.tables import plural
 
 
 # -- MLT001 frozen-one-split ---------------------------------------------------------

@@ -31,7 +31,7 @@ from typing import Any
 
 from mlatrace import record
 from mlatrace.probe.handlers import Handler
-from mlatrace.settings import Settings, tracing_env
+from mlatrace.settings import BOOTSTRAP_DIR, Settings, tracing_env
 
 PYTHONPATH_OF_NODE = "${PYTHONPATH}"
 # Set by Ray's job manager for a driver started with `ray job submit`: the job's runtime env.
@@ -42,8 +42,6 @@ def tracing_env_vars(environ: dict[str, str] | os._Environ | None = None) -> dic
     """The env vars a Ray worker needs to trace itself into this run: {} when not traced."""
     if not Settings.from_env(environ).traced:
         return {}
-    from mlatrace.inject import BOOTSTRAP_DIR
-
     out = tracing_env(environ)
     out["PYTHONPATH"] = BOOTSTRAP_DIR + os.pathsep + PYTHONPATH_OF_NODE
     return out
