@@ -82,7 +82,7 @@ def output_of(example: Example) -> list[str]:
     assert argv[0] == "mlatrace", example.where()
     saved = example.options.get("saved")
     if saved:
-        from mlatrace import whatif
+        from mlatrace.output import whatif
 
         assert argv[1] == "whatif", f"{example.where()}: saved output is whatif's only"
         out = io.StringIO()

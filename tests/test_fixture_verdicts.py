@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mlatrace import check
+from mlatrace.output import check
 
 ROOT = Path(__file__).resolve().parents[1]
 
