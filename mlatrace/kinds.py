@@ -76,7 +76,7 @@ REPLAY = _declare("graph.replay", "one replay of a captured graph",
 REPLAY_TIME = _declare("graph.replay.time", "the GPU time of one replay",
                        fold_passes=True, typed=True, built=True, perfetto=True, otlp=True)
 DISPATCH = _declare("dispatch", "the runtime choice of a graph (or eager)",
-                    step=True, folds=True, typed=True, otlp=True)
+                    step=True, folds=True, typed=True, built=True, otlp=True)
 ATTN_METADATA = _declare("attn.metadata", "one attention metadata build (per step)",
                          step=True, folds=True, typed=True, built=True, perfetto=True,
                          otlp=True)
