@@ -163,7 +163,7 @@ def test_vllm_serve_folded_gives_the_same_analysis(vllm_venv: Path, tiny_model: 
     def comparable(value: object) -> object:
         if isinstance(value, dict):
             return {k: comparable(v) for k, v in value.items()
-                    if k not in ("seq", "seqs", "trace", "evidence", "steady")
+                    if k not in ("seq", "seqs", "trace", "evidence", "steady", "written")
                     and not (k == "records" and isinstance(v, int))}
         if isinstance(value, list):
             return [comparable(v) for v in value]
