@@ -7,9 +7,12 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
 from conftest import FIXTURES, MLATRACE
 
 from mlatrace.trace import open_trace
+
+pytest.importorskip("msgspec")   # the readers run without it (the H200 image)
 from mlatrace.trace.run_info import run_problem
 
 
