@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +18,16 @@ SAMPLES = REPO / "samples"
 FIXTURES = REPO / "tests" / "fixtures"
 PROGS = REPO / "tests" / "progs"                   # small programs the tests trace
 MLATRACE = [sys.executable, "-m", "mlatrace"]      # the CLI, run by this interpreter
+
+
+def run_env(**extra: str) -> dict[str, str]:
+    """The environment of a traced subprocess: this checkout first on PYTHONPATH, one
+    thread, and mlatrace's defaults (no MLATRACE_FOLD / MLATRACE_MAX_MB from outside)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", **extra, PYTHONPATH=os.pathsep.join(
+        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    for name in ("MLATRACE_FOLD", "MLATRACE_MAX_MB"):
+        env.pop(name, None)
+    return env
 
 
 @pytest.fixture

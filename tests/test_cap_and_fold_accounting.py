@@ -9,13 +9,13 @@ the record counts of one program traced with folding on and off.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_env
 
 pytest.importorskip("torch")
 
@@ -25,11 +25,7 @@ SERVE = ["--device", "cpu", "--ctx", "2048", "--steps", "14", "--batch", "2", "-
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="200", PYTHONPATH=os.pathsep.join(
-        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    for name in ("MLATRACE_FOLD", "MLATRACE_MAX_MB"):
-        env.pop(name, None)
-    return env
+    return run_env(COLUMNS="200")
 
 
 def traced(out: Path, options: list[str], *args: str) -> Path:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import finding_keys
+from conftest import finding_keys, run_env
 
 pytest.importorskip("torch")
 
@@ -44,11 +44,7 @@ CASES = [
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
-        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    for name in ("MLATRACE_FOLD", "MLATRACE_MAX_MB"):
-        env.pop(name, None)
-    return env
+    return run_env()
 
 
 def traced_serve(out: Path, options: list[str], *args: str) -> list[dict]:

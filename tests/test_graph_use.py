@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import run_env
 
 pytest.importorskip("torch")
 
@@ -30,11 +31,7 @@ SERVE = ["--device", "cpu", "--ctx", "64", "--layers", "1", "--hidden", "32", "-
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
-        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    for name in ("MLATRACE_FOLD", "MLATRACE_MAX_MB"):
-        env.pop(name, None)
-    return env
+    return run_env()
 
 
 def mlatrace(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
