@@ -126,3 +126,24 @@ def test_slow_commands_say_what_they_do(tmp_path: Path) -> None:
                                 timeout=120, cwd=tmp_path)
         assert splits.returncode == 2 and "needs a CUDA GPU" in splits.stderr
         assert "torch not imported" in splits.stdout
+
+
+def test_a_process_that_outlives_the_command_is_named_and_ends_its_file(tmp_path: Path) -> None:
+    """A child the command leaves running (a resource tracker still cleaning up) is waited
+    for STRAGGLER_WAIT_S, then named in run.json's `outlived`; its process.end comes when it
+    ends, after the launcher returned."""
+    out = tmp_path / "trace"
+    child = "import time; time.sleep(8)"
+    parent = (f"import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', {child!r}]);"
+              " print(p.pid, flush=True)")
+    proc = subprocess.run([*MLATRACE, "run", "--out", str(out), "--", sys.executable, "-c",
+                           parent], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    pid = int(proc.stdout.split()[0])
+    run = json.loads((out / "run.json").read_text())
+    assert run["outlived"] == [pid], run
+    deadline = time.monotonic() + 30
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    ends = {p.pid: list(p.records())[-1]["k"] for p in open_trace(out).processes}
+    assert ends[pid] == "process.end", ends

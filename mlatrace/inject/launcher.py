@@ -171,15 +171,40 @@ def _write_run_json(path: Path, info: dict) -> None:
     tmp.replace(path)
 
 
-def _wait_for_stragglers(pgid: int, timeout_s: float = STRAGGLER_WAIT_S) -> None:
-    """Give processes CMD left in its group (a forkserver, a resource tracker) time to flush."""
+def _wait_for_stragglers(pgid: int, timeout_s: float = STRAGGLER_WAIT_S) -> list[int]:
+    """Give processes CMD left in its group (a forkserver, a resource tracker) time to flush;
+    return the pids still in the group after `timeout_s` (they outlive the run: their files
+    may still grow and get their process.end later)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
             os.killpg(pgid, 0)
         except (ProcessLookupError, PermissionError):
-            return
+            return []
         time.sleep(0.02)
+    return _group_members(pgid)
+
+
+def _group_members(pgid: int) -> list[int]:
+    """The live (not zombie) pids of process group `pgid`, from /proc; [] where there is none."""
+    members = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses.
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 2 and fields[0] != "Z" and fields[2] == str(pgid):
+            members.append(int(name))
+    return sorted(members)
 
 
 def run(cmd: list[str], settings: Settings | None = None, *, out: str | None = None,
@@ -292,13 +317,15 @@ def run(cmd: list[str], settings: Settings | None = None, *, out: str | None = N
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    _wait_for_stragglers(child.pid)
+    outlived = _wait_for_stragglers(child.pid)
     exit_code = returncode if returncode >= 0 else SIGNALLED - returncode
     files = sorted(out_dir.glob("p*.jsonl"))
     info.update(end_ns=time.time_ns(), exit_code=exit_code,
                 signal=-returncode if returncode < 0 else None,
                 forwarded_signals=[signal.Signals(s).name for s in received],
                 process_files=len(files))
+    if outlived:
+        info["outlived"] = outlived
     _write_run_json(run_json, info)
     if view is not None:
         view.finish(out_dir, exit_code)

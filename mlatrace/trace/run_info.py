@@ -32,6 +32,7 @@ class RunInfo(msgspec.Struct, kw_only=True):
     options: dict[str, Any] = {}
     forwarded_signals: list[str] = []
     process_files: Count | None = None
+    outlived: list[int] = []
     abnormal_end: str | None = None
     error: str | None = None
 

@@ -175,6 +175,27 @@ def expected_seq_lens(req: Request) -> set[int]:
     return set(range(p, p + g))
 
 
+def wait_for_outlived(out: Path, timeout_s: float = 60.0) -> None:
+    """Wait for the processes run.json says outlived the command (a resource tracker still
+    cleaning up when the launcher ended): their process.end comes when they end."""
+    try:
+        pids = json.loads((out / "run.json").read_text()).get("outlived") or []
+    except (OSError, ValueError):
+        return
+    deadline = time.monotonic() + timeout_s
+    for pid in pids:
+        while time.monotonic() < deadline and _running(pid):
+            time.sleep(0.1)
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2:][:1] != "Z"
+
+
 def check_trace(out: Path, requests: list[Request], exit_code: int | None,
                 loaded: bool = False) -> tuple[list[dict], dict]:
     """What the end-to-end test asserts on a trace directory; returns (checks, facts).
@@ -424,6 +445,7 @@ def main(argv: list[str] | None = None) -> int:
         print(res.server_log[-5000:], file=sys.stderr)
         res.checks.append({"name": "server became ready", "ok": False, "detail": ""})
     elif not args.no_trace:
+        wait_for_outlived(args.out)
         res.checks, res.facts = check_trace(args.out, res.requests, res.exit_code,
                                             loaded=bool(args.load or args.duration))
         rc, text = run_report(args.out)
