@@ -20,17 +20,17 @@ from mlatrace.output import check
 ROOT = Path(__file__).resolve().parents[1]
 
 VERDICTS = [
-    # batch 1, the grid capped at max_kv_splits = 16 CTAs, 45x growth: MLT008 error
-    # the same without the vLLM pack: MLT001 from the Triton launch probe, carrying MLT008
     ("samples/capture_triton", 0, ()),
     ("samples/gpu_backends/reference_device_lengths", 0, ()),
     ("samples/gpu_backends/reference_legacy_lengths", 1, ("MLT001",)),
+    # batch 1, the grid capped at max_kv_splits = 16 CTAs, 45x growth: MLT008 error
     ("samples/gpu_backends/sglang_triton_device_splits", 1, ("MLT008",)),
     ("samples/gpu_backends/sglang_triton_device_splits_b16", 0, ()),
     ("samples/gpu_backends/vllm_triton_attn_2d_frozen", 1, ("MLT001",)),
     ("samples/gpu_backends/vllm_triton_mla_bucketed", 0, ()),
     ("samples/gpu_backends/vllm_triton_mla_frozen_max", 1, ("MLT006",)),
     ("samples/gpu_backends/vllm_triton_mla_frozen_one", 1, ("MLT001",)),
+    # the same without the vLLM pack: MLT001 from the Triton launch probe, carrying MLT008
     ("samples/gpu_backends/vllm_triton_mla_frozen_one_nopack", 1, ("MLT001",)),
     ("samples/gpu_backends/vllm_triton_mla_own_bucketed", 0, ()),
     ("samples/gpu_backends/vllm_triton_mla_own_one", 1, ("MLT001",)),
