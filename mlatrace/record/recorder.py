@@ -1,17 +1,18 @@
 """Per-process trace writer: one `p<pid>.jsonl` per traced process.
 
-The hot path (`Recorder.add`) appends a tuple to a deque and returns: no encoding,
-no lock, no I/O. A daemon thread drains the deque every 200 ms (or sooner when 512
-records are pending) and appends their JSON lines to the file, so a SIGKILLed process
-leaves a valid file up to its last flush. It encodes in chunks of `CHUNK_RECORDS`
-records, with msgspec (one `encode_lines` call per chunk) where it can be imported and
-with stdlib json where not, and hands the GIL back between chunks, so it never holds it
-long. When the program records faster than the thread writes (more than `max_pending`
-records waiting) the producer waits for the writer, at most `BACKPRESSURE_S` at a time,
-instead of dropping: the queue stays bounded and nothing is lost. Only a writer that
-makes no progress in that time (a stuck disk) makes records drop; they are counted and
-`seq` keeps counting, so drops show as gaps. Only the standard library (and msgspec,
-when present) is imported here: this module runs in every process of a serving engine.
+The hot path (`Recorder.add`) stamps the record, encodes it with msgspec where it can
+be imported (a JSON bytes line) and appends it to a list: no lock, no I/O. A daemon
+thread drains the list every 200 ms (or sooner when 512 records are pending) and appends
+the lines to the file, so a SIGKILLed process leaves a valid file up to its last flush.
+It takes the list's front in chunks of `CHUNK_RECORDS` records, writes each with one
+join (records queued as dicts, without msgspec, are encoded there with stdlib json) and
+hands the GIL back between chunks, so it never holds it long. When the program records
+faster than the thread writes (more than `max_pending` records waiting) the producer
+waits for the writer, at most `BACKPRESSURE_S` at a time, instead of dropping: the queue
+stays bounded and nothing is lost. Only a writer that makes no progress in that time (a
+stuck disk) makes records drop; they are counted and `seq` keeps counting, so drops show
+as gaps. Only the standard library (and msgspec, when present) is imported here: this
+module runs in every process of a serving engine.
 
 `process.end` counts every record kind exactly: `counts` is what the program emitted
 per kind (written, sampled out, or dropped), `sampled` what sampling left out.
@@ -27,7 +28,6 @@ import socket
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 
 import mlatrace.record.fold as _fold
@@ -119,7 +119,9 @@ class Recorder:
         self.capped_kinds: collections.defaultdict = collections.defaultdict(int)
         self.write_error: str | None = None
         self._seq = itertools.count(1)
-        self._pending: deque = deque()
+        # the queue: a list, which the flush thread takes from the front in slices (the
+        # producers only append; one flush at a time, under the write lock)
+        self._pending: list = []
         self._sinks: list[Sink] = []
         self._wake = threading.Event()
         self._write_lock = threading.Lock()
@@ -154,22 +156,31 @@ class Recorder:
         if not self.enabled:
             return
         folder = self._folder
+        pending = self._pending
         if folder is not None:
             tid = _thread_id()
             t = fields["t"] = _clock() - self.t0
-            if not folder.take(kind, fields, t, tid):
-                self._put(kind, fields, tid)
-            return
-        pending = self._pending
-        if len(pending) >= self.max_pending and not self._make_room(kind):
-            return
-        if self.capped and kind not in KEEP_AT_CAP:
-            self.capped_kinds[kind] += 1
-            return
-        fields["k"] = kind
-        fields["t"] = _clock() - self.t0
-        fields["seq"] = next(self._seq)
-        fields["tid"] = _thread_id()
+            if folder.take(kind, fields, t, tid):
+                return
+            # _put, inline (one call fewer per record)
+            if self.capped and kind not in KEEP_AT_CAP and kind not in _fold.FOLDABLE:
+                self.capped_kinds[kind] += 1
+                return
+            if len(pending) >= self.max_pending and not self._make_room(kind):
+                return
+            fields["k"] = kind
+            fields["seq"] = next(self._seq)
+            fields["tid"] = tid
+        else:
+            if len(pending) >= self.max_pending and not self._make_room(kind):
+                return
+            if self.capped and kind not in KEEP_AT_CAP:
+                self.capped_kinds[kind] += 1
+                return
+            fields["k"] = kind
+            fields["t"] = _clock() - self.t0
+            fields["seq"] = next(self._seq)
+            fields["tid"] = _thread_id()
         self.kinds[kind] += 1
         encode = self._encode_now
         if encode is not None:
@@ -184,18 +195,15 @@ class Recorder:
     def add_keyed(self, kind: str, fields: dict) -> object:
         """add(), returning the key the fold gave the record (None: folding off, or the
         record is in no step): what a probe hands to hold() for its next call."""
+        self.add(kind, fields)
         folder = self._folder
         if folder is None or not self.enabled:
-            self.add(kind, fields)
             return None
-        tid = _thread_id()
-        t = fields["t"] = _clock() - self.t0
-        if not folder.take(kind, fields, t, tid):
-            self._put(kind, fields, tid)
-        return folder.key_of_last(tid, fields)
+        return folder.key_of_last(_thread_id(), fields)
 
     def _put(self, kind: str, fields: dict, tid: int) -> None:
-        """Queue a record whose `t` is set (folding on: what the folder writes in full)."""
+        """Queue a record whose `t` is set (folding on: what the folder writes in full;
+        add has its lines inline)."""
         if self.capped and kind not in KEEP_AT_CAP and kind not in _fold.FOLDABLE:
             self.capped_kinds[kind] += 1
             return
@@ -354,7 +362,9 @@ class Recorder:
                 # in _make_room, the drain goes on at once.
                 time.sleep(0)
             first = False
-            batch = [pending.popleft() for _ in range(min(len(pending), CHUNK_RECORDS))]
+            # the front of the queue, then its removal: producers only append meanwhile
+            batch = pending[:CHUNK_RECORDS]
+            del pending[:len(batch)]
             if len(pending) <= self.max_pending // 2:
                 self._stalled = False
                 self._drained.set()
@@ -544,9 +554,11 @@ class Recorder:
 
     def _write_items(self, items: list) -> None:
         """Write queued records: JSON bytes as they are, dicts through the json path."""
-        if all(type(item) is bytes for item in items):
-            self._write_bytes(b"\n".join(items) + b"\n")
+        try:
+            self._write_bytes(b"\n".join(items) + b"\n")     # all bytes: the common case
             return
+        except TypeError:
+            pass
         parts = []
         for i, item in enumerate(items):
             if type(item) is bytes:
