@@ -134,25 +134,61 @@ class GraphReplay(Handler):
 
     def wrapper(self, runtime: Any, info: Any, original: Any, state: Any) -> Any:
         """The replacement of a replay method called as (graph, ...), in one frame for
-        the common case: a replay while the probe steps aside is counted inline (the
+        the common cases: a replay while the probe steps aside is counted inline (the
         recorder's replays per gid and its unrecorded count, as Recorder.count_replay)
-        and runs; any other replay goes through `around`."""
+        and runs; so does the first replay of an eager step when it is not timed, with
+        its record (what `around` does for it: `_start` with no timing due, `_done`,
+        `seen`'s common case inline). Any other replay goes through `around`."""
         aside, step, around = self.aside, graphs.STEP, self.around
         process = record.STATE
+        threads = graphs._local          # graphs.capturing(), read inline
+        stepping = isinstance(aside, sampling.StepAside)
+        target = info.target
 
         def replay(*args: Any, **kwargs: Any) -> Any:
             if runtime.disabled or not state.active:
                 return original(*args, **kwargs)
             runtime.hits += 1
-            if aside.asleep == step.value:
-                gid = getattr(args[0], GID_ATTR, None) if args else None
-                recorder = process.recorder
-                if gid is not None and recorder is not None:
-                    replays = recorder.replays
-                    replays[gid] = replays.get(gid, 0) + 1
-                    recorder.unrecorded_replays += 1
-                    return original(*args, **kwargs)
-            return around(runtime, info, original, args, kwargs)
+            gid = getattr(args[0], GID_ATTR, None) if args else None
+            recorder = process.recorder
+            if gid is None or recorder is None:
+                return around(runtime, info, original, args, kwargs)
+            now = step.value
+            if aside.asleep == now:
+                replays = recorder.replays
+                replays[gid] = replays.get(gid, 0) + 1
+                recorder.unrecorded_replays += 1
+                return original(*args, **kwargs)
+            stack = threads.stack
+            timer = self.timer
+            if (stack and stack[-1] is not None) or (stepping and aside.step == now) \
+                    or (timer is None and not self.timer_known):
+                return around(runtime, info, original, args, kwargs)
+            if timer is not None:
+                n = recorder.replays.get(gid, 0) + 1
+                if timer.pending or not (n > timer.first and n % timer.every):
+                    return around(runtime, info, original, args, kwargs)   # timed
+            # The step's first look at this probe, eager, untimed: as _done records it.
+            result = original(*args, **kwargs)
+            if runtime.disabled:
+                return result
+            try:
+                recorder.add_replay(gid, {})      # record.emit_replay(gid), fewer calls
+                if stepping and aside.trail is None and aside.steady >= aside.settle \
+                        and aside.countdown > 1:
+                    # StepAside.seen's common case, inline: a step after one it slept
+                    # through; it sleeps through this one too.
+                    aside.step = now
+                    aside.first = gid
+                    aside.countdown -= 1
+                    aside.asleep = now
+                    if aside.take_off is not None:
+                        aside.take_off_now()
+                elif stepping:
+                    aside.seen(gid)
+            except Exception as exc:
+                runtime.fail(target, exc)
+            return result
 
         return replay
 

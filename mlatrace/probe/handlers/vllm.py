@@ -4,6 +4,8 @@ reference engine mirrors these entry points, so its pack names the same handlers
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 from mlatrace import record
@@ -99,19 +101,57 @@ class EntryCapture(Handler):
 
 
 class EntryReplay(Handler):
-    """A wrapper's ``_replay(entry, ...)``: count the replay of the entry's graph."""
+    """A wrapper's ``_replay(entry, ...)``: count the replay of the entry's graph.
+
+    On a method target the probe is `wrapper`'s one frame, with no CallView; `after`
+    is the path of the engine's other wrappers."""
 
     def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
-        if error is not None:
-            return
-        entry = view.arg("entry")
-        gid = getattr(entry, GID_ATTR, None)
-        if gid is None:
-            gid = graphs.next_gid()
-            setattr(entry, GID_ATTR, gid)
-        recorder = record.STATE.recorder
-        if recorder is not None:
-            recorder.add_replay(gid, {})      # record.emit_replay(gid), one call fewer
+        if error is None:
+            _replayed(view.arg("entry"))
+
+    def wrapper(self, runtime: Any, info: Any, original: Any, state: Any) -> Any:
+        """The replacement of a ``_replay`` method called as (wrapper, entry, ...)."""
+        index = info.positions.get("entry")
+        at = None if index is None else index + 1       # args holds self first
+        default = info.defaults.get("entry")
+        process = record.STATE
+        target = info.target
+
+        def replay(*args: Any, **kwargs: Any) -> Any:
+            if runtime.disabled or not state.active:
+                return original(*args, **kwargs)
+            runtime.hits += 1
+            result = original(*args, **kwargs)
+            if runtime.disabled:
+                return result
+            try:
+                if kwargs and "entry" in kwargs:
+                    entry = kwargs["entry"]
+                else:
+                    entry = args[at] if at is not None and len(args) > at else default
+                gid = getattr(entry, GID_ATTR, None)
+                recorder = process.recorder
+                if gid is None or recorder is None:
+                    _replayed(entry)
+                else:
+                    recorder.add_replay(gid, {})    # record.emit_replay(gid), fewer calls
+            except Exception as exc:
+                runtime.fail(target, exc)
+            return result
+
+        return replay
+
+
+def _replayed(entry: Any) -> None:
+    """Record one replay of the graph of `entry` (a gid given here if it has none)."""
+    gid = getattr(entry, GID_ATTR, None)
+    if gid is None:
+        gid = graphs.next_gid()
+        setattr(entry, GID_ATTR, gid)
+    recorder = record.STATE.recorder
+    if recorder is not None:
+        recorder.add_replay(gid, {})      # record.emit_replay(gid), one call fewer
 
 
 class EagerBreak(Handler):
@@ -172,49 +212,143 @@ class AttnForward(Handler):
 
 
 class Dispatch(Handler):
-    """The runner's dispatch decision: (mode, batch descriptor) or a descriptor with cg_mode."""
+    """The runner's dispatch decision: (mode, batch descriptor) or a descriptor with cg_mode.
+
+    On a method target the probe is `wrapper`'s one frame: a dispatch whose record
+    repeats the last one but for its numbers (num_tokens, num_reqs) is held by the fold
+    without building the record (fold.Folder.hold, as keyed probes do); `after` is the
+    path of the engine's other wrappers."""
 
     MARKS_STEPS = True     # each dispatch begins a step (sampling.StepAside)
+    NAMED = ("num_tokens", "uniform", "num_reqs")   # the pack's fields a record carries
 
     def __init__(self, spec: Any) -> None:
         super().__init__(spec)
         self.last_key: Any = None       # the last descriptor, and plain() of it
         self.last_plain: Any = None
+        # (const, fold key, fields) of the last record added while folding (Folder.hold)
+        self.last_record: tuple | None = None
 
     def after(self, view: Any, info: Any, token: Any, result: Any, error: Any) -> None:
         graphs.next_step()        # a dispatch begins a forward: a step (sampling.StepAside)
         if error is not None:
             return
         fields = self.fields(view)
-        if isinstance(result, tuple) and len(result) >= 2 and not hasattr(result, "_asdict"):
-            mode, key = result[0], result[1]
-        elif hasattr(result, "cg_mode"):
-            mode, key = result.cg_mode, result
-        else:
-            mode, key = fields.get("mode"), fields.get("key")
-        last = self.last_key
-        if last is not None and (key is last or (type(key) is type(last) and key == last)):
-            plain_key = self.last_plain  # a steady step's descriptor: the same plain copy
-        else:
-            plain_key = plain(key)
-            # kept for the next dispatch only if == on it compares plain values
-            scalars = isinstance(key, tuple)
-            for item in key if scalars else ():
-                if type(item) not in _SCALARS:
-                    scalars = False
-                    break
-            self.last_key, self.last_plain = (key, plain_key) if scalars else (None, None)
+        mode, key = _decision(result, fields)
         recorder = record.STATE.recorder
         if recorder is not None:
-            fields_out = {
-                "mode": mode if isinstance(mode, str) or mode is None else _mode_name(mode),
-                "key": plain_key, "num_tokens": fields.get("num_tokens")}
-            # uniform (a uniform decode batch) and num_reqs where the pack names them: graph
-            # use tells decode steps from prefill and mixed ones by them
-            for name in ("uniform", "num_reqs"):
-                if fields.get(name) is not None:
-                    fields_out[name] = fields[name]
-            recorder.add("dispatch", fields_out)
+            recorder.add("dispatch", self.record_fields(mode, self.plain_key(key), fields))
+
+    def wrapper(self, runtime: Any, info: Any, original: Any, state: Any) -> Any:
+        """The replacement of a dispatch method called as (runner, ...): the call, the
+        step it begins (graphs.next_step, inline) and its record, in one frame."""
+        from mlatrace.probe.recording import extractors
+
+        extract = extractors(self.spec, info, 1)[0]
+        names = tuple(name for name in self.NAMED
+                      if name in (self.spec.extract.names()
+                                  if hasattr(self.spec.extract, "names") else ()))
+        step, next_step = graphs.STEP, graphs.next_step
+        taken_off, put_back = graphs._taken_off, graphs.put_back_wrappers
+        process = record.STATE
+        clock, thread_id = time.perf_counter_ns, threading.get_ident
+        target = info.target
+
+        def dispatch(*args: Any, **kwargs: Any) -> Any:
+            if runtime.disabled or not state.active:
+                return original(*args, **kwargs)
+            runtime.hits += 1
+            try:
+                result = original(*args, **kwargs)
+            except BaseException:
+                if not runtime.disabled:
+                    next_step()
+                raise
+            if runtime.disabled:
+                return result
+            try:
+                step.value += 1           # graphs.next_step, inline: a dispatch begins a step
+                if taken_off:
+                    put_back()
+                fields = extract(args[0] if args else None, args, kwargs, result)
+                if type(result) is tuple and len(result) >= 2:
+                    mode, key = result[0], result[1]
+                else:
+                    mode, key = _decision(result, fields)
+                if not (isinstance(mode, str) or mode is None):
+                    mode = _mode_name(mode)
+                last = self.last_key
+                if last is not None and (key is last or (type(key) is type(last)
+                                                         and key == last)):
+                    plain_key = self.last_plain   # a steady step's descriptor
+                else:
+                    plain_key = self.plain_key(key)
+                recorder = process.recorder
+                if recorder is None:
+                    return result
+                folder = recorder.folder if recorder.enabled else None
+                if folder is None:
+                    recorder.add("dispatch", self.record_fields(mode, plain_key, fields))
+                    return result
+                # what the record holds but for the numbers a fold keeps in ranges
+                const: list = [mode, plain_key]
+                moving: dict = {}
+                for name in names:
+                    value = fields.get(name)
+                    if type(value) is int or type(value) is float:
+                        moving[name] = value
+                        const.append(_MOVED)
+                    else:
+                        const.append(value)
+                held = self.last_record
+                if held is not None and held[0] == const and folder.hold(
+                        "dispatch", held[1], held[2], moving, clock() - recorder.t0,
+                        thread_id()):
+                    return result
+                out = self.record_fields(mode, plain_key, fields)
+                fold_key = recorder.add_keyed("dispatch", out)
+                self.last_record = None if fold_key is None else (const, fold_key, out)
+            except Exception as exc:
+                runtime.fail(target, exc)
+            return result
+
+        return dispatch
+
+    def plain_key(self, key: Any) -> Any:
+        """plain() of a new descriptor, kept for the next dispatch if == on it compares
+        plain values (a tuple of scalars)."""
+        plain_key = plain(key)
+        scalars = isinstance(key, tuple)
+        for item in key if scalars else ():
+            if type(item) not in _SCALARS:
+                scalars = False
+                break
+        self.last_key, self.last_plain = (key, plain_key) if scalars else (None, None)
+        return plain_key
+
+    def record_fields(self, mode: Any, plain_key: Any, fields: dict) -> dict:
+        """The dispatch record's fields: uniform (a uniform decode batch) and num_reqs
+        where the pack names them, by which graph use tells decode steps from prefill
+        and mixed ones."""
+        out = {"mode": mode if isinstance(mode, str) or mode is None else _mode_name(mode),
+               "key": plain_key, "num_tokens": fields.get("num_tokens")}
+        for name in ("uniform", "num_reqs"):
+            if fields.get(name) is not None:
+                out[name] = fields[name]
+        return out
+
+
+_MOVED = object()       # in a dispatch's const: a number the fold holds in a range
+
+
+def _decision(result: Any, fields: dict) -> tuple[Any, Any]:
+    """(mode, descriptor) of a dispatch's result: a (mode, descriptor) tuple, a
+    descriptor with cg_mode, else the pack's own fields."""
+    if isinstance(result, tuple) and len(result) >= 2 and not hasattr(result, "_asdict"):
+        return result[0], result[1]
+    if hasattr(result, "cg_mode"):
+        return result.cg_mode, result
+    return fields.get("mode"), fields.get("key")
 
 
 class DummyRun(Handler):
