@@ -19,8 +19,10 @@ step is written in full too, and becomes the step that later ones must repeat.
 
 Only the kinds in `FOLDABLE` fold; records made while capturing never do. Any other
 kind (a sync, a capture, a probe error, a mark, a sampling run's end ...) ends the fold
-and is written in full. `graph.replay.time` (the replay-time sample) passes through:
-it is written as it comes and also summarised in the fold's `gpu_ns`.
+and is written in full. `graph.replay.time` (the replay-time sample) never ends a fold:
+one made on a thread with an open fold goes into it (the `times` of its first `steady`
+record, written when the fold closes; a fold closes early once a graph holds MAX_TIMES
+of them); any other is written as it comes.
 
 A held step's records are compared with the template's fields as they came (`same`),
 without freezing the fields that did not change; a probe whose call repeats its last
@@ -56,7 +58,8 @@ POINTERS_KEPT = frozenset(("attn.metadata",))
 # count, whose total graph use needs (the padding a captured size wasted)
 SUMMED = frozenset((("dispatch", "num_tokens"),))
 MAX_STEP = 256          # a longer step is never folded (no steps marked?)
-MAX_TIMES = 512         # replay times kept per graph and fold for its gpu_ns percentiles
+MAX_TIMES = 512         # replay times a fold holds per graph: it closes when one has this many
+REPLAY_TIME = kinds.REPLAY_TIME
 
 Write = Callable[[str, dict, int], None]
 _NO_RANGE: dict = {}        # a replay's moving fields: none (never written to)
@@ -193,7 +196,7 @@ class Fold:
     """The steps folded so far on one thread since the fold opened."""
 
     __slots__ = ("steps", "t_first", "t_last", "ranges", "first", "replays", "tid",
-                 "replay_at", "ranged_at", "kinds", "summed_at", "sums")
+                 "replay_at", "ranged_at", "kinds", "summed_at", "sums", "times", "via")
 
     def __init__(self, step: list, t: int, tid: int) -> None:
         self.steps = 0
@@ -204,6 +207,8 @@ class Fold:
                       for kind, _, fields, _ in step]  # the first folded step
         self.ranges: list[dict] = [{} for _ in step]
         self.replays: dict[int, list[int]] = {}   # gid -> [n_first, n_last, count]
+        self.times: dict[int, list] = {}    # gid -> [[n, gpu_ns, t - t_first]] held
+        self.via: str | None = None         # the clock of the held times
         # Every step of a fold repeats its first position by position (same kinds, same
         # gids, the same ranged names), so add() visits only the positions with work.
         self.replay_at = [position for position, entry in enumerate(step)
@@ -217,6 +222,25 @@ class Fold:
         for entry in step:
             kinds[entry[0]] = kinds.get(entry[0], 0) + 1
         self.kinds = kinds          # records per step, by kind (counted at close)
+
+    def time(self, fields: dict, t: int) -> int:
+        """Hold a graph.replay.time: how many times its graph now holds (0: not held, the
+        record is written as it comes). Only the usual record ({gid, n, gpu_ns, via} and
+        t) of the fold's clock is held, so the fold's `times` lose nothing."""
+        gid, n, gpu, via = fields.get("gid"), fields.get("n"), fields.get("gpu_ns"), \
+            fields.get("via")
+        if len(fields) != 5 or type(gid) is not int or type(n) is not int \
+                or type(gpu) is not int or gpu < 0 or type(via) is not str:
+            return 0
+        if via != self.via:
+            if self.via is not None:
+                return 0
+            self.via = via
+        times = self.times.get(gid)
+        if times is None:
+            times = self.times[gid] = []
+        times.append([n, gpu, t - self.t_first])
+        return len(times)
 
     def add(self, step: list, t: int) -> None:
         self.steps += 1
@@ -286,15 +310,19 @@ class Folder:
         self.write = write
         self.count_folded = count_folded
         self.threads: dict[int, ThreadFold] = {}
-        self.times: dict[Any, list] = {}    # gid -> [count, max, kept values]
         self.folds = 0
         self.broken = 0                     # folds ended by a change
 
     def take(self, kind: str, fields: dict, t: int, tid: int) -> bool:
         if kind in PASS:
-            gpu = fields.get("gpu_ns")
-            if type(gpu) is int and self.threads:
-                self._time(fields.get("gid"), gpu)
+            if kind == REPLAY_TIME:
+                state = self.threads.get(tid)
+                fold = state.fold if state is not None else None
+                if fold is not None:
+                    held = fold.time(fields, t)
+                    if held >= MAX_TIMES:
+                        self._close(state)
+                    return held > 0
             return False
         state = self.threads.get(tid)
         if state is None:
@@ -414,9 +442,6 @@ class Folder:
             fold = state.fold
             if fold is None:
                 fold = state.fold = Fold(step, t, state.tid)
-                for kind, key, *_ in step:
-                    if kind == "graph.replay":
-                        self.times.pop(key[1], None)    # this fold's times only
             fold.add(step, t)
             if t - fold.t_first >= self.interval_ns:
                 self._close(state)
@@ -444,16 +469,6 @@ class Folder:
                                    else (kind, list(fields.items())))
                     self.write(kind, fields, state.tid)
             state.held = False
-
-    def _time(self, gid: Any, gpu: int) -> None:
-        entry = self.times.get(gid)
-        if entry is None:
-            entry = self.times[gid] = [0, gpu, []]
-        entry[0] += 1
-        if gpu > entry[1]:
-            entry[1] = gpu
-        if len(entry[2]) < MAX_TIMES:
-            entry[2].append(gpu)
 
     def _close(self, state: ThreadFold) -> None:
         """Write the open fold of this thread: one `steady` record per graph (the first
@@ -512,12 +527,15 @@ class Folder:
                 fields.update(n_first=None, n_last=None, replays=0)
             else:
                 fields.update(n_first=entry[0], n_last=entry[1], replays=entry[2])
-                times = self.times.pop(gid, None)
-                if times is not None:
-                    fields["gpu_ns"] = _summary(times)
+                if gid in fold.times:
+                    fields["gpu_ns"] = _summary(fold.times[gid])
             fields.update(common)
             if index == 0:
                 fields["pattern"] = pattern
+                if fold.times:
+                    fields["times"] = {str(gid): times for gid, times in fold.times.items()}
+                    fields["times_via"] = fold.via
+                    self.count_folded(REPLAY_TIME, sum(map(len, fold.times.values())))
             self.write("steady", fields, fold.tid)
 
     def close_all(self) -> None:
@@ -529,10 +547,10 @@ class Folder:
 
 
 def _summary(times: list) -> dict:
-    count, high, values = times
-    values = sorted(values)
-    return {"count": count, "p50": values[len(values) // 2],
-            "p90": values[min(len(values) - 1, len(values) * 9 // 10)], "max": high}
+    """{count, p50, p90, max} of a fold's [n, gpu_ns, dt] times (exports read it)."""
+    values = sorted([gpu for _, gpu, _ in times])
+    return {"count": len(values), "p50": values[len(values) // 2],
+            "p90": values[min(len(values) - 1, len(values) * 9 // 10)], "max": values[-1]}
 
 
 def refold(rows: list[dict], interval_s: float = FOLD_S) -> list[dict]:
