@@ -449,3 +449,48 @@ def test_replay_times_folded_give_the_same_cost_and_whatif_cases(tmp_path):
     assert costs[0][0][1]["timed"] == costs[0][0][1]["replays"]
     cases = [[dataclasses.asdict(c) for c in whatif.cases(r.model, r.findings)] for r in results]
     assert cases[0] == cases[1] and cases[0]
+
+
+def _dispatch_step(n: int, mode: str = "FULL") -> list:
+    return [("dispatch", {"mode": mode, "key": {"num_tokens": 4}, "num_tokens": 1 + n % 3,
+                          "uniform": True, "num_reqs": 1 + n % 2}),
+            ("graph.replay", {"gid": 1, "n": n}), ("graph.replay", {"gid": 2, "n": n})]
+
+
+def test_a_dispatch_held_with_hold_and_replays_held_by_replay_write_what_take_writes():
+    """A handler's dispatch held without its record (Folder.hold with the numbers split
+    gives it) and replays held by Folder.replay (Recorder.add_replay's path) give the
+    records, folds and counts that take() of every record gives, a change included."""
+    steps = [_dispatch_step(n) for n in range(1, 30)]
+    steps[17] = _dispatch_step(18, "PIECEWISE")      # a change: the fold breaks there
+    expected = _folder_run(steps)
+
+    written: list = []
+    folded: dict = {}
+    folder = fold.Folder(3600.0, lambda kind, fields, tid: written.append((kind, fields)),
+                         lambda kind, n: folded.__setitem__(kind, folded.get(kind, 0) + n))
+    t, last, held = 0, None, 0
+    for step in steps:
+        for kind, fields in step:
+            t += 1
+            if kind == "graph.replay":
+                assert not folder.hold(kind, ("graph.replay", fields["gid"]), fields,
+                                       {}, t, 1)      # replays: not through hold
+                if folder.replay(fields["gid"], fields["n"], t, 1):
+                    held += 1
+                    continue
+            elif last is not None and {k: v for k, v in last[1].items() if k != "t"} | {
+                    "num_tokens": 0, "num_reqs": 0} == fields | {"num_tokens": 0, "num_reqs": 0}:
+                moving = {"num_tokens": fields["num_tokens"], "num_reqs": fields["num_reqs"]}
+                if folder.hold(kind, last[0], last[1], moving, t, 1):
+                    held += 1
+                    continue
+            fields = dict(fields, t=t)
+            if not folder.take(kind, fields, t, 1):
+                written.append((kind, fields))
+            if kind == "dispatch":
+                key = folder.key_of_last(1, fields)
+                last = None if key is None else (key, fields)
+    folder.close_all()
+    assert held > 40
+    assert (written, folded) == expected

@@ -63,8 +63,6 @@ REPLAY_TIME = kinds.REPLAY_TIME
 
 Write = Callable[[str, dict, int], None]
 _NO_RANGE: dict = {}        # a replay's moving fields: none (never written to)
-
-
 _CONTAINERS = (dict, list, tuple)
 
 
@@ -193,9 +191,10 @@ _WRITTEN = frozenset(("k", "seq", "tid"))     # what the recorder adds to a reco
 
 
 class Fold:
-    """The steps folded so far on one thread since the fold opened."""
+    """The steps folded so far on one thread since the fold opened (Folder._end_step adds
+    each step: its ranges and sums; a replay's count and numbers are read at close)."""
 
-    __slots__ = ("steps", "t_first", "t_last", "ranges", "first", "replays", "tid",
+    __slots__ = ("steps", "t_first", "t_last", "ranges", "first", "last", "tid",
                  "replay_at", "ranged_at", "kinds", "summed_at", "sums", "times", "via")
 
     def __init__(self, step: list, t: int, tid: int) -> None:
@@ -205,14 +204,17 @@ class Fold:
         self.tid = tid
         self.first = [(kind, fields if type(fields) is not tuple else pending_fields(fields))
                       for kind, _, fields, _ in step]  # the first folded step
+        self.last = step                    # the last folded step (its replays' n)
         self.ranges: list[dict] = [{} for _ in step]
-        self.replays: dict[int, list[int]] = {}   # gid -> [n_first, n_last, count]
         self.times: dict[int, list] = {}    # gid -> [[n, gpu_ns, t - t_first]] held
         self.via: str | None = None         # the clock of the held times
         # Every step of a fold repeats its first position by position (same kinds, same
-        # gids, the same ranged names), so add() visits only the positions with work.
-        self.replay_at = [position for position, entry in enumerate(step)
-                          if entry[0] == "graph.replay"]
+        # gids, the same ranged names), so a step added visits only the positions with
+        # work, and a graph's replays are its places in the step times the steps.
+        self.replay_at: dict[Any, list[int]] = {}   # gid -> its positions in the step
+        for position, entry in enumerate(step):
+            if entry[0] == "graph.replay":
+                self.replay_at.setdefault(entry[1][1], []).append(position)
         self.ranged_at = [position for position, entry in enumerate(step)
                           if entry[0] != "graph.replay" and entry[3]]
         self.summed_at = [(position, name) for position, entry in enumerate(step)
@@ -223,10 +225,15 @@ class Fold:
             kinds[entry[0]] = kinds.get(entry[0], 0) + 1
         self.kinds = kinds          # records per step, by kind (counted at close)
 
+    def replays(self) -> dict[Any, tuple]:
+        """gid -> (n_first, n_last, replays) of the folded steps."""
+        first, last = self.first, self.last
+        return {gid: (first[at[0]][1].get("n"), last[at[-1]][2].get("n"), len(at) * self.steps)
+                for gid, at in self.replay_at.items()}
+
     def time(self, fields: dict, t: int) -> int:
-        """Hold a graph.replay.time: how many times its graph now holds (0: not held, the
-        record is written as it comes). Only the usual record ({gid, n, gpu_ns, via} and
-        t) of the fold's clock is held, so the fold's `times` lose nothing."""
+        """Hold a graph.replay.time ({gid, n, gpu_ns, via} and t, of the fold's clock): how
+        many times its graph now holds (0: not held, the record is written as it comes)."""
         gid, n, gpu, via = fields.get("gid"), fields.get("n"), fields.get("gpu_ns"), \
             fields.get("via")
         if len(fields) != 5 or type(gid) is not int or type(n) is not int \
@@ -241,35 +248,6 @@ class Fold:
             times = self.times[gid] = []
         times.append([n, gpu, t - self.t_first])
         return len(times)
-
-    def add(self, step: list, t: int) -> None:
-        self.steps += 1
-        self.t_last = t
-        replays = self.replays
-        for position in self.replay_at:
-            fields = step[position][2]
-            gid, n = fields.get("gid"), fields.get("n")
-            entry = replays.get(gid)
-            if entry is None:
-                replays[gid] = [n, n, 1]
-            else:
-                entry[1] = n
-                entry[2] += 1
-        if self.summed_at:
-            sums = self.sums
-            for index, (position, name) in enumerate(self.summed_at):
-                sums[index] += step[position][3][name]
-        all_ranges = self.ranges
-        for position in self.ranged_at:
-            ranges = all_ranges[position]
-            for name, value in step[position][3].items():
-                span = ranges.get(name)
-                if span is None:
-                    ranges[name] = [value, value]
-                elif value < span[0]:
-                    span[0] = value
-                elif value > span[1]:
-                    span[1] = value
 
 
 class ThreadFold:
@@ -412,9 +390,12 @@ class Folder:
         fields equal base's). True when this thread's step is held and `key` is the
         template's at this place: the record joins the step (built only if the step
         breaks: pending_fields); False: the probe builds it and adds it (nothing changed
-        here but a step boundary, which take() would also have passed)."""
+        here but a step boundary, which take() would also have passed).
+
+        `moving`: exactly the numbers split() gives the record, in its field order. Not
+        for replays (False): Recorder.add_replay counts and holds them (replay())."""
         state = self.threads.get(tid)
-        if state is None or not state.held or kind not in FOLDABLE:
+        if state is None or not state.held or kind not in FOLDABLE or kind == "graph.replay":
             return False
         if kind in STEP_KINDS and state.last_kind not in STEP_KINDS and state.step:
             self._end_step(state, t)
@@ -435,6 +416,24 @@ class Folder:
         step.append((kind, key, (base, moving, t), moving))
         return True
 
+    def replay(self, gid: Any, n: int, t: int, tid: int) -> bool:
+        """take() of a replay {gid, n, t} (Recorder.add_replay) in a held step, in short:
+        True when held; False: the caller builds the record and hands it to take()."""
+        state = self.threads.get(tid)
+        if state is None or not state.held:
+            return False
+        step = state.step
+        if not step or (not state.marked and gid == state.first_gid):
+            return False
+        template = state.template
+        position = len(step)
+        if position >= len(template) or template[position] != ("graph.replay", gid):
+            return False
+        state.last_kind = "graph.replay"
+        step.append(("graph.replay", template[position], {"gid": gid, "n": n, "t": t},
+                     _NO_RANGE))
+        return True
+
     def _end_step(self, state: ThreadFold, t: int) -> None:
         """The thread's step is whole: fold it (it repeated the last one) or learn it."""
         step = state.step
@@ -442,7 +441,24 @@ class Folder:
             fold = state.fold
             if fold is None:
                 fold = state.fold = Fold(step, t, state.tid)
-            fold.add(step, t)
+                fold.steps += 1
+            fold.t_last = t
+            fold.last = step
+            if fold.summed_at:
+                sums = fold.sums
+                for index, (position, name) in enumerate(fold.summed_at):
+                    sums[index] += step[position][3][name]
+            all_ranges = fold.ranges
+            for position in fold.ranged_at:
+                ranges = all_ranges[position]
+                for name, value in step[position][3].items():
+                    span = ranges.get(name)
+                    if span is None:
+                        ranges[name] = [value, value]
+                    elif value < span[0]:
+                        span[0] = value
+                    elif value > span[1]:
+                        span[1] = value
             if t - fold.t_first >= self.interval_ns:
                 self._close(state)
         else:
@@ -520,7 +536,7 @@ class Folder:
         common = {"t": fold.t_last, "steps": fold.steps, "t_first": fold.t_first,
                   "t_last": fold.t_last,
                   "fields": merged_fields, "same": merged_same, "fold": self.folds}
-        gids = list(fold.replays.items()) or [(None, None)]
+        gids = list(fold.replays().items()) or [(None, None)]
         for index, (gid, entry) in enumerate(gids):
             fields = {"gid": gid}
             if entry is None:
