@@ -73,7 +73,11 @@ def test_cpu_run_times_the_sampled_host_graph_replays(cpu_trace):
     recs = records(cpu_trace)
     host_gids = {r["gid"] for r in recs if r["k"] == "graph.capture.begin"
                  and r["src"] == "reference-host"}
-    timed = [r for r in recs if r["k"] == "graph.replay.time"]
+    # the replay-time records, and those a fold held (steady `times`, read as records)
+    timed = [r for r in recs if r["k"] == "graph.replay.time"] + [
+        {"gid": int(gid), "n": n, "gpu_ns": gpu, "via": r["times_via"]}
+        for r in recs if r["k"] == "steady" for gid, times in r.get("times", {}).items()
+        for n, gpu, _dt in times]
     assert sorted(r["n"] for r in timed) == [1, 2, 3, 6]      # first 2, then 1 in 3
     assert {r["gid"] for r in timed} == host_gids
     assert all(r["via"] == "host" and r["gpu_ns"] > 0 for r in timed)

@@ -11,6 +11,7 @@ file holds.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -355,3 +356,141 @@ def test_a_record_held_without_being_built_is_written_in_full_when_its_step_brea
     assert held[0] == ("attn.metadata", {**_call_step(4)[0][1], "t": held[0][1]["t"]})
     assert held[1] == ("attn.call", {**_call_step(4)[1][1], "t": held[1][1]["t"]})
     assert held[2][0] == "graph.replay" and held[2][1]["gid"] == 2
+
+
+def _timed_mlt008_rows(tmp_path: Path, steps: int) -> list[dict]:
+    """A synthetic FULL wrapper capture (gid 1) around a torch graph (gid 2) that froze an
+    attention kernel at one CTA, replayed `steps` times at growing lengths, each torch
+    replay timed (graph.replay.time, before its replay record, as the host timer writes
+    it): MLT008, with its costs read from the replay times."""
+    from synth import SynthProcess
+
+    p = SynthProcess(tmp_path / "synth", 101, argv=["python", "engine.py"])
+    p.emit("device", index=0, name="NVIDIA H200", arch="sm_90", sms=132)
+    p.emit("graph.capture.begin", gid=1, parent=None, src="vllm", key="FULL(num_tokens=1)",
+           mode="FULL", device=0)
+    p.emit("graph.capture.begin", gid=2, parent=1, src="torch", key=None, mode=None, device=0)
+    p.emit("attn.call", op="decode_attention_fwd", backend="x", capturing=True, gid=2,
+           hints={}, ptrs={})
+    p.emit("kernel.launch", name="_fwd_grouped_kernel", grid=[1, 1, 1], const={},
+           capturing=True, gid=2)
+    p.emit("graph.capture.end", gid=2, segments=1, eager_breaks=0, dur_ns=1000)
+    p.emit("graph.capture.end", gid=1, segments=1, eager_breaks=0, dur_ns=2000)
+    p.emit("graph.nodes", gid=2, kernels=[{"name": "_fwd_grouped_kernel", "grid": [1, 1, 1],
+                                           "block": [128, 1, 1], "smem": 0}], dump_ns=1000)
+    for i in range(1, steps + 1):
+        p.emit("dispatch", mode="FULL", key="FULL(num_tokens=1)", num_tokens=1)
+        p.emit("attn.metadata", backend="x", num_reqs=1, seq_len_min=1000 + 50 * i,
+               seq_len_max=1000 + 50 * i, seq_len_sum=1000 + 50 * i, capturing=False, ptrs={})
+        p.emit("graph.replay.time", gid=2, n=i, gpu_ns=90_000 + 7_000 * i + 300 * (i % 5),
+               via="cuda-event")
+        p.emit("graph.replay", gid=2, n=i)
+        p.emit("graph.replay", gid=1, n=i)
+    p.write()
+    (path,) = (tmp_path / "synth").glob("p*.jsonl")
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _report_of(tmp_path: Path, name: str, rows: list[dict]) -> tuple[dict, Any]:
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "p101.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = analyze(open_trace(tmp_path / name))
+    return comparable(report_dict(str(tmp_path / name), result)), result
+
+
+@pytest.mark.parametrize("max_times", [fold.MAX_TIMES, 4])
+def test_replay_times_held_in_folds_give_the_same_mlt008_and_costs(tmp_path, monkeypatch,
+                                                                    max_times):
+    """Timed replays inside a fold write no record of their own: the fold holds them
+    (the `times` of its first steady record, written when it closes; a fold closes when
+    a graph holds MAX_TIMES of them) and the report, MLT008 and its cost are those of
+    the unfolded trace, the wrapper's time (the sum of its torch replays') included."""
+    monkeypatch.setattr(fold, "MAX_TIMES", max_times)
+    rows = _timed_mlt008_rows(tmp_path, 60)
+    refolded = fold.refold([dict(r) for r in rows], interval_s=3600)
+    (tmp_path / "synth" / "p101.jsonl").unlink()
+    kinds = [r["k"] for r in refolded]
+    steady = [r for r in refolded if r["k"] == "steady"]
+    held = sum(len(v) for r in steady for v in r.get("times", {}).values())
+    # only the times of steps before the first fold opened are written as records
+    assert kinds.count("graph.replay.time") + held == 60 and held >= 50
+    if max_times == 4:
+        assert len({r["fold"] for r in steady}) >= held // 4
+        assert all(len(v) <= 4 for r in steady for v in r.get("times", {}).values())
+    off, off_result = _report_of(tmp_path, "off", rows)
+    on, on_result = _report_of(tmp_path, "on", refolded)
+    for key in off:
+        assert off[key] == on[key], key
+    (f_off,), (f_on,) = off_result.findings, on_result.findings
+    assert f_off.id == f_on.id == "MLT008"
+    assert (f_off.message, f_off.details, f_off.cost) == (f_on.message, f_on.details, f_on.cost)
+    assert f_on.cost["timed"] == 60
+    wrapper = {g["gid"]: g for g in on["graphs"]}[1]["replays"]
+    assert wrapper["gpu_ns"]["samples"] == 60     # the torch replays' times, summed per n
+    coverage = [r.coverage.records for r in (off_result, on_result)]
+    assert without_steady(coverage[1]) == coverage[0]
+
+
+def test_replay_times_folded_give_the_same_cost_and_whatif_cases(tmp_path):
+    """A real traced run (CPU host graphs, every replay timed): the unfolded trace and
+    the same trace folded give the same MLT001 cost and the same whatif cases."""
+    from mlatrace.output import whatif
+
+    rows = traced_serve(tmp_path / "off", ["--fold", "0", "--replay-timing", "1:1"],
+                        "--policy", "legacy")
+    refolded = fold.refold(rows, interval_s=0.5)
+    assert any(r.get("times") for r in refolded if r["k"] == "steady")
+    (tmp_path / "on").mkdir()
+    name = next((tmp_path / "off").glob("p*.jsonl")).name
+    (tmp_path / "on" / name).write_text("".join(json.dumps(r) + "\n" for r in refolded))
+    results = [analyze(open_trace(tmp_path / d)) for d in ("off", "on")]
+    costs = [[(f.id, f.cost) for f in r.findings] for r in results]
+    assert costs[0] == costs[1] and ("MLT001", costs[0][0][1]) in costs[0]
+    assert costs[0][0][1]["timed"] == costs[0][0][1]["replays"]
+    cases = [[dataclasses.asdict(c) for c in whatif.cases(r.model, r.findings)] for r in results]
+    assert cases[0] == cases[1] and cases[0]
+
+
+def _dispatch_step(n: int, mode: str = "FULL") -> list:
+    return [("dispatch", {"mode": mode, "key": {"num_tokens": 4}, "num_tokens": 1 + n % 3,
+                          "uniform": True, "num_reqs": 1 + n % 2}),
+            ("graph.replay", {"gid": 1, "n": n}), ("graph.replay", {"gid": 2, "n": n})]
+
+
+def test_a_dispatch_held_with_hold_and_replays_held_by_replay_write_what_take_writes():
+    """A handler's dispatch held without its record (Folder.hold with the numbers split
+    gives it) and replays held by Folder.replay (Recorder.add_replay's path) give the
+    records, folds and counts that take() of every record gives, a change included."""
+    steps = [_dispatch_step(n) for n in range(1, 30)]
+    steps[17] = _dispatch_step(18, "PIECEWISE")      # a change: the fold breaks there
+    expected = _folder_run(steps)
+
+    written: list = []
+    folded: dict = {}
+    folder = fold.Folder(3600.0, lambda kind, fields, tid: written.append((kind, fields)),
+                         lambda kind, n: folded.__setitem__(kind, folded.get(kind, 0) + n))
+    t, last, held = 0, None, 0
+    for step in steps:
+        for kind, fields in step:
+            t += 1
+            if kind == "graph.replay":
+                assert not folder.hold(kind, ("graph.replay", fields["gid"]), fields,
+                                       {}, t, 1)      # replays: not through hold
+                if folder.replay(fields["gid"], fields["n"], t, 1):
+                    held += 1
+                    continue
+            elif last is not None and {k: v for k, v in last[1].items() if k != "t"} | {
+                    "num_tokens": 0, "num_reqs": 0} == fields | {"num_tokens": 0, "num_reqs": 0}:
+                moving = {"num_tokens": fields["num_tokens"], "num_reqs": fields["num_reqs"]}
+                if folder.hold(kind, last[0], last[1], moving, t, 1):
+                    held += 1
+                    continue
+            fields = dict(fields, t=t)
+            if not folder.take(kind, fields, t, 1):
+                written.append((kind, fields))
+            if kind == "dispatch":
+                key = folder.key_of_last(1, fields)
+                last = None if key is None else (key, fields)
+    folder.close_all()
+    assert held > 40
+    assert (written, folded) == expected

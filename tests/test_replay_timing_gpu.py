@@ -49,7 +49,11 @@ def test_cuda_replay_timing(tmp_path, bench):
     assert not [r for r in records if r["k"] == "probe.error"]
     torch_gids = {r["gid"] for r in records if r["k"] == "graph.capture.begin"
                   and r["src"] == "torch"}
-    timed = [r for r in records if r["k"] == "graph.replay.time"]
+    # the replay-time records, and those a fold held (steady `times`, read as records)
+    timed = [r for r in records if r["k"] == "graph.replay.time"] + [
+        {"gid": int(gid), "n": n, "gpu_ns": gpu, "via": r["times_via"]}
+        for r in records if r["k"] == "steady" for gid, times in r.get("times", {}).items()
+        for n, gpu, _dt in times]
     assert timed and {r["gid"] for r in timed} <= torch_gids
     assert all(r["via"] == "cuda-event" and r["gpu_ns"] > 0 for r in timed)
     ns = sorted(r["n"] for r in timed)

@@ -196,9 +196,22 @@ class ReplayHandlers:
         gid, n, gpu = rec.gid, rec.n, rec.gpu_ns
         if type(gid) is not int or type(n) is not int or type(gpu) is not int or gpu < 0:
             return
+        self._timed(rec, gid, n, gpu, rec.t, rec.get("via") == "host")
+
+    def _steady_times(self, rec: dict, times: dict) -> None:
+        """A fold's `times` ({gid: [[n, gpu_ns, t - t_first], ...]}): the graph.replay.time
+        records it held, read as those records (their evidence is the steady record)."""
+        t_first, host = rec["t_first"], rec.get("times_via") == "host"
+        timed = 0
+        for gid, entries in times.items():
+            for n, gpu, dt in entries:
+                self._timed(rec, int(gid), n, gpu, t_first + dt, host)
+            timed += len(entries)
+        self.proc.kinds[REPLAY_TIME] = self.proc.kinds.get(REPLAY_TIME, 0) + timed
+
+    def _timed(self, rec: Any, gid: int, n: int, gpu: int, t: int, host: bool) -> None:
         graph, seen = self._graph(gid), set()
-        add_point(graph.replays, "gpu_times", rec.t, gpu)
-        host = rec.get("via") == "host"
+        add_point(graph.replays, "gpu_times", t, gpu)
         ref = None
         while graph is not None and graph.gid not in seen:
             seen.add(graph.gid)
@@ -225,6 +238,9 @@ class ReplayHandlers:
         pattern = rec.get("pattern")
         if isinstance(pattern, list):
             self._steady_setup(rec, tid, pattern, steps)
+        times = rec.get("times")
+        if times:
+            self._steady_times(rec, times)
         gid = _int(rec.get("gid"))
         if gid is None or not replays:
             return

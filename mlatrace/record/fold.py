@@ -19,8 +19,10 @@ step is written in full too, and becomes the step that later ones must repeat.
 
 Only the kinds in `FOLDABLE` fold; records made while capturing never do. Any other
 kind (a sync, a capture, a probe error, a mark, a sampling run's end ...) ends the fold
-and is written in full. `graph.replay.time` (the replay-time sample) passes through:
-it is written as it comes and also summarised in the fold's `gpu_ns`.
+and is written in full. `graph.replay.time` (the replay-time sample) never ends a fold:
+one made on a thread with an open fold goes into it (the `times` of its first `steady`
+record, written when the fold closes; a fold closes early once a graph holds MAX_TIMES
+of them); any other is written as it comes.
 
 A held step's records are compared with the template's fields as they came (`same`),
 without freezing the fields that did not change; a probe whose call repeats its last
@@ -56,12 +58,11 @@ POINTERS_KEPT = frozenset(("attn.metadata",))
 # count, whose total graph use needs (the padding a captured size wasted)
 SUMMED = frozenset((("dispatch", "num_tokens"),))
 MAX_STEP = 256          # a longer step is never folded (no steps marked?)
-MAX_TIMES = 512         # replay times kept per graph and fold for its gpu_ns percentiles
+MAX_TIMES = 512         # replay times a fold holds per graph: it closes when one has this many
+REPLAY_TIME = kinds.REPLAY_TIME
 
 Write = Callable[[str, dict, int], None]
 _NO_RANGE: dict = {}        # a replay's moving fields: none (never written to)
-
-
 _CONTAINERS = (dict, list, tuple)
 
 
@@ -190,10 +191,11 @@ _WRITTEN = frozenset(("k", "seq", "tid"))     # what the recorder adds to a reco
 
 
 class Fold:
-    """The steps folded so far on one thread since the fold opened."""
+    """The steps folded so far on one thread since the fold opened (Folder._end_step adds
+    each step: its ranges and sums; a replay's count and numbers are read at close)."""
 
-    __slots__ = ("steps", "t_first", "t_last", "ranges", "first", "replays", "tid",
-                 "replay_at", "ranged_at", "kinds", "summed_at", "sums")
+    __slots__ = ("steps", "t_first", "t_last", "ranges", "first", "last", "tid",
+                 "replay_at", "ranged_at", "kinds", "summed_at", "sums", "times", "via")
 
     def __init__(self, step: list, t: int, tid: int) -> None:
         self.steps = 0
@@ -202,12 +204,17 @@ class Fold:
         self.tid = tid
         self.first = [(kind, fields if type(fields) is not tuple else pending_fields(fields))
                       for kind, _, fields, _ in step]  # the first folded step
+        self.last = step                    # the last folded step (its replays' n)
         self.ranges: list[dict] = [{} for _ in step]
-        self.replays: dict[int, list[int]] = {}   # gid -> [n_first, n_last, count]
+        self.times: dict[int, list] = {}    # gid -> [[n, gpu_ns, t - t_first]] held
+        self.via: str | None = None         # the clock of the held times
         # Every step of a fold repeats its first position by position (same kinds, same
-        # gids, the same ranged names), so add() visits only the positions with work.
-        self.replay_at = [position for position, entry in enumerate(step)
-                          if entry[0] == "graph.replay"]
+        # gids, the same ranged names), so a step added visits only the positions with
+        # work, and a graph's replays are its places in the step times the steps.
+        self.replay_at: dict[Any, list[int]] = {}   # gid -> its positions in the step
+        for position, entry in enumerate(step):
+            if entry[0] == "graph.replay":
+                self.replay_at.setdefault(entry[1][1], []).append(position)
         self.ranged_at = [position for position, entry in enumerate(step)
                           if entry[0] != "graph.replay" and entry[3]]
         self.summed_at = [(position, name) for position, entry in enumerate(step)
@@ -218,34 +225,29 @@ class Fold:
             kinds[entry[0]] = kinds.get(entry[0], 0) + 1
         self.kinds = kinds          # records per step, by kind (counted at close)
 
-    def add(self, step: list, t: int) -> None:
-        self.steps += 1
-        self.t_last = t
-        replays = self.replays
-        for position in self.replay_at:
-            fields = step[position][2]
-            gid, n = fields.get("gid"), fields.get("n")
-            entry = replays.get(gid)
-            if entry is None:
-                replays[gid] = [n, n, 1]
-            else:
-                entry[1] = n
-                entry[2] += 1
-        if self.summed_at:
-            sums = self.sums
-            for index, (position, name) in enumerate(self.summed_at):
-                sums[index] += step[position][3][name]
-        all_ranges = self.ranges
-        for position in self.ranged_at:
-            ranges = all_ranges[position]
-            for name, value in step[position][3].items():
-                span = ranges.get(name)
-                if span is None:
-                    ranges[name] = [value, value]
-                elif value < span[0]:
-                    span[0] = value
-                elif value > span[1]:
-                    span[1] = value
+    def replays(self) -> dict[Any, tuple]:
+        """gid -> (n_first, n_last, replays) of the folded steps."""
+        first, last = self.first, self.last
+        return {gid: (first[at[0]][1].get("n"), last[at[-1]][2].get("n"), len(at) * self.steps)
+                for gid, at in self.replay_at.items()}
+
+    def time(self, fields: dict, t: int) -> int:
+        """Hold a graph.replay.time ({gid, n, gpu_ns, via} and t, of the fold's clock): how
+        many times its graph now holds (0: not held, the record is written as it comes)."""
+        gid, n, gpu, via = fields.get("gid"), fields.get("n"), fields.get("gpu_ns"), \
+            fields.get("via")
+        if len(fields) != 5 or type(gid) is not int or type(n) is not int \
+                or type(gpu) is not int or gpu < 0 or type(via) is not str:
+            return 0
+        if via != self.via:
+            if self.via is not None:
+                return 0
+            self.via = via
+        times = self.times.get(gid)
+        if times is None:
+            times = self.times[gid] = []
+        times.append([n, gpu, t - self.t_first])
+        return len(times)
 
 
 class ThreadFold:
@@ -286,15 +288,19 @@ class Folder:
         self.write = write
         self.count_folded = count_folded
         self.threads: dict[int, ThreadFold] = {}
-        self.times: dict[Any, list] = {}    # gid -> [count, max, kept values]
         self.folds = 0
         self.broken = 0                     # folds ended by a change
 
     def take(self, kind: str, fields: dict, t: int, tid: int) -> bool:
         if kind in PASS:
-            gpu = fields.get("gpu_ns")
-            if type(gpu) is int and self.threads:
-                self._time(fields.get("gid"), gpu)
+            if kind == REPLAY_TIME:
+                state = self.threads.get(tid)
+                fold = state.fold if state is not None else None
+                if fold is not None:
+                    held = fold.time(fields, t)
+                    if held >= MAX_TIMES:
+                        self._close(state)
+                    return held > 0
             return False
         state = self.threads.get(tid)
         if state is None:
@@ -384,9 +390,12 @@ class Folder:
         fields equal base's). True when this thread's step is held and `key` is the
         template's at this place: the record joins the step (built only if the step
         breaks: pending_fields); False: the probe builds it and adds it (nothing changed
-        here but a step boundary, which take() would also have passed)."""
+        here but a step boundary, which take() would also have passed).
+
+        `moving`: exactly the numbers split() gives the record, in its field order. Not
+        for replays (False): Recorder.add_replay counts and holds them (replay())."""
         state = self.threads.get(tid)
-        if state is None or not state.held or kind not in FOLDABLE:
+        if state is None or not state.held or kind not in FOLDABLE or kind == "graph.replay":
             return False
         if kind in STEP_KINDS and state.last_kind not in STEP_KINDS and state.step:
             self._end_step(state, t)
@@ -407,6 +416,24 @@ class Folder:
         step.append((kind, key, (base, moving, t), moving))
         return True
 
+    def replay(self, gid: Any, n: int, t: int, tid: int) -> bool:
+        """take() of a replay {gid, n, t} (Recorder.add_replay) in a held step, in short:
+        True when held; False: the caller builds the record and hands it to take()."""
+        state = self.threads.get(tid)
+        if state is None or not state.held:
+            return False
+        step = state.step
+        if not step or (not state.marked and gid == state.first_gid):
+            return False
+        template = state.template
+        position = len(step)
+        if position >= len(template) or template[position] != ("graph.replay", gid):
+            return False
+        state.last_kind = "graph.replay"
+        step.append(("graph.replay", template[position], {"gid": gid, "n": n, "t": t},
+                     _NO_RANGE))
+        return True
+
     def _end_step(self, state: ThreadFold, t: int) -> None:
         """The thread's step is whole: fold it (it repeated the last one) or learn it."""
         step = state.step
@@ -414,10 +441,24 @@ class Folder:
             fold = state.fold
             if fold is None:
                 fold = state.fold = Fold(step, t, state.tid)
-                for kind, key, *_ in step:
-                    if kind == "graph.replay":
-                        self.times.pop(key[1], None)    # this fold's times only
-            fold.add(step, t)
+                fold.steps += 1
+            fold.t_last = t
+            fold.last = step
+            if fold.summed_at:
+                sums = fold.sums
+                for index, (position, name) in enumerate(fold.summed_at):
+                    sums[index] += step[position][3][name]
+            all_ranges = fold.ranges
+            for position in fold.ranged_at:
+                ranges = all_ranges[position]
+                for name, value in step[position][3].items():
+                    span = ranges.get(name)
+                    if span is None:
+                        ranges[name] = [value, value]
+                    elif value < span[0]:
+                        span[0] = value
+                    elif value > span[1]:
+                        span[1] = value
             if t - fold.t_first >= self.interval_ns:
                 self._close(state)
         else:
@@ -444,16 +485,6 @@ class Folder:
                                    else (kind, list(fields.items())))
                     self.write(kind, fields, state.tid)
             state.held = False
-
-    def _time(self, gid: Any, gpu: int) -> None:
-        entry = self.times.get(gid)
-        if entry is None:
-            entry = self.times[gid] = [0, gpu, []]
-        entry[0] += 1
-        if gpu > entry[1]:
-            entry[1] = gpu
-        if len(entry[2]) < MAX_TIMES:
-            entry[2].append(gpu)
 
     def _close(self, state: ThreadFold) -> None:
         """Write the open fold of this thread: one `steady` record per graph (the first
@@ -505,19 +536,22 @@ class Folder:
         common = {"t": fold.t_last, "steps": fold.steps, "t_first": fold.t_first,
                   "t_last": fold.t_last,
                   "fields": merged_fields, "same": merged_same, "fold": self.folds}
-        gids = list(fold.replays.items()) or [(None, None)]
+        gids = list(fold.replays().items()) or [(None, None)]
         for index, (gid, entry) in enumerate(gids):
             fields = {"gid": gid}
             if entry is None:
                 fields.update(n_first=None, n_last=None, replays=0)
             else:
                 fields.update(n_first=entry[0], n_last=entry[1], replays=entry[2])
-                times = self.times.pop(gid, None)
-                if times is not None:
-                    fields["gpu_ns"] = _summary(times)
+                if gid in fold.times:
+                    fields["gpu_ns"] = _summary(fold.times[gid])
             fields.update(common)
             if index == 0:
                 fields["pattern"] = pattern
+                if fold.times:
+                    fields["times"] = {str(gid): times for gid, times in fold.times.items()}
+                    fields["times_via"] = fold.via
+                    self.count_folded(REPLAY_TIME, sum(map(len, fold.times.values())))
             self.write("steady", fields, fold.tid)
 
     def close_all(self) -> None:
@@ -529,10 +563,10 @@ class Folder:
 
 
 def _summary(times: list) -> dict:
-    count, high, values = times
-    values = sorted(values)
-    return {"count": count, "p50": values[len(values) // 2],
-            "p90": values[min(len(values) - 1, len(values) * 9 // 10)], "max": high}
+    """{count, p50, p90, max} of a fold's [n, gpu_ns, dt] times (exports read it)."""
+    values = sorted([gpu for _, gpu, _ in times])
+    return {"count": len(values), "p50": values[len(values) // 2],
+            "p90": values[min(len(values) - 1, len(values) * 9 // 10)], "max": values[-1]}
 
 
 def refold(rows: list[dict], interval_s: float = FOLD_S) -> list[dict]:

@@ -284,13 +284,26 @@ class Recorder:
         return sampled
 
     def add_replay(self, gid: int, fields: dict) -> None:
-        """Queue a graph.replay, counting replays per gid exactly and sampling the records."""
+        """Queue a graph.replay, counting replays per gid exactly and sampling the records.
+
+        A replay of a held steady step with no fields of its own is held by the folder
+        without its record being built (fold.Folder.replay)."""
         n = self.replays.get(gid, 0) + 1
         self.replays[gid] = n
         sample = self.replay_sample
         if sample and n > sample and n % sample:
             self.sampled_out += 1
             self.sampled_kinds["graph.replay"] += 1
+            return
+        folder = self._folder
+        if folder is not None and not fields and self.enabled:
+            tid = _thread_id()
+            t = _clock() - self.t0
+            if folder.replay(gid, n, t, tid):
+                return
+            fields = {"gid": gid, "n": n, "t": t}
+            if not folder.take("graph.replay", fields, t, tid):
+                self._put("graph.replay", fields, tid)
             return
         fields["gid"] = gid
         fields["n"] = n

@@ -79,6 +79,18 @@ def steady_problem(rec: dict[str, Any]) -> str | None:
     for name in ("fields", "same"):
         if not isinstance(rec.get(name, {}), dict):
             return f"{name} is not an object"
+    times = rec.get("times")
+    if times is not None:
+        if not isinstance(times, dict) or type(rec.get("t_first")) is not int \
+                or type(rec.get("times_via")) is not str:
+            return "times is not an object with t_first and times_via"
+        for gid, entries in times.items():
+            if type(gid) is not str or not gid.isdigit() or not isinstance(entries, list):
+                return f"times of gid {gid!r:.20} is not a list"
+            for entry in entries:
+                if not (isinstance(entry, list) and len(entry) == 3
+                        and all(type(v) is int for v in entry) and entry[1] >= 0):
+                    return f"times entry {entry!r:.60} is not [n, gpu_ns, dt]"
     pattern = rec.get("pattern")
     if pattern is not None:
         if not isinstance(pattern, list):
@@ -98,7 +110,8 @@ def steady_problem(rec: dict[str, Any]) -> str | None:
 
 def check_steady(rec: dict) -> str | None:
     """`steps` a count >= 1, `replays` a count, `gid` an integer or null, `n_first` <=
-    `n_last` integers when it has replays, `fields` and `same` objects, each `pattern`
+    `n_last` integers when it has replays, `fields` and `same` objects, `times` {gid:
+    [[n, gpu_ns, dt], ...]} of integers (with `t_first` and `times_via`), each `pattern`
     entry a kind with `range` ({field: [lo, hi]}) and `same` objects: why a `steady`
     record is not, or None."""
     problem = steady_problem(rec)

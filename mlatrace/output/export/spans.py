@@ -376,7 +376,7 @@ class ProcessSpans:
             self.last_ts = ts
         gid, tid = rec.get("gid"), rec.get("tid")
         if gid is None or not rec.get("replays"):
-            self.process.add_event("steady", attrs_of(rec, skip=("pattern",)), timestamp=ts)
+            self.process.add_event("steady", attrs_of(rec, skip=("pattern", "times")), timestamp=ts)
             return
         key = (tid, gid)
         if key in self.batches:
