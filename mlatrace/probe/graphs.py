@@ -60,7 +60,8 @@ _taken_off: list[tuple] = []
 
 def next_step() -> None:
     """A new step begins: probes stepped aside for the last one look again (the
-    wrappers taken off are put back: put_back_wrappers, inline, one call fewer a step)."""
+    wrappers taken off are put back: put_back_wrappers, inline, one call fewer a step;
+    a step-marking keyed probe runs these lines in its own frame, recording.keyed_lines)."""
     STEP.value += 1
     while _taken_off:
         try:

@@ -171,7 +171,7 @@ def keyed_recording(runtime: ProbeRuntime, info: TargetInfo, add: Callable[[str,
     runtime.samplers.append(sampler)
     aside = sampling.step_aside_for(spec.qualname, kind)
     namespace = dict(
-        key_of.namespace, kind=kind, add=add, next_step=graphs.next_step,
+        key_of.namespace, kind=kind, add=add,
         threads=graphs._local,          # graphs.capturing(), read inline (one call fewer)
         epoch=graphs.EPOCH, step=graphs.STEP, aside=aside, runs=sampling.ThreadRuns(),
         run_state=sampling.RunState, sampler=sampler, keep=sampler.keep, limit=limit,
@@ -227,7 +227,7 @@ class _Flags(NamedTuple):
 def keyed_lines(key_of: Any, flags: _Flags, done: str,
                 build: str = "build(instance, args, kwargs, result)") -> list[str]:
     """The body of keyed_recording's record_call as lines, for one target: in order,
-    the capture test, the key (key_of's lines), the step-aside (StepAside.seen's common
+    a step-marking probe's step advance (graphs.next_step, inline), the capture test, the key (key_of's lines), the step-aside (StepAside.seen's common
     cases and take_off_now, inline), the run (Sampler.keep's counting and new-run
     branches, inline) and, for a kept record, the fold's hold or the record. Reads
     instance, args, kwargs, result and cap, and builds a record with `build` (an
@@ -235,7 +235,16 @@ def keyed_lines(key_of: Any, flags: _Flags, done: str,
     frame). Rare work stays in calls: a capture's
     record, judging a step (seen), the first take-off (which finds the sites), a run
     that ends, the fold's hold, building a record."""
-    lines = ["next_step()"] if flags.marks_step else []
+    lines = []
+    if flags.marks_step:
+        lines += ["step.value += 1     # graphs.next_step, inline",
+                  "while taken_off:",
+                  "    try:",
+                  "        t_site, t_attr, t_wrapper, t_original = taken_off.pop()",
+                  "    except IndexError:      # another thread's step emptied it",
+                  "        break",
+                  "    if t_site.__dict__.get(t_attr) is t_original:",
+                  "        setattr(t_site, t_attr, t_wrapper)"]
     lines += ["if cap is None:",
               "    stack = threads.stack",
               "    cap = bool(stack) and stack[-1] is not None",
