@@ -10,8 +10,14 @@ from typing import Any
 from mlatrace.probe import graphs, sampling
 from mlatrace.probe.around import around_handler, recorder_around
 from mlatrace.probe.paths import CallView
-from mlatrace.probe.probe_calls import probe_body
-from mlatrace.probe.recording import emitter, extractors, keyed_recording, recording
+from mlatrace.probe.probe_calls import keyed_probe, probe_body
+from mlatrace.probe.recording import (
+    emitter,
+    extractors,
+    keyed_both_recording,
+    keyed_recording,
+    recording,
+)
 from mlatrace.probe.runtime import STATE, ProbeRuntime
 from mlatrace.probe.targets import TargetInfo, is_method
 
@@ -37,8 +43,12 @@ def make_function(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
     add = emitter(spec)
     state = STATE
     local = runtime.local
-    keyed = (keyed_recording(runtime, info, add, 1 if method else 0)
-             if handler is None and when != "both" else None)
+    late, keyed = extract, None     # late: the fields recorded after the call
+    if handler is None and when != "both":
+        keyed = keyed_recording(runtime, info, add, 1 if method else 0)
+    elif handler is None:
+        late, keyed = keyed_both_recording(runtime, info, add, 1 if method else 0) or (
+            extract, None)
     note = (recording(runtime, info, add)
             if handler is None and keyed is None and when == "call" else None)
 
@@ -72,16 +82,18 @@ def make_function(runtime: ProbeRuntime, info: TargetInfo) -> Callable:
 
         return _like(handler_probe, original)
 
+    if keyed is not None:
+        # compares before it extracts, steps aside, in one frame (probe_calls.keyed_probe)
+        probe = keyed_probe(f"keyed_{when}_probe", when, method, keyed, runtime, state, local,
+                            original, late)
+        return _taking_off(_like(probe, original), keyed.aside, info)
     step = graphs.STEP
     if when == "call":
-        # keyed: compares before it extracts, steps aside; else every call is extracted
-        aside = keyed.aside if keyed is not None else None
-        make = probe_body("keyed_call_probe" if keyed is not None else "call_probe",
-                          wrapt_style=False, method=method, step_aside=aside is not None,
-                          record="keyed" if keyed is not None else "note")
-        probe = _like(make(runtime, state, local, target, original, aside, step, keyed, note,
-                           extract, None), original)
-        return _taking_off(probe, aside, info) if aside is not None else probe
+        # every call is extracted
+        make = probe_body("call_probe", wrapt_style=False, method=method, step_aside=False,
+                          record="note")
+        return _like(make(runtime, state, local, target, original, None, step, None, note,
+                          extract, None), original)
 
     around = recorder_around(runtime, info, extract, note, 1 if method else 0, add, keyed)
     aside = getattr(around, "aside", None) or sampling.Awake()

@@ -9,6 +9,10 @@ instance, args, kwargs``), in how they read the instance, in whether they step a
 in how they record. Each one is generated from the template below and compiled once, the
 way pathlang/codegen.py writes field extractors: a probed call runs in one frame, as a
 hand-written wrapper would, with the same closure reads.
+
+A plain-function probe with keyed recording (when = call | return) is written for its
+target instead (keyed_probe): its key, step-aside and run in the wrapper's own frame
+(recording.keyed_lines), so a steady or stepped-aside call is one Python entry.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["probe_body"]
+from mlatrace.probe.recording import compile_probe, keyed_lines
+
+__all__ = ["keyed_probe", "probe_body"]
 
 _FACTORY = """\
 def factory(runtime, state, local, target, original, aside, step, keyed, note, extract, around):
@@ -96,3 +102,79 @@ def probe_body(name: str, wrapt_style: bool, method: bool, step_aside: bool,
     exec(compile(source, filename, "exec"), namespace)  # noqa: S102
     factory = _FACTORIES[key] = namespace["factory"]
     return factory
+
+
+_KEYED_CALL = """\
+def {name}(*args, **kwargs):
+    if aside.asleep == step.value:      # stepped aside for the rest of this step
+        aside.unseen += 1
+        return original(*args, **kwargs)
+    if runtime.disabled or not engine.active or inside.inside:
+        return original(*args, **kwargs)
+    runtime.hits += 1
+    try:
+        instance = {instance}
+        result = cap = None
+        while True:
+{lines}
+    except Exception as exc:
+        runtime.fail(target, exc)
+    inside.inside = True
+    try:
+        return original(*args, **kwargs) if kwargs else original(*args)
+    finally:
+        inside.inside = False
+"""
+
+_KEYED_RETURN = """\
+def {name}(*args, **kwargs):
+    if aside.asleep == step.value:      # stepped aside for the rest of this step
+        aside.unseen += 1
+        return original(*args, **kwargs)
+    if runtime.disabled or not engine.active or inside.inside:
+        return original(*args, **kwargs)
+    runtime.hits += 1
+    instance = {instance}
+{before}    inside.inside = True
+    try:
+        result = original(*args, **kwargs)
+        if not runtime.disabled:
+            try:
+{cap}                while True:
+{lines}
+            except Exception as exc:
+                runtime.fail(target, exc)
+        return result
+    finally:
+        inside.inside = False
+"""
+
+
+_CAP_BEFORE = """\
+    stack = threads.stack               # when = both: the capture state before the call
+    gid = stack[-1] if stack else None
+    cap = gid is not None
+"""
+
+
+def keyed_probe(name: str, when: str, method: bool, keyed: Callable[..., None],
+                runtime: Any, engine: Any, inside: Any, original: Callable,
+                extract: Callable[..., dict]) -> Callable:
+    """A plain-function probe that records through `keyed` (recording.keyed_recording,
+    or keyed_both_recording's with its late `extract`) with keyed's lines in its own
+    frame: the behaviour of probe_body's keyed_call_probe, and of return_probe around
+    around.keyed_around, in one frame. `engine` is the engine's STATE, `inside` the
+    runtime's thread-local."""
+    namespace, key_of, flags = keyed.inline        # type: ignore[attr-defined]
+    indent = " " * (12 if when == "call" else 20)
+    build = ("{**extract(instance, args, kwargs, result), 'capturing': cap, 'gid': gid}"
+             if when == "both" else "extract(instance, args, kwargs, result)")
+    lines = "".join(f"{indent}{line}\n" for line in keyed_lines(key_of, flags, "break", build))
+    template = _KEYED_CALL if when == "call" else _KEYED_RETURN
+    source = template.format(name=name, lines=lines,
+                             instance="args[0] if args else None" if method else "None",
+                             before=_CAP_BEFORE if when == "both" else "",
+                             cap="" if when == "both" else " " * 16 + "cap = None\n")
+    own = dict(namespace, runtime=runtime, engine=engine, inside=inside, original=original,
+               extract=extract)
+    return compile_probe(source, f"{name} {namespace['target']}", own)[name]

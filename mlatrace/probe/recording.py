@@ -4,10 +4,12 @@ fields already extracted, `keyed_recording` comparing a key before it extracts."
 
 from __future__ import annotations
 
+import linecache
+import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from mlatrace import record
 from mlatrace.probe import graphs, sampling
@@ -17,7 +19,8 @@ from mlatrace.probe.runtime import ProbeRuntime
 from mlatrace.probe.targets import TargetInfo
 from mlatrace.record import fold as record_fold
 
-__all__ = ["emitter", "extractors", "keyed_recording", "recording"]
+__all__ = ["compile_probe", "emitter", "extractors", "keyed_both_recording", "keyed_lines",
+           "keyed_recording", "recording"]
 
 
 def emitter(spec: ProbeSpec) -> Callable[[str, dict], None]:
@@ -139,6 +142,10 @@ def keyed_recording(runtime: ProbeRuntime, info: TargetInfo, add: Callable[[str,
     The key of every eager call also goes to the target's step-aside
     (sampling.StepAside, ``record_call.aside``), which the wrappers read first; a
     step-marking probe advances the step on each call instead.
+
+    record_call is generated for the target (keyed_lines), the key computed in its own
+    frame; ``record_call.inline`` lets a plain-function probe write the same lines into
+    its own frame (probe_calls.keyed_probe_body), so that a steady call is one entry.
     """
     spec = runtime.spec
     kind = spec.kind
@@ -160,115 +167,196 @@ def keyed_recording(runtime: ProbeRuntime, info: TargetInfo, add: Callable[[str,
     if key_of is None:
         return None
     holds = getattr(key_of, "moving", False)
-    last_record = _LastRecord()
     sampler = sampling.Sampler(spec.qualname, kind, limit)
     runtime.samplers.append(sampler)
-    has_layer = "layer" in by_name
-    threads = graphs._local             # graphs.capturing(), read inline (one call fewer)
-    epoch = graphs.EPOCH
-    local = sampling.ThreadRuns()       # one run per target and thread
-    keep = sampler.keep
-    run_state = sampling.RunState
-    target = info.target
-    counted_from = limit + 1            # beyond this place in a run a call is only counted
-    max_layers = sampling.MAX_LAYERS
-    no_layer = sampling.NO_LAYER
     aside = sampling.step_aside_for(spec.qualname, kind)
-    seen = aside.seen
-    stepping = isinstance(aside, sampling.StepAside)
-    step = graphs.STEP
-    next_step = graphs.next_step
-    marks_step = kind in graphs.STEP_KINDS
-    process = record.STATE
-    clock, thread_id = time.perf_counter_ns, threading.get_ident
-    direct = add is record.emit_fields      # recorder.add called here, not through emit
-
-    def record_call(instance: Any, args: tuple, kwargs: dict, result: Any,
-                    build: Callable[..., dict], cap: Any = None) -> None:
-        if marks_step:
-            next_step()
-        if cap is None:
-            stack = threads.stack
-            cap = bool(stack) and stack[-1] is not None
-        if cap:
-            add(kind, build(instance, args, kwargs, result))   # what a graph freezes
-            return
-        if holds:
-            layer, key, const, moving = key_of(instance, args, kwargs, result)
-        else:
-            layer, key = key_of(instance, args, kwargs, result)
-        if stepping:
-            now = step.value
-            if aside.step != now:
-                if aside.trail is None and aside.steady >= aside.settle \
-                        and aside.countdown > 1:
-                    # StepAside.seen's common case, inline: the first call of a step
-                    # after a step it slept through; it sleeps through this one too.
-                    aside.step = now
-                    aside.first = key
-                    aside.countdown -= 1
-                    aside.asleep = now
-                    if aside.take_off is not None:
-                        aside.take_off_now()
-                else:
-                    seen(key)
-            elif aside.trail is not None:
-                seen(key)   # else: a step it is not judging (no step marks, or asleep)
-        state = local.run
-        if state is None:
-            state = local.run = run_state()
-        elif state.run >= counted_from and state.epoch == epoch.value and key == state.last:
-            # Sampler.keep's counting branch, inline: the common case of a long run.
-            state.run += 1
-            sampler.sampled += 1
-            if layer is not no_layer:
-                layers = state.layers
-                if layers is None:
-                    layers = state.layers = {}
-                if len(layers) < max_layers:
-                    layers[layer] = None
-            return
-        if state.run <= limit and not (state.epoch == epoch.value and key == state.last
-                                       and state.last is not None):
-            # Sampler.keep's new-run branch, inline (no run of left-out records to end).
-            state.last = key
-            state.run = n = 1
-            state.epoch = epoch.value
-            state.layers = None if layer is no_layer else {layer: None}
-        else:
-            n = keep(state, key, layer, target)
-        if n:
-            recorder = process.recorder
-            folder = recorder.folder if recorder is not None and recorder.enabled else None
-            if holds and folder is not None:
-                # A steady step held by the fold: when this call's fields equal the last
-                # record's but for the numbers the fold keeps in ranges, no record is
-                # built (fold.Folder.hold); else it is, and becomes the last record.
-                last = last_record.value
-                if n == 1 and last is not None and last[0] == const:
-                    moving["repeat"] = 1
-                    if folder.hold(kind, last[1], last[2], moving, clock() - recorder.t0,
-                                   thread_id()):
-                        return
-                fields = build(instance, args, kwargs, result)
-                if has_layer:
-                    fields["layer"] = fields.pop("layer", None)
-                fields["repeat"] = n
-                if direct:
-                    fold_key = recorder.add_keyed(kind, fields)
-                    last_record.value = None if fold_key is None else (const, fold_key, fields)
-                else:
-                    add(kind, fields)
-                return
-            fields = build(instance, args, kwargs, result)
-            if has_layer:
-                fields["layer"] = fields.pop("layer", None)
-            fields["repeat"] = n
-            if direct:
-                if recorder is not None:
-                    recorder.add(kind, fields)
-            else:
-                add(kind, fields)
-
+    namespace = dict(
+        key_of.namespace, kind=kind, add=add,
+        threads=graphs._local,          # graphs.capturing(), read inline (one call fewer)
+        epoch=graphs.EPOCH, step=graphs.STEP, aside=aside, runs=sampling.ThreadRuns(),
+        run_state=sampling.RunState, sampler=sampler, keep=sampler.keep, limit=limit,
+        counted_from=limit + 1,         # beyond this place in a run a call is only counted
+        max_layers=sampling.MAX_LAYERS, no_layer=sampling.NO_LAYER, target=info.target,
+        max_trail=sampling.MAX_TRAIL, same=sampling.SAME, taken_off=graphs._taken_off,
+        process=record.STATE, last_record=_LastRecord(), clock=time.perf_counter_ns,
+        thread_id=threading.get_ident, __name__=__name__)
+    flags = _Flags(marks_step=kind in graphs.STEP_KINDS, holds=holds,
+                   stepping=isinstance(aside, sampling.StepAside),
+                   has_layer="layer" in by_name,
+                   direct=add is record.emit_fields)     # recorder.add called, not emit
+    lines = keyed_lines(key_of, flags, "return")
+    source = ("def record_call(instance, args, kwargs, result, build, cap=None):\n"
+              + "".join(f"    {line}\n" for line in lines))
+    record_call = compile_probe(source, f"record_call {info.target}", namespace)["record_call"]
     record_call.aside = aside           # type: ignore[attr-defined]
+    # for a wrapper that records in its own frame (probe_calls.keyed_probe_body)
+    record_call.inline = (namespace, key_of, flags)     # type: ignore[attr-defined]
     return record_call
+
+
+def keyed_both_recording(runtime: ProbeRuntime, info: TargetInfo,
+                          add: Callable[[str, dict], None], offset: int
+                          ) -> tuple[Callable[..., dict], Callable[..., None]] | None:
+    """(late, record_call) of a when = both probe whose capturing and gid fields are
+    capturing() and gid(): those two are read before the call and the other fields
+    after it (``late``, which leaves them out), keyed_recording's path; None where it
+    does not apply."""
+    program = runtime.spec.extract
+    entries = dict(getattr(program, "entries", None) or ())
+    if entries.get("capturing") != ("call0", "capturing") or \
+            entries.get("gid") != ("call0", "gid") or not hasattr(program, "bind"):
+        return None
+    keyed = keyed_recording(runtime, info, add, offset, skip_late=("capturing", "gid"))
+    if keyed is None:
+        return None
+    late = program.bind(info.positions, info.defaults, offset, last="layer",
+                        skip=("capturing", "gid"))
+    return late, keyed
+
+
+class _Flags(NamedTuple):
+    """What a keyed probe's recording does, fixed when its code is written."""
+
+    marks_step: bool    # it advances the step on each call (graphs.STEP_KINDS)
+    holds: bool         # its key splits off the numbers a fold holds (record.fold)
+    stepping: bool      # it steps aside (sampling.StepAside)
+    has_layer: bool     # its fields have a layer (put last in a record)
+    direct: bool        # it hands records to recorder.add(_keyed), not through emit
+
+
+def keyed_lines(key_of: Any, flags: _Flags, done: str,
+                build: str = "build(instance, args, kwargs, result)") -> list[str]:
+    """The body of keyed_recording's record_call as lines, for one target: in order,
+    a step-marking probe's step advance (graphs.next_step, inline), the capture test, the key (key_of's lines), the step-aside (StepAside.seen's common
+    cases and take_off_now, inline), the run (Sampler.keep's counting and new-run
+    branches, inline) and, for a kept record, the fold's hold or the record. Reads
+    instance, args, kwargs, result and cap, and builds a record with `build` (an
+    expression); `done` ends it (``return``, or ``break`` in a loop of the caller's
+    frame). Rare work stays in calls: a capture's
+    record, judging a step (seen), the first take-off (which finds the sites), a run
+    that ends, the fold's hold, building a record."""
+    lines = []
+    if flags.marks_step:
+        lines += ["step.value += 1     # graphs.next_step, inline",
+                  "while taken_off:",
+                  "    try:",
+                  "        t_site, t_attr, t_wrapper, t_original = taken_off.pop()",
+                  "    except IndexError:      # another thread's step emptied it",
+                  "        break",
+                  "    if t_site.__dict__.get(t_attr) is t_original:",
+                  "        setattr(t_site, t_attr, t_wrapper)"]
+    lines += ["if cap is None:",
+              "    stack = threads.stack",
+              "    cap = bool(stack) and stack[-1] is not None",
+              "if cap:",
+              f"    add(kind, {build})   # what a graph freezes",
+              f"    {done}",
+              *key_of.lines,
+              f"layer = {key_of.parts[0]}",
+              f"key = {key_of.parts[1]}"]
+    if flags.holds:
+        lines += [f"const = {key_of.parts[2]}", f"moving = {key_of.parts[3]}"]
+    if flags.stepping:
+        lines += [
+            "now = step.value",
+            "if aside.step != now:",
+            "    if aside.trail is None and aside.steady >= aside.settle \\",
+            "            and aside.countdown > 1:",
+            "        # the first call of a step after a step it slept through: it sleeps",
+            "        # through this one too, taken off its sites where it can be",
+            "        aside.step = now",
+            "        aside.first = key",
+            "        aside.countdown -= 1",
+            "        aside.asleep = now",
+            "        if aside.take_off is not None:",
+            "            if aside.sites is None:",
+            "                aside.take_off_now()",
+            "            else:",
+            "                off = False",
+            "                t_wrapper, t_original = aside.take_off[2:]",
+            "                for site, attr in aside.sites:",
+            "                    if site.__dict__.get(attr) is t_wrapper:",
+            "                        setattr(site, attr, t_original)",
+            "                        taken_off.append((site, attr, t_wrapper, t_original))",
+            "                        off = True",
+            "                if off:",
+            "                    aside.steps_off += 1",
+            "    else:",
+            "        aside.seen(key)",
+            "elif aside.trail is not None:",
+            "    trail = aside.trail      # a step it judges: this call goes on its trail",
+            "    if len(trail) < max_trail:",
+            "        trail.append(same if key == aside.first else key)",
+            "    else:",
+            "        aside.seen(key)",
+        ]
+    lines += [
+        "run = runs.run",
+        "if run is None:",
+        "    run = runs.run = run_state()",
+        "elif run.run >= counted_from and run.epoch == epoch.value and key == run.last:",
+        "    # the common case of a long run: only counted",
+        "    run.run += 1",
+        "    sampler.sampled += 1",
+        "    if layer is not no_layer:",
+        "        layers = run.layers",
+        "        if layers is None:",
+        "            layers = run.layers = {}",
+        "        if len(layers) < max_layers:",
+        "            layers[layer] = None",
+        f"    {done}",
+        "if run.run <= limit and not (run.epoch == epoch.value and key == run.last",
+        "                             and run.last is not None):",
+        "    # a new run (no run of left-out records to end)",
+        "    run.last = key",
+        "    run.run = n = 1",
+        "    run.epoch = epoch.value",
+        "    run.layers = None if layer is no_layer else {layer: None}",
+        "else:",
+        "    n = keep(run, key, layer, target)",
+        "if n:",
+        "    recorder = process.recorder",
+    ]
+    finish = [f"    fields = {build}"]
+    if flags.has_layer:
+        finish.append('    fields["layer"] = fields.pop("layer", None)')
+    finish.append('    fields["repeat"] = n')
+    if flags.holds and flags.direct:
+        # A steady step held by the fold: when this call's fields equal the last
+        # record's but for the numbers the fold keeps in ranges, no record is built
+        # (fold.Folder.hold); else it is, and becomes the last record.
+        lines += [
+            "    folder = recorder.folder if recorder is not None and recorder.enabled "
+            "else None",
+            "    if folder is not None:",
+            "        last = last_record.value",
+            "        if n == 1 and last is not None and last[0] == const:",
+            "            moving['repeat'] = 1",
+            "            if folder.hold(kind, last[1], last[2], moving, clock() - recorder.t0,",
+            "                           thread_id()):",
+            f"                {done}",
+            *("    " + line for line in finish),
+            "        fold_key = recorder.add_keyed(kind, fields)",
+            "        last_record.value = None if fold_key is None else (const, fold_key, "
+            "fields)",
+            f"        {done}",
+        ]
+    lines += finish
+    if flags.direct:
+        lines += ["    if recorder is not None:", "        recorder.add(kind, fields)"]
+    else:
+        lines += ["    add(kind, fields)"]
+    lines.append(done)
+    return lines
+
+
+# generated code reports a file inside mlatrace/probe/ (see probe_calls._FILENAME)
+_FILENAME = os.path.join(os.path.dirname(os.path.abspath(__file__)), "<probe {name}>")
+
+
+def compile_probe(source: str, name: str, namespace: dict[str, Any]) -> dict[str, Any]:
+    """Run generated source in `namespace` (returned), its lines kept for tracebacks."""
+    filename = _FILENAME.format(name=name)
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), namespace)  # noqa: S102
+    return namespace

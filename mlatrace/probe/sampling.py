@@ -30,7 +30,14 @@ the calls not inspected are counted per probe (`process.end` `unseen`), except w
 callers look the wrapper up at every call (on its class or module, or in a module that
 imported it by name; Triton's `run`): it is taken off for the rest of the step, so those
 calls cost nothing and are not counted (`steps_off`: how many steps). Without step-marking
-calls nothing steps aside. MLATRACE_STEP_ASIDE="SETTLE,VERIFY" (default
+calls nothing steps aside.
+
+An asleep probe still looks at the first call of every step, and that look costs one
+Python function entry: the probe's wrapper, which computes the key, the step-aside and
+the run in its own frame (recording.keyed_lines) and takes itself off there. It is not
+kept off across steps: what a first call shows (a new hint, a split or grid that
+follows the lengths) would then wait for the next whole-step look, and nothing else
+can say when to look sooner (a step-marking call's lengths move every decode step). MLATRACE_STEP_ASIDE="SETTLE,VERIFY" (default
 "8,64", `mlatrace run --step-aside`); 0 turns it off.
 """
 

@@ -238,6 +238,7 @@ class Generator:
         values = "(" + "".join(f"{item}, " for item in items) + ")"
         head = ["nargs = len(args)"] if self.uses_nargs else []
         tail = f"    return ({layer_text}, {values})\n"
+        parts: tuple[str, ...] = (layer_text, values)
         if moving is not None:
             const: list[str] = []
             lines = self.lines
@@ -250,14 +251,22 @@ class Generator:
             lines += [f"_ly = {layer_text}", *self.lines]
             self.lines = lines
             self.ns["_MV"] = _MOVED
-            tail = (f"    return (_ly, {values}, (_ly, "
-                    + "".join(f"{item}, " for item in const) + "), _mv)\n")
+            parts = ("_ly", values, "(_ly, " + "".join(f"{item}, " for item in const) + ")",
+                     "_mv")
+            tail = f"    return ({', '.join(parts)})\n"
         source = "def key(instance, args, kwargs, result):\n" + "".join(
             f"    {line}\n" for line in head + self.lines) + tail
         exec(compile(source, "<mlatrace probe key>", "exec"), self.ns)  # noqa: S102
         key = self.ns["key"]
         key.source = source  # type: ignore[attr-defined]
         key.moving = moving is not None  # type: ignore[attr-defined]
+        # The same key as lines for a caller that computes it in its own frame
+        # (recording.keyed_recording): they read instance, args, kwargs and result, set
+        # locals named by a prefix letter and a number (a1, v2, h3, m4) or starting with
+        # "_", and need `namespace`; `parts` are the expressions of the returned items.
+        key.lines = head + self.lines  # type: ignore[attr-defined]
+        key.namespace = self.ns  # type: ignore[attr-defined]
+        key.parts = parts  # type: ignore[attr-defined]
         return key
 
     def function(self, entries: tuple) -> Callable[..., dict[str, Any]]:
