@@ -168,3 +168,23 @@ def test_the_records_column_and_the_records_line_are_the_same_with_folding_on_an
     assert folded.startswith(f"  folded: {steady} steady record")
     assert f"the files hold {p_on['written']} records" in folded
     assert "folded:" not in text["off"]
+
+
+def test_each_graphs_replays_are_the_same_written_or_folded(folded_and_not):
+    """Every replay is a graph.replay record or inside a steady record's count (`replays`,
+    `steps` the steps it folded): per graph the same total as with folding off."""
+    on, off = folded_and_not
+
+    def replays(path: Path) -> dict[int, int]:
+        (file,) = path.glob("p*.jsonl")
+        counts: dict[int, int] = {}
+        for row in _rows(file):
+            if row["k"] == "graph.replay":
+                counts[row["gid"]] = counts.get(row["gid"], 0) + 1
+            elif row["k"] == "steady" and "gid" in row:
+                counts[row["gid"]] = counts.get(row["gid"], 0) + row["replays"]
+        return counts
+
+    folded = [r for r in _rows(next(on.glob("p*.jsonl"))) if r["k"] == "steady"]
+    assert folded and all(r["steps"] > 1 for r in folded if "steps" in r), folded
+    assert replays(on) == replays(off)

@@ -441,7 +441,7 @@ class Folder:
             fold = state.fold
             if fold is None:
                 fold = state.fold = Fold(step, t, state.tid)
-                fold.steps += 1
+            fold.steps += 1
             fold.t_last = t
             fold.last = step
             if fold.summed_at:
