@@ -18,6 +18,7 @@ from mlatrace.probe.paths import CallView
 from mlatrace.probe.runtime import ProbeRuntime
 from mlatrace.probe.targets import TargetInfo
 from mlatrace.record import fold as record_fold
+from mlatrace.record import fold_inline
 
 __all__ = ["compile_probe", "emitter", "extractors", "keyed_both_recording", "keyed_lines",
            "keyed_recording", "recording"]
@@ -179,11 +180,12 @@ def keyed_recording(runtime: ProbeRuntime, info: TargetInfo, add: Callable[[str,
         max_layers=sampling.MAX_LAYERS, no_layer=sampling.NO_LAYER, target=info.target,
         max_trail=sampling.MAX_TRAIL, same=sampling.SAME, taken_off=graphs._taken_off,
         process=record.STATE, last_record=_LastRecord(), clock=time.perf_counter_ns,
-        thread_id=threading.get_ident, __name__=__name__)
+        thread_id=threading.get_ident, step_kinds=graphs.STEP_KINDS, __name__=__name__)
     flags = _Flags(marks_step=kind in graphs.STEP_KINDS, holds=holds,
                    stepping=isinstance(aside, sampling.StepAside),
                    has_layer="layer" in by_name,
-                   direct=add is record.emit_fields)     # recorder.add called, not emit
+                   direct=add is record.emit_fields,     # recorder.add called, not emit
+                   folds=fold_inline.holds(kind))
     lines = keyed_lines(key_of, flags, "return")
     source = ("def record_call(instance, args, kwargs, result, build, cap=None):\n"
               + "".join(f"    {line}\n" for line in lines))
@@ -222,6 +224,7 @@ class _Flags(NamedTuple):
     stepping: bool      # it steps aside (sampling.StepAside)
     has_layer: bool     # its fields have a layer (put last in a record)
     direct: bool        # it hands records to recorder.add(_keyed), not through emit
+    folds: bool         # the fold can hold its records (fold_inline.holds)
 
 
 def keyed_lines(key_of: Any, flags: _Flags, done: str,
@@ -324,7 +327,8 @@ def keyed_lines(key_of: Any, flags: _Flags, done: str,
     if flags.holds and flags.direct:
         # A steady step held by the fold: when this call's fields equal the last
         # record's but for the numbers the fold keeps in ranges, no record is built
-        # (fold.Folder.hold); else it is, and becomes the last record.
+        # (fold.Folder.hold's steps, in this frame: fold_inline); else it is, and
+        # becomes the last record.
         lines += [
             "    folder = recorder.folder if recorder is not None and recorder.enabled "
             "else None",
@@ -332,9 +336,9 @@ def keyed_lines(key_of: Any, flags: _Flags, done: str,
             "        last = last_record.value",
             "        if n == 1 and last is not None and last[0] == const:",
             "            moving['repeat'] = 1",
-            "            if folder.hold(kind, last[1], last[2], moving, clock() - recorder.t0,",
-            "                           thread_id()):",
-            f"                {done}",
+            *("            " + line
+              for line in (fold_inline.hold_lines(flags.marks_step, done)
+                           if flags.folds else ())),
             *("    " + line for line in finish),
             "        fold_key = recorder.add_keyed(kind, fields)",
             "        last_record.value = None if fold_key is None else (const, fold_key, "

@@ -393,7 +393,9 @@ class Folder:
         here but a step boundary, which take() would also have passed).
 
         `moving`: exactly the numbers split() gives the record, in its field order. Not
-        for replays (False): Recorder.add_replay counts and holds them (replay())."""
+        for replays (False): Recorder.add_replay counts and holds them (replay()).
+        A generated probe runs these steps in its own frame (hold_lines): keep both in
+        step."""
         state = self.threads.get(tid)
         if state is None or not state.held or kind not in FOLDABLE or kind == "graph.replay":
             return False
