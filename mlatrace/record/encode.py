@@ -4,10 +4,13 @@ json (one C encoder built once) on the flush thread otherwise. Stdlib only (and 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
 from mlatrace.settings import current
+
+YIELD_EVERY_RECORDS = 64    # the flush thread hands the GIL back this often when it encodes
 
 
 def json_default(obj: object) -> object:
@@ -104,3 +107,22 @@ def line_of(record: dict) -> str:
                            "seq": record.get("seq", 0), "tid": record.get("tid", 0),
                            "kind": str(record.get("k")), "error": repr(exc)[:200]})
 
+
+
+def lines_bytes(records: list) -> bytes:
+    """Queued records as the file's bytes: JSON bytes lines (msgspec) as they are, dicts
+    through the json path, the GIL handed back every YIELD_EVERY_RECORDS dicts (the
+    traced program never waits on encoding)."""
+    try:
+        return b"\n".join(records) + b"\n"       # all bytes: the common case
+    except TypeError:
+        pass
+    parts = []
+    for i, item in enumerate(records):
+        if type(item) is bytes:
+            parts.append(item)
+            continue
+        if i and not i % YIELD_EVERY_RECORDS:
+            time.sleep(0)
+        parts.append(line_of(item).encode())
+    return b"\n".join(parts) + b"\n"

@@ -1,11 +1,13 @@
 """What a process header says about its process: rank, command line, library versions,
-and the host directory its trace goes to. Stdlib only."""
+the header record itself, and the host directory its trace goes to. Stdlib only."""
 
 from __future__ import annotations
 
 import os
 import socket
 import sys
+import threading
+from typing import Any
 
 VERSIONED = ("torch", "triton", "vllm", "aiter", "sglang", "flashinfer")
 """Libraries whose installed version each process header records."""
@@ -44,6 +46,39 @@ def versions() -> dict[str, str | None]:
         found[library] = installed_version(library)
     return found
 
+
+def process_header(recorder: Any) -> dict:
+    """The `process` record that opens a process's file: this process, and what its
+    recorder keeps (probes, ranks, sampling, folding, the size cap)."""
+    from mlatrace import SCHEMA, __version__
+    from mlatrace.record.redact import allowed_env, redact_argv
+    from mlatrace.settings import current
+
+    return {
+        "k": "process",
+        "t": 0,
+        "seq": 0,
+        "tid": threading.main_thread().ident,
+        "schema": SCHEMA,
+        "pid": recorder.pid,
+        "ppid": recorder.ppid,
+        "run_id": recorder.run_id,
+        "host": socket.gethostname(),
+        "argv": redact_argv(process_argv()),
+        "env": allowed_env(os.environ),
+        "rank": recorder.rank,
+        "world_size": recorder.world_size,
+        "wall_ns": recorder.wall_ns,
+        "versions": versions(),
+        "device": None,
+        "probes": list(recorder.probes),
+        "ranks_kept": sorted(recorder.ranks) if recorder.ranks else None,
+        "replay_sample": recorder.replay_sample,
+        "sample": current().sample,
+        "fold_s": recorder.fold_s,
+        "max_mb": recorder.max_mb,
+        "mlatrace": __version__,
+    }
 
 
 def host_out_dir(out: str, run_id: str | None = None, launcher_host: str | None = None) -> str:

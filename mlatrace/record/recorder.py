@@ -24,24 +24,20 @@ import collections
 import itertools
 import json
 import os
-import socket
 import sys
 import threading
 import time
 from collections.abc import Callable
 
 import mlatrace.record.fold as _fold
-from mlatrace import SCHEMA, kinds
-from mlatrace.record.encode import encode_now, line_of
-from mlatrace.record.process_info import env_rank, process_argv, versions
-from mlatrace.record.redact import allowed_env, redact_argv
+from mlatrace import kinds
+from mlatrace.record.encode import encode_now, lines_bytes
+from mlatrace.record.process_info import env_rank, process_header
 from mlatrace.record.state import STATE, ProcessState
-from mlatrace.settings import current
 
 FLUSH_INTERVAL_S = 0.2
 FLUSH_EVERY_RECORDS = 512
 MAX_PENDING = 200_000
-YIELD_EVERY_RECORDS = 64
 CHUNK_RECORDS = 1024
 BACKPRESSURE_S = 0.25
 CLOSE_TIMEOUT_S = 2.0
@@ -365,7 +361,7 @@ class Recorder:
             self._file_pending = False
             self.path, self._fd = self._open_unique_file()
         if not self._header_written:
-            self._write_lines([self.header()])
+            self._write_bytes(lines_bytes([self.header()]))
             self._header_written = True
         pending = self._pending
         first = True
@@ -382,10 +378,10 @@ class Recorder:
                 self._stalled = False
                 self._drained.set()
             if not self._sinks:
-                self._write_items(batch)
+                self._write_bytes(lines_bytes(batch))
                 continue
             records = [json.loads(item) if type(item) is bytes else item for item in batch]
-            self._write_lines(records)
+            self._write_bytes(lines_bytes(records))
             for sink in self._sinks:
                 try:
                     sink(records)
@@ -463,7 +459,7 @@ class Recorder:
         try:
             self._flush_locked()
             if self._fd is not None:
-                self._write_lines([self._end_record(reason)])
+                self._write_bytes(lines_bytes([self._end_record(reason)]))
         finally:
             self._write_lock.release()
 
@@ -492,7 +488,7 @@ class Recorder:
             if self._fd is None:
                 return
             end = self._end_record(reason, final=True)
-            self._write_lines([end])
+            self._write_bytes(lines_bytes([end]))
             os.close(self._fd)
             self._fd = None
         finally:
@@ -529,61 +525,7 @@ class Recorder:
 
     def header(self) -> dict:
         """The `process` record that opens this process's file."""
-        from mlatrace import __version__
-
-        return {
-            "k": "process",
-            "t": 0,
-            "seq": 0,
-            "tid": threading.main_thread().ident,
-            "schema": SCHEMA,
-            "pid": self.pid,
-            "ppid": self.ppid,
-            "run_id": self.run_id,
-            "host": socket.gethostname(),
-            "argv": redact_argv(process_argv()),
-            "env": allowed_env(os.environ),
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "wall_ns": self.wall_ns,
-            "versions": versions(),
-            "device": None,
-            "probes": list(self.probes),
-            "ranks_kept": sorted(self.ranks) if self.ranks else None,
-            "replay_sample": self.replay_sample,
-            "sample": current().sample,
-            "fold_s": self.fold_s,
-            "max_mb": self.max_mb,
-            "mlatrace": __version__,
-        }
-
-    def _write_lines(self, records: list[dict]) -> None:
-        lines = []
-        for i, record in enumerate(records):
-            if i and not i % YIELD_EVERY_RECORDS:
-                time.sleep(0)  # hand the GIL back: the traced program never waits on encoding
-            lines.append(line_of(record))
-        self._write_text(lines)
-
-    def _write_items(self, items: list) -> None:
-        """Write queued records: JSON bytes as they are, dicts through the json path."""
-        try:
-            self._write_bytes(b"\n".join(items) + b"\n")     # all bytes: the common case
-            return
-        except TypeError:
-            pass
-        parts = []
-        for i, item in enumerate(items):
-            if type(item) is bytes:
-                parts.append(item)
-                continue
-            if i and not i % YIELD_EVERY_RECORDS:
-                time.sleep(0)  # hand the GIL back: the traced program never waits on encoding
-            parts.append(line_of(item).encode())
-        self._write_bytes(b"\n".join(parts) + b"\n")
-
-    def _write_text(self, lines: list[str]) -> None:
-        self._write_bytes(("\n".join(lines) + "\n").encode())
+        return process_header(self)
 
     def _write_bytes(self, data: bytes) -> None:
         fd = self._fd
