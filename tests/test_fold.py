@@ -324,13 +324,42 @@ def test_same_gives_what_split_gives_or_leaves_it_to_split():
         assert ranged == (split_ranged if equal else None)
 
 
-def test_a_record_held_without_being_built_is_written_in_full_when_its_step_breaks():
-    """Folder.hold: a probe's call that repeats its last record but for the numbers the
+def _inline_hold(folder: Any, clock: list) -> Any:
+    """Folder.hold as a generated probe runs it (fold_inline.hold_lines, compiled here as
+    keyed_lines splices it in), on thread 1, t from `clock`."""
+    from mlatrace import kinds
+    from mlatrace.record import fold_inline
+
+    programs = {}
+    for marks_step in (False, True):
+        source = ("def hold(kind, last, moving):\n"
+                  + "".join(f"    {line}\n" for line in fold_inline.hold_lines(marks_step,
+                                                                              "return True"))
+                  + "    return False\n")
+        namespace = {"folder": folder, "recorder": type("R", (), {"t0": 0})(),
+                     "clock": lambda: clock[0], "thread_id": lambda: 1,
+                     "step_kinds": kinds.STEP}
+        exec(source, namespace)  # noqa: S102
+        programs[marks_step] = namespace["hold"]
+
+    def hold(kind: str, key: Any, base: dict, moving: dict, t: int, tid: int) -> bool:
+        assert tid == 1 and fold_inline.holds(kind)
+        clock[0] = t
+        return programs[kind in kinds.STEP](kind, (None, key, base), moving)
+
+    return hold
+
+
+@pytest.mark.parametrize("path", ["Folder.hold", "inline"])
+def test_a_record_held_without_being_built_is_written_in_full_when_its_step_breaks(path):
+    """Folder.hold, and its steps as a generated probe runs them in its own frame
+    (fold_inline): a probe's call that repeats its last record but for the numbers the
     fold keeps in ranges joins the held step unbuilt; a change later in the step writes
     it in full (the last record's fields, its own numbers and time), as take() would."""
     written: list = []
     folder = fold.Folder(3600.0, lambda kind, fields, tid: written.append((kind, dict(fields))),
                          lambda kind, n: None)
+    hold = folder.hold if path == "Folder.hold" else _inline_hold(folder, [0])
     t = 0
     last: dict = {}
 
@@ -350,7 +379,7 @@ def test_a_record_held_without_being_built_is_written_in_full_when_its_step_brea
         t += 1
         key, base = last[kind]
         moving = {name: value for name, value in fold.split(kind, fields)[1].items()}
-        assert folder.hold(kind, key, base, moving, t, 1)
+        assert hold(kind, key, base, moving, t, 1)
     take("graph.replay", {"gid": 2, "n": 1})    # a new graph: the step breaks
     held = [(kind, fields) for kind, fields in written[3:] if kind != "steady"]
     assert held[0] == ("attn.metadata", {**_call_step(4)[0][1], "t": held[0][1]["t"]})
@@ -457,10 +486,12 @@ def _dispatch_step(n: int, mode: str = "FULL") -> list:
             ("graph.replay", {"gid": 1, "n": n}), ("graph.replay", {"gid": 2, "n": n})]
 
 
-def test_a_dispatch_held_with_hold_and_replays_held_by_replay_write_what_take_writes():
+@pytest.mark.parametrize("path", ["Folder.hold", "inline"])
+def test_a_dispatch_held_with_hold_and_replays_held_by_replay_write_what_take_writes(path):
     """A handler's dispatch held without its record (Folder.hold with the numbers split
-    gives it) and replays held by Folder.replay (Recorder.add_replay's path) give the
-    records, folds and counts that take() of every record gives, a change included."""
+    gives it, or its steps in a generated probe's frame) and replays held by
+    Folder.replay (Recorder.add_replay's path) give the records, folds and counts that
+    take() of every record gives, a change included."""
     steps = [_dispatch_step(n) for n in range(1, 30)]
     steps[17] = _dispatch_step(18, "PIECEWISE")      # a change: the fold breaks there
     expected = _folder_run(steps)
@@ -469,6 +500,7 @@ def test_a_dispatch_held_with_hold_and_replays_held_by_replay_write_what_take_wr
     folded: dict = {}
     folder = fold.Folder(3600.0, lambda kind, fields, tid: written.append((kind, fields)),
                          lambda kind, n: folded.__setitem__(kind, folded.get(kind, 0) + n))
+    hold = folder.hold if path == "Folder.hold" else _inline_hold(folder, [0])
     t, last, held = 0, None, 0
     for step in steps:
         for kind, fields in step:
@@ -482,7 +514,7 @@ def test_a_dispatch_held_with_hold_and_replays_held_by_replay_write_what_take_wr
             elif last is not None and {k: v for k, v in last[1].items() if k != "t"} | {
                     "num_tokens": 0, "num_reqs": 0} == fields | {"num_tokens": 0, "num_reqs": 0}:
                 moving = {"num_tokens": fields["num_tokens"], "num_reqs": fields["num_reqs"]}
-                if folder.hold(kind, last[0], last[1], moving, t, 1):
+                if hold(kind, last[0], last[1], moving, t, 1):
                     held += 1
                     continue
             fields = dict(fields, t=t)
