@@ -108,7 +108,6 @@ def line_of(record: dict) -> str:
                            "kind": str(record.get("k")), "error": repr(exc)[:200]})
 
 
-
 def lines_bytes(records: list) -> bytes:
     """Queued records as the file's bytes: JSON bytes lines (msgspec) as they are, dicts
     through the json path, the GIL handed back every YIELD_EVERY_RECORDS dicts (the

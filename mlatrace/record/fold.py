@@ -394,8 +394,8 @@ class Folder:
 
         `moving`: exactly the numbers split() gives the record, in its field order. Not
         for replays (False): Recorder.add_replay counts and holds them (replay()).
-        A generated probe runs these steps in its own frame (hold_lines): keep both in
-        step."""
+        A generated probe runs these steps in its own frame (fold_inline.hold_lines):
+        keep both in step."""
         state = self.threads.get(tid)
         if state is None or not state.held or kind not in FOLDABLE or kind == "graph.replay":
             return False
