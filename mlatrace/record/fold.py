@@ -391,11 +391,9 @@ class Folder:
         template's at this place: the record joins the step (built only if the step
         breaks: pending_fields); False: the probe builds it and adds it (nothing changed
         here but a step boundary, which take() would also have passed).
-
         `moving`: exactly the numbers split() gives the record, in its field order. Not
         for replays (False): Recorder.add_replay counts and holds them (replay()).
-        A generated probe runs these steps in its own frame (fold_inline.hold_lines):
-        keep both in step."""
+        Generated probes run these steps in their frame (fold_inline): keep both alike."""
         state = self.threads.get(tid)
         if state is None or not state.held or kind not in FOLDABLE or kind == "graph.replay":
             return False
