@@ -237,6 +237,50 @@ def test_a_full_disk_says_so_once_and_never_stops_the_program(tmp_path, capfd):
     assert "No space left" in recorder.write_error and not recorder.enabled
 
 
+def _recorded(tmp_path: Path, name: str, records: list, fold_s: float) -> list[dict]:
+    """The records of `records` as a Recorder (folding after fold_s, 0: off) writes them."""
+    from mlatrace import record
+
+    recorder = record.Recorder(str(tmp_path / name), fold_s=fold_s)
+    recorder.started()
+    for kind, fields in records:
+        recorder.add(kind, dict(fields))
+    recorder.close()
+    (path,) = (tmp_path / name).glob("p*.jsonl")
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_marks_and_syncs_on_an_idle_or_folding_thread_write_what_take_writes(tmp_path):
+    """Recorder.add's short path for a kind the fold never holds on an idle thread
+    (a mark, a sync, with nothing held or folding) writes what Folder.take writes: the
+    recorder folding as it goes and refold() of the same records written unfolded give
+    the same records in the same order, folds included."""
+    steps = [[("dispatch", {"mode": "FULL", "key": "b4", "num_tokens": 4}),
+              ("graph.replay", {"gid": 1, "n": n})] for n in range(1, 19)]
+    sync = ("sync", {"op": "item", "capturing": False, "site": "engine.py:9"})
+    records: list = [("mark", {"name": "start", "attrs": {}}), sync,
+                     ("mark", {"name": "idle", "attrs": {"n": 1}})]
+    for n, step in enumerate(steps):
+        if n in (7, 8):     # inside the step learnt after the break, then a held one
+            records += [step[0], ("mark", {"name": f"in step {n}", "attrs": {}}), step[1]]
+            continue
+        records += step
+        if n == 5:
+            records += [("mark", {"name": "mid-fold", "attrs": {}}), sync,
+                        ("mark", {"name": "after the break", "attrs": {}})]
+    records += [sync, ("mark", {"name": "end", "attrs": {}})]
+
+    def comparable(rows: list[dict]) -> list[tuple]:
+        return [(r["k"], {k: v for k, v in r.items()
+                          if k not in ("t", "seq", "tid", "t_first", "t_last", "dur_ns", "k")})
+                for r in rows if r["k"] not in ("process", "process.end")]
+
+    folded = _recorded(tmp_path, "on", records, 3600.0)
+    unfolded = _recorded(tmp_path, "off", records, 0)
+    assert [r["k"] for r in folded].count("steady") >= 2
+    assert comparable(folded) == comparable(fold.refold(unfolded, interval_s=3600.0))
+
+
 def _folder_run(steps: list[list[tuple[str, dict]]]) -> tuple[list, dict]:
     """Feed steps of (kind, fields) to a Folder; what it wrote (in full or folded) and
     what it counted as folded."""

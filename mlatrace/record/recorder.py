@@ -45,6 +45,8 @@ CLOSE_TIMEOUT_S = 2.0
 # records that rules read when they are written in full (changes: folding writes a
 # set-up record or replay in full only when it differs from the step before)
 KEEP_AT_CAP = kinds.AT_CAP
+# kinds Folder.take does more with than note on an idle thread (add's short path skips it)
+_FOLDED_OR_PASSED = _fold.FOLDABLE | _fold.PASS
 
 Sink = Callable[[list[dict]], None]
 _clock = time.perf_counter_ns
@@ -156,7 +158,11 @@ class Recorder:
         if folder is not None:
             tid = _thread_id()
             t = fields["t"] = _clock() - self.t0
-            if folder.take(kind, fields, t, tid):
+            state = folder.threads.get(tid)
+            if state is not None and state.fold is None and not state.held and not state.step \
+                    and kind not in _FOLDED_OR_PASSED:
+                state.last_kind = kind  # Folder.take of a kind it never holds, idle thread
+            elif folder.take(kind, fields, t, tid):
                 return
             # _put, inline (one call fewer per record)
             if self.capped and kind not in KEEP_AT_CAP and kind not in _fold.FOLDABLE:
