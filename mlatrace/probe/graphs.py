@@ -60,16 +60,11 @@ _taken_off: list[tuple] = []
 
 def next_step() -> None:
     """A new step begins: probes stepped aside for the last one look again (the
-    wrappers taken off are put back: put_back_wrappers, inline, one call fewer a step;
-    a step-marking keyed probe runs these lines in its own frame, recording.keyed_lines)."""
+    wrappers taken off are put back). The hot step markers run these lines in their own
+    frame (recording.keyed_lines, the vLLM dispatch handler)."""
     STEP.value += 1
-    while _taken_off:
-        try:
-            owner, attr, wrapper, original = _taken_off.pop()
-        except IndexError:      # another thread's step emptied it meanwhile
-            return
-        if owner.__dict__.get(attr) is original:
-            setattr(owner, attr, wrapper)
+    if _taken_off:
+        put_back_wrappers()
 
 
 def take_off_wrapper(owner: object, attr: str, wrapper: object, original: object) -> bool:

@@ -104,7 +104,8 @@ def probe_body(name: str, wrapt_style: bool, method: bool, step_aside: bool,
     return factory
 
 
-_KEYED_CALL = """\
+# The entry of both keyed wrappers: asleep, disabled or re-entered calls pass through.
+_KEYED_ENTRY = """\
 def {name}(*args, **kwargs):
     if aside.asleep == step.value:      # stepped aside for the rest of this step
         aside.unseen += 1
@@ -112,6 +113,9 @@ def {name}(*args, **kwargs):
     if runtime.disabled or not engine.active or inside.inside:
         return original(*args, **kwargs)
     runtime.hits += 1
+"""
+
+_KEYED_CALL = _KEYED_ENTRY + """\
     try:
         instance = {instance}
         result = cap = None
@@ -126,14 +130,7 @@ def {name}(*args, **kwargs):
         inside.inside = False
 """
 
-_KEYED_RETURN = """\
-def {name}(*args, **kwargs):
-    if aside.asleep == step.value:      # stepped aside for the rest of this step
-        aside.unseen += 1
-        return original(*args, **kwargs)
-    if runtime.disabled or not engine.active or inside.inside:
-        return original(*args, **kwargs)
-    runtime.hits += 1
+_KEYED_RETURN = _KEYED_ENTRY + """\
     instance = {instance}
 {before}    inside.inside = True
     try:
